@@ -1,0 +1,391 @@
+/* kvxfer — move LLM KV-cache blocks between GPU memory, host memory and disk.
+ *
+ * Generated from src/ffi by build.rs (cbindgen); do not edit. `make header` rewrites it,
+ * and `make test` fails when it differs from the Rust code.
+ *
+ * Conventions: every fallible call returns kvx_status (KVX_OK = 0) and writes its outputs
+ * only on KVX_OK; kvx_last_error() then holds the calling thread's message. Structs
+ * passed by pointer start with struct_size: fill them with their kvx_*_init() first.
+ * All functions are thread-safe. Handles are freed by their destroy/release call, which
+ * accepts NULL. */
+
+#ifndef KVXFER_H
+#define KVXFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+
+#define KVX_ABI_MAJOR 1
+
+#define KVX_ABI_MINOR 0
+
+// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
+#define KVX_DEVICE_AUTO -2
+
+// `kvx_engine_config.device`: host memory stands in for the GPU (same pipeline, memcpy copies).
+#define KVX_DEVICE_EMULATED -1
+
+// `kvx_engine_config.io_backend` values.
+#define KVX_IO_AUTO 0
+
+#define KVX_IO_POSIX 1
+
+#define KVX_IO_URING 2
+
+#define KVX_IO_NIXL 3
+
+#define KVX_IO_GDS 4
+
+// `kvx_layout_config.kind` values.
+#define KVX_LAYOUT_FULLY_CONTIGUOUS 0
+
+#define KVX_LAYOUT_LAYER_SEPARATE_BLOCK_FIRST 1
+
+#define KVX_LAYOUT_LAYER_SEPARATE_OUTER_FIRST 2
+
+// Host layout flag: page-locked memory (allocated pinned; for registered memory: the
+// caller already pinned it).
+#define KVX_HOST_PINNED 1
+
+// Disk layout flag: create or truncate the file and size it for the layout.
+#define KVX_DISK_CREATE 1
+
+// Disk layout flag: keep the file on destroy (by default a file kvxfer created is removed).
+#define KVX_DISK_KEEP 2
+
+// Disk layout flag: buffered I/O instead of O_DIRECT.
+#define KVX_DISK_BUFFERED 4
+
+// Disk layout flag: every write request is durable (fdatasync) before it completes.
+#define KVX_DISK_SYNC 8
+
+// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
+// free with `kvx_engine_destroy`.
+typedef struct kvx_engine kvx_engine;
+
+// A layout: block geometry plus the memory or file holding it. Reference counted inside
+// kvxfer: `kvx_layout_destroy` drops the caller's reference, requests hold their own.
+typedef struct kvx_layout kvx_layout;
+
+// A submitted transfer. Free with `kvx_request_release` (the transfer still completes).
+typedef struct kvx_request kvx_request;
+
+typedef struct kvx_engine_config {
+  uint32_t struct_size;
+  // CUDA ordinal, `KVX_DEVICE_AUTO` or `KVX_DEVICE_EMULATED`.
+  int32_t device;
+  // I/O worker threads; 0 = default (the CPU count, clamped to 4..16).
+  uint32_t io_threads;
+  // `KVX_IO_*`.
+  uint32_t io_backend;
+  // Pinned bounce memory in total; 0 = default (128 MiB). A multiple of `slot_bytes`.
+  uint64_t bounce_bytes;
+  // One bounce slot; 0 = default (4 MiB). A power of two ≥ 64 KiB.
+  uint64_t slot_bytes;
+  // Requests admitted at once before submit says `KVX_ERR_BUSY`; 0 = default (1024).
+  uint32_t max_inflight;
+  // None defined yet; must be 0.
+  uint32_t flags;
+} kvx_engine_config;
+
+// Outcome of a call: `KVX_OK` or one of the `KVX_ERR_*` codes (never reused).
+typedef uint32_t kvx_status;
+
+typedef struct kvx_stats {
+  uint32_t struct_size;
+  uint64_t requests_completed;
+  uint64_t requests_failed;
+  uint64_t requests_cancelled;
+  uint64_t bytes_disk_read;
+  uint64_t bytes_disk_written;
+  uint64_t bytes_host_to_device;
+  uint64_t bytes_device_to_host;
+} kvx_stats;
+
+typedef struct kvx_layout_config {
+  uint32_t struct_size;
+  // `KVX_LAYOUT_*`.
+  uint32_t kind;
+  uint64_t num_blocks;
+  uint64_t num_layers;
+  // 2 for separate K and V, 1 for MLA.
+  uint64_t outer_dim;
+  // Tokens per block.
+  uint64_t page_size;
+  // Elements per token (kv_heads × head_dim).
+  uint64_t inner_dim;
+  uint64_t dtype_bytes;
+} kvx_layout_config;
+
+// Called once when a request completes, with its final status, on a kvxfer thread (or
+// inside `kvx_request_cancel` for a request that had not started). It must not block,
+// must not throw, and must not destroy the engine; it may submit, poll and release.
+// `kvx_request_wait`/`kvx_request_poll` report completion only after it returned.
+typedef void (*kvx_completion_fn)(void *user_data, struct kvx_request *req, kvx_status status);
+
+typedef struct kvx_transfer_options {
+  uint32_t struct_size;
+  // First layer to move.
+  uint32_t layer_begin;
+  // One past the last layer to move; 0 means all layers.
+  uint32_t layer_end;
+  // None defined yet; must be 0.
+  uint32_t flags;
+  // Optional completion callback.
+  kvx_completion_fn on_complete;
+  void *user_data;
+} kvx_transfer_options;
+
+// Log sink: `level` is 1 error, 2 warn, 3 info, 4 debug, 5 trace; `target` and
+// `message` are valid only during the call. Runs on any thread; must not block.
+typedef void (*kvx_log_fn)(void *user_data, uint32_t level, const char *target, const char *message);
+
+// Every function of ABI 1, in API.md's order. Append-only: new functions go at the end
+// and raise `struct_size`; a caller built against an older table reads only its prefix.
+typedef struct kvx_api {
+  uint32_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  uint32_t (*abi_version)(void);
+  const char *(*version_string)(void);
+  const char *(*status_str)(kvx_status);
+  const char *(*last_error)(void);
+  void (*engine_config_init)(struct kvx_engine_config*);
+  kvx_status (*engine_create)(const struct kvx_engine_config*, struct kvx_engine**);
+  void (*engine_destroy)(struct kvx_engine*);
+  kvx_status (*engine_device)(const struct kvx_engine*, int32_t*);
+  void (*layout_config_init)(struct kvx_layout_config*);
+  kvx_status (*layout_create_device)(struct kvx_engine*,
+                                     const struct kvx_layout_config*,
+                                     struct kvx_layout**);
+  kvx_status (*layout_create_host)(struct kvx_engine*,
+                                   const struct kvx_layout_config*,
+                                   uint32_t,
+                                   struct kvx_layout**);
+  kvx_status (*layout_create_disk)(struct kvx_engine*,
+                                   const struct kvx_layout_config*,
+                                   const char*,
+                                   uint32_t,
+                                   struct kvx_layout**);
+  kvx_status (*layout_register_device)(struct kvx_engine*,
+                                       const struct kvx_layout_config*,
+                                       const uint64_t*,
+                                       size_t,
+                                       struct kvx_layout**);
+  kvx_status (*layout_register_host)(struct kvx_engine*,
+                                     const struct kvx_layout_config*,
+                                     void*const *,
+                                     size_t,
+                                     uint32_t,
+                                     struct kvx_layout**);
+  kvx_status (*layout_block_bytes)(const struct kvx_layout*, uint64_t*);
+  kvx_status (*layout_base)(const struct kvx_layout*, uint64_t, uint64_t*);
+  void (*layout_destroy)(struct kvx_layout*);
+  void (*transfer_options_init)(struct kvx_transfer_options*);
+  kvx_status (*transfer_submit)(struct kvx_engine*,
+                                const struct kvx_layout*,
+                                const uint64_t*,
+                                const struct kvx_layout*,
+                                const uint64_t*,
+                                size_t,
+                                const struct kvx_transfer_options*,
+                                struct kvx_request**);
+  kvx_status (*request_wait)(struct kvx_request*, uint64_t);
+  kvx_status (*request_poll)(const struct kvx_request*);
+  kvx_status (*request_cancel)(struct kvx_request*);
+  const char *(*request_error)(const struct kvx_request*);
+  void (*request_release)(struct kvx_request*);
+  kvx_status (*engine_stats)(const struct kvx_engine*, struct kvx_stats*);
+  kvx_status (*set_logger)(kvx_log_fn, void*, uint32_t);
+} kvx_api;
+
+#define KVX_OK 0
+
+// The request has not completed yet.
+#define KVX_PENDING 1
+
+// NULL, zero sizes, mismatched counts, bad enum value, too-small `struct_size`.
+#define KVX_ERR_INVALID_ARG 2
+
+// Block id ≥ num_blocks, or a layer range outside the layout.
+#define KVX_ERR_OUT_OF_RANGE 3
+
+// Source and destination layouts differ in block geometry.
+#define KVX_ERR_INCOMPATIBLE 4
+
+// Asked for a backend or feature that this machine or build lacks.
+#define KVX_ERR_UNSUPPORTED 5
+
+#define KVX_ERR_NO_DEVICE 6
+
+#define KVX_ERR_CUDA 7
+
+#define KVX_ERR_IO 8
+
+#define KVX_ERR_NO_MEMORY 9
+
+#define KVX_ERR_TIMEOUT 10
+
+#define KVX_ERR_CANCELLED 11
+
+#define KVX_ERR_SHUTDOWN 12
+
+// `max_inflight` requests are already admitted; retry after one completes.
+#define KVX_ERR_BUSY 13
+
+// Data read back is not what was written (checksum).
+#define KVX_ERR_INTEGRITY 14
+
+#define KVX_ERR_VERSION 15
+
+#define KVX_ERR_INTERNAL 16
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+// Fills `cfg` with `struct_size` and the defaults (automatic device, default sizes).
+// NULL is ignored.
+void kvx_engine_config_init(struct kvx_engine_config *cfg);
+
+// Starts an engine: resolves the device, allocates the pinned bounce ring and starts its
+// threads. `cfg` may be NULL for defaults. On success `*out` owns the engine; free it
+// with `kvx_engine_destroy`.
+kvx_status kvx_engine_create(const struct kvx_engine_config *cfg, struct kvx_engine **out);
+
+// Cancels requests that have not started, waits for those that have, joins the threads
+// and frees the engine. Layouts and requests made from it must not be used afterwards,
+// except that they may still be destroyed/released. NULL is a no-op. Must not be called
+// from a completion callback.
+void kvx_engine_destroy(struct kvx_engine *e);
+
+// The device the engine resolved: a CUDA ordinal, or -1 for the emulated device.
+kvx_status kvx_engine_device(const struct kvx_engine *e, int32_t *device_out);
+
+// Copies the engine's counters into `*out`. Set `out->struct_size` first (to
+// `sizeof(kvx_stats)`); fields beyond it are not written.
+kvx_status kvx_engine_stats(const struct kvx_engine *e, struct kvx_stats *out);
+
+// Fills `cfg` with `struct_size`, kind `KVX_LAYOUT_FULLY_CONTIGUOUS` and zero dimensions
+// (every dimension must then be set). NULL is ignored.
+void kvx_layout_config_init(struct kvx_layout_config *cfg);
+
+// Allocates device memory for the layout (kvxfer owns and frees it). `*out` is freed
+// with `kvx_layout_destroy`.
+kvx_status kvx_layout_create_device(struct kvx_engine *e,
+                                    const struct kvx_layout_config *c,
+                                    struct kvx_layout **out);
+
+// Allocates host memory for the layout, page-locked with `KVX_HOST_PINNED` (kvxfer owns
+// and frees it). `*out` is freed with `kvx_layout_destroy`.
+kvx_status kvx_layout_create_host(struct kvx_engine *e,
+                                  const struct kvx_layout_config *c,
+                                  uint32_t flags,
+                                  struct kvx_layout **out);
+
+// A disk layout in the file at `path` (UTF-8 or any bytes, NUL-terminated), always fully
+// contiguous with each block padded to the direct-I/O alignment (`kind` is ignored).
+// `flags` are `KVX_DISK_*`: without `KVX_DISK_CREATE` the file must exist and be large
+// enough, and is never truncated. `*out` is freed with `kvx_layout_destroy`.
+kvx_status kvx_layout_create_disk(struct kvx_engine *e,
+                                  const struct kvx_layout_config *c,
+                                  const char *path,
+                                  uint32_t flags,
+                                  struct kvx_layout **out);
+
+// Wraps caller-owned device memory (e.g. the runtime's KV pool): one base for fully
+// contiguous, `num_layers` bases for layer-separate kinds. kvxfer never frees it; it must
+// outlive every request that uses the layout.
+kvx_status kvx_layout_register_device(struct kvx_engine *e,
+                                      const struct kvx_layout_config *c,
+                                      const uint64_t *bases,
+                                      size_t num_bases,
+                                      struct kvx_layout **out);
+
+// Wraps caller-owned host memory; `KVX_HOST_PINNED` says it is already page-locked.
+// Bases as for `kvx_layout_register_device`. kvxfer never frees it.
+kvx_status kvx_layout_register_host(struct kvx_engine *e,
+                                    const struct kvx_layout_config *c,
+                                    void *const *bases,
+                                    size_t num_bases,
+                                    uint32_t flags,
+                                    struct kvx_layout **out);
+
+// Bytes of one block (all layers, K and V): `num_layers × outer_dim × page_size ×
+// inner_dim × dtype_bytes`.
+kvx_status kvx_layout_block_bytes(const struct kvx_layout *l, uint64_t *out);
+
+// Base address of one layer's allocation (layer 0 for fully contiguous): a device
+// pointer, or a host pointer for host and emulated-device layouts. Disk layouts have
+// none (`KVX_ERR_UNSUPPORTED`).
+kvx_status kvx_layout_base(const struct kvx_layout *l, uint64_t layer, uint64_t *addr_out);
+
+// Drops the caller's reference. Memory kvxfer allocated (and a file it created without
+// `KVX_DISK_KEEP`) goes away once no request uses the layout. NULL is a no-op.
+void kvx_layout_destroy(struct kvx_layout *l);
+
+// Fills `o` with `struct_size` and the defaults: all layers, no flags, no callback.
+// NULL is ignored.
+void kvx_transfer_options_init(struct kvx_transfer_options *o);
+
+// Moves blocks `src_blocks[i]` of `src` to `dst_blocks[i]` of `dst`, i < `num_blocks`,
+// asynchronously. Everything that can be checked is checked before anything starts
+// (counts, ids, duplicate destinations, geometry, layer range). `opts` may be NULL.
+// On success `*out` is the request; free it with `kvx_request_release`.
+kvx_status kvx_transfer_submit(struct kvx_engine *e,
+                               const struct kvx_layout *src,
+                               const uint64_t *src_blocks,
+                               const struct kvx_layout *dst,
+                               const uint64_t *dst_blocks,
+                               size_t num_blocks,
+                               const struct kvx_transfer_options *opts,
+                               struct kvx_request **out);
+
+// Waits up to `timeout_ns` (`UINT64_MAX`: forever) and returns the request's final
+// status, or `KVX_ERR_TIMEOUT` if it is still running. 0 polls.
+kvx_status kvx_request_wait(struct kvx_request *r, uint64_t timeout_ns);
+
+// `KVX_PENDING` until the request completes, then its final status.
+kvx_status kvx_request_poll(const struct kvx_request *r);
+
+// Asks the request to stop: stages not yet started are skipped and its final status is
+// `KVX_ERR_CANCELLED` (unless it already completed or failed). Does not wait; the
+// destination's contents are then unspecified.
+kvx_status kvx_request_cancel(struct kvx_request *r);
+
+// The failure message of a failed or cancelled request, "" otherwise (never NULL).
+// Valid until `kvx_request_release`.
+const char *kvx_request_error(const struct kvx_request *r);
+
+// Drops the caller's reference; a running transfer still completes (and its callback
+// still runs). NULL is a no-op.
+void kvx_request_release(struct kvx_request *r);
+
+// Sends kvxfer's log records at or below `max_level` (1 error … 5 trace; 0 off) to `log_fn`,
+// which runs on any kvxfer thread and must not block. `log_fn` NULL restores the default:
+// stderr, filtered by the `KVX_LOG` environment variable (default warn) and `max_level`.
+kvx_status kvx_set_logger(kvx_log_fn log_fn, void *user_data, uint32_t max_level);
+
+// `(KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR` of the loaded library.
+uint32_t kvx_abi_version(void);
+
+// e.g. "kvxfer 0.1.0 abi 1.0 (cuda: none)". Static; never NULL.
+const char *kvx_version_string(void);
+
+// The constant's name ("KVX_ERR_IO"), or "KVX_UNKNOWN_STATUS". Static; never NULL.
+const char *kvx_status_str(kvx_status s);
+
+// The calling thread's message for its last failed call; "" when there was none. Never
+// NULL; valid until this thread's next failing kvxfer call.
+const char *kvx_last_error(void);
+
+// The function table for ABI major `abi_major`, or NULL for any other major (the caller
+// should then refuse to load this library). Static; never freed.
+const struct kvx_api *kvx_get_api(uint32_t abi_major);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* KVXFER_H */

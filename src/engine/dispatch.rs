@@ -1,0 +1,56 @@
+//! The dispatcher thread: takes requests in order, plans them chunk by chunk and hands
+//! each chunk a bounce slot. Waiting for a free slot is the pipeline's back-pressure:
+//! at most N chunks are in flight, and while slot k drains, slots k+1… are filling.
+
+use super::bounce::BounceRing;
+use super::plan::Planner;
+use super::request::Request;
+use super::worker::{Chunk, Router};
+use crate::layout::segments;
+use crossbeam_channel::Receiver;
+use std::sync::Arc;
+
+/// Runs until the stop message (`None`), which the engine sends last, after raising its
+/// shutdown flag: requests still queued then are cancelled, not started.
+pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Option<Arc<Request>>>) {
+    while let Ok(Some(req)) = rx.recv() {
+        if !req.claim() {
+            continue; // cancelled while queued, and already complete
+        }
+        if router.shutting_down() {
+            req.cancel_from_engine();
+        } else {
+            run(&router, &ring, &req);
+        }
+        req.release_one();
+    }
+}
+
+/// Issues the request's chunks; stops early when it is cancelled, fails, or the engine
+/// shuts down (chunks already issued finish).
+fn run(router: &Router, ring: &BounceRing, req: &Arc<Request>) {
+    let Some((src, dst, pairs, layers)) = req.layouts() else { return };
+    let segs = segments(&src.placement, &dst.placement, &pairs, layers);
+    drop(pairs);
+    let mut planner = Planner::new(src, dst, segs, ring.slot_bytes());
+    loop {
+        let slot = ring.acquire();
+        if router.shutting_down() && !req.stopped() {
+            req.cancel_from_engine();
+        }
+        if req.stopped() {
+            ring.release(slot);
+            return;
+        }
+        match planner.next_chunk(ring.addr(slot)) {
+            None => {
+                ring.release(slot);
+                return;
+            }
+            Some(stages) => {
+                req.chunk_issued();
+                router.advance(Chunk { req: req.clone(), slot, stages, next: 0 });
+            }
+        }
+    }
+}

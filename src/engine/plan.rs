@@ -1,0 +1,312 @@
+//! The planner: turns a transfer's coalesced segments into chunks, one bounce slot each,
+//! and says which stages each chunk goes through.
+//!
+//! The strategy depends only on the (source, destination) storage pair, never on whether
+//! the device is real or emulated, so CI exercises the same paths a GPU machine runs:
+//! - memory ↔ memory where the hardware can: one direct stage (device copy or memcpy);
+//! - disk, or pageable host ↔ device: two stages through a bounce slot (fill, drain).
+//!
+//! Disk bytes are placed in a slot at the same offset modulo the I/O alignment as in the
+//! file, so reads can be widened to aligned `O_DIRECT` reads and writes stay aligned.
+
+use crate::gpu::{CopyKind, CopyOp};
+use crate::layout::{align_down, align_up, Loc, Segment};
+use crate::memory::{Layout, StorageKind};
+use std::sync::Arc;
+
+/// One disk I/O between a file range and slot memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub file_off: u64,
+    pub addr: u64,
+    pub len: u64,
+    /// Aligned in file, memory and length: may use the `O_DIRECT` descriptor.
+    pub aligned: bool,
+    /// Bytes of block padding after the data, zeroed before an aligned write.
+    pub zero_tail: u64,
+}
+
+/// One stage of a chunk.
+pub enum Op {
+    ReadDisk { file: Arc<Layout>, extents: Vec<Extent> },
+    WriteDisk { file: Arc<Layout>, extents: Vec<Extent> },
+    /// memcpy on an I/O worker.
+    HostCopy(Vec<CopyOp>),
+    /// On the copy thread.
+    DeviceCopy(CopyKind, Vec<CopyOp>),
+}
+
+impl Op {
+    /// Whether the copy thread (not an I/O worker) runs it.
+    pub fn on_copy_thread(&self) -> bool {
+        matches!(self, Op::DeviceCopy(..))
+    }
+}
+
+/// The stages of one chunk, run in order.
+pub type Stages = [Option<Op>; 2];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Strategy {
+    /// One stage moves the bytes.
+    Direct,
+    /// Fill a slot from the source, drain it into the destination.
+    Bounce,
+}
+
+fn strategy(src: StorageKind, dst: StorageKind) -> Strategy {
+    use StorageKind::*;
+    match (src, dst) {
+        (Disk, _) | (_, Disk) => Strategy::Bounce,
+        // A DMA engine cannot read pageable memory at full speed (and CUDA stages it
+        // synchronously); bounce through pinned slots instead.
+        (Host, Device) | (Device, Host) => Strategy::Bounce,
+        _ => Strategy::Direct,
+    }
+}
+
+fn host_like(k: StorageKind) -> bool {
+    matches!(k, StorageKind::Host | StorageKind::Pinned)
+}
+
+/// Alignment of slot placement when no disk is involved (keeps copies cache-line friendly).
+const MEMORY_SLOT_ALIGN: u64 = 256;
+
+/// One piece of a segment placed in the current chunk.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    /// Source address (memory) or file offset (disk).
+    src: u64,
+    dst: u64,
+    /// Offset in the slot (bounce) — unused for direct chunks.
+    slot_off: u64,
+    len: u64,
+}
+
+pub struct Planner {
+    src: Arc<Layout>,
+    dst: Arc<Layout>,
+    strategy: Strategy,
+    segs: Vec<Segment>,
+    /// Next segment and the bytes of it already planned.
+    idx: usize,
+    done_in_seg: u64,
+    slot_bytes: u64,
+    /// Placement alignment: the primary disk side's I/O alignment.
+    align: u64,
+    primary_is_src: bool,
+}
+
+impl Planner {
+    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64) -> Planner {
+        let strategy = strategy(src.kind(), dst.kind());
+        let primary_is_src = src.kind() == StorageKind::Disk;
+        let align = match (src.disk(), dst.disk()) {
+            (Some(f), _) | (None, Some(f)) => f.align(),
+            (None, None) => MEMORY_SLOT_ALIGN,
+        };
+        debug_assert!(slot_bytes % align == 0 && slot_bytes >= 2 * align);
+        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, align, primary_is_src }
+    }
+
+    fn addr(layout: &Layout, loc: Loc) -> u64 {
+        match layout.bases() {
+            Some(bases) => bases[loc.base as usize] + loc.offset,
+            None => loc.offset,
+        }
+    }
+
+    /// The stages of the next chunk, using the slot at `slot_addr`; `None` when done.
+    pub fn next_chunk(&mut self, slot_addr: u64) -> Option<Stages> {
+        if self.idx == self.segs.len() {
+            return None;
+        }
+        let pieces = match self.strategy {
+            Strategy::Direct => self.take_direct(),
+            Strategy::Bounce if self.src.kind() == StorageKind::Disk || self.dst.kind() == StorageKind::Disk => self.take_disk(),
+            Strategy::Bounce => self.take_packed(),
+        };
+        debug_assert!(!pieces.is_empty());
+        Some(match self.strategy {
+            Strategy::Direct => [Some(self.direct_op(&pieces)), None],
+            Strategy::Bounce => [Some(self.fill_op(&pieces, slot_addr)), Some(self.drain_op(&pieces, slot_addr))],
+        })
+    }
+
+    /// The current segment's remainder as (src, dst, len) addresses/offsets.
+    fn current(&self) -> (u64, u64, u64) {
+        let s = &self.segs[self.idx];
+        let k = self.done_in_seg;
+        (Self::addr(&self.src, s.src) + k, Self::addr(&self.dst, s.dst) + k, s.len - k)
+    }
+
+    fn advance(&mut self, n: u64) {
+        self.done_in_seg += n;
+        if self.done_in_seg == self.segs[self.idx].len {
+            self.idx += 1;
+            self.done_in_seg = 0;
+        }
+    }
+
+    /// Up to a slot's worth of bytes, cut anywhere.
+    fn take_direct(&mut self) -> Vec<Piece> {
+        let mut pieces = Vec::new();
+        let mut total = 0;
+        while self.idx < self.segs.len() && total < self.slot_bytes {
+            let (s, d, rem) = self.current();
+            let take = rem.min(self.slot_bytes - total);
+            pieces.push(Piece { src: s, dst: d, slot_off: 0, len: take });
+            total += take;
+            self.advance(take);
+        }
+        pieces
+    }
+
+    /// Memory through a slot: packed back to back at `MEMORY_SLOT_ALIGN`.
+    fn take_packed(&mut self) -> Vec<Piece> {
+        let mut pieces = Vec::new();
+        let mut pos = 0;
+        while self.idx < self.segs.len() {
+            let start = align_up(pos, self.align).unwrap();
+            if start >= self.slot_bytes {
+                break;
+            }
+            let (s, d, rem) = self.current();
+            let take = rem.min(self.slot_bytes - start);
+            pieces.push(Piece { src: s, dst: d, slot_off: start, len: take });
+            pos = start + take;
+            self.advance(take);
+        }
+        pieces
+    }
+
+    /// Disk through a slot: a run of file-contiguous bytes keeps its offset modulo the
+    /// alignment; a run cut by the slot's end is cut at an aligned file offset.
+    fn take_disk(&mut self) -> Vec<Piece> {
+        let a = self.align;
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut pos = 0;
+        while self.idx < self.segs.len() {
+            let (s, d, rem) = self.current();
+            let (p, other) = if self.primary_is_src { (s, d) } else { (d, s) };
+            let both_disk = self.src.kind() == StorageKind::Disk && self.dst.kind() == StorageKind::Disk;
+            let continues = pieces.last().is_some_and(|l| {
+                let (lp, lo) = if self.primary_is_src { (l.src, l.dst) } else { (l.dst, l.src) };
+                lp + l.len == p && (!both_disk || lo + l.len == other)
+            });
+            let start = if continues { pos } else { align_up(pos, a).unwrap() + p % a };
+            if start >= self.slot_bytes {
+                break;
+            }
+            let mut take = rem.min(self.slot_bytes - start);
+            let cut = take < rem;
+            if cut {
+                let end = align_down(p + take, a);
+                if end <= p {
+                    break;
+                }
+                take = end - p;
+            }
+            pieces.push(Piece { src: s, dst: d, slot_off: start, len: take });
+            pos = start + take;
+            self.advance(take);
+            if cut {
+                break;
+            }
+        }
+        pieces
+    }
+
+    fn direct_op(&self, pieces: &[Piece]) -> Op {
+        let ops = coalesce(pieces.iter().map(|p| CopyOp { dst: p.dst, src: p.src, len: p.len }));
+        match (self.src.kind(), self.dst.kind()) {
+            (StorageKind::Device, StorageKind::Device) => Op::DeviceCopy(CopyKind::DeviceToDevice, ops),
+            (StorageKind::Device, _) => Op::DeviceCopy(CopyKind::DeviceToHost, ops),
+            (_, StorageKind::Device) => Op::DeviceCopy(CopyKind::HostToDevice, ops),
+            _ => Op::HostCopy(ops),
+        }
+    }
+
+    /// Source → slot.
+    fn fill_op(&self, pieces: &[Piece], slot: u64) -> Op {
+        let to_slot = || coalesce(pieces.iter().map(|p| CopyOp { dst: slot + p.slot_off, src: p.src, len: p.len }));
+        match self.src.kind() {
+            StorageKind::Disk => Op::ReadDisk {
+                file: self.src.clone(),
+                extents: self.extents(&self.src, pieces.iter().map(|p| (p.src, p.slot_off, p.len)), slot, false),
+            },
+            StorageKind::Device => Op::DeviceCopy(CopyKind::DeviceToHost, to_slot()),
+            k => {
+                debug_assert!(host_like(k));
+                Op::HostCopy(to_slot())
+            }
+        }
+    }
+
+    /// Slot → destination.
+    fn drain_op(&self, pieces: &[Piece], slot: u64) -> Op {
+        let from_slot = || coalesce(pieces.iter().map(|p| CopyOp { dst: p.dst, src: slot + p.slot_off, len: p.len }));
+        match self.dst.kind() {
+            StorageKind::Disk => Op::WriteDisk {
+                file: self.dst.clone(),
+                extents: self.extents(&self.dst, pieces.iter().map(|p| (p.dst, p.slot_off, p.len)), slot, true),
+            },
+            StorageKind::Device => Op::DeviceCopy(CopyKind::HostToDevice, from_slot()),
+            k => {
+                debug_assert!(host_like(k));
+                Op::HostCopy(from_slot())
+            }
+        }
+    }
+
+    /// File-side I/Os for (file offset, slot offset, len) pieces: contiguous pieces merge,
+    /// then each is widened to the file's alignment where that is safe.
+    fn extents(&self, file: &Layout, pieces: impl Iterator<Item = (u64, u64, u64)>, slot: u64, write: bool) -> Vec<Extent> {
+        let f = file.disk().expect("disk layout");
+        let a = f.align();
+        let placement = &file.placement;
+        // Widening may only touch slot bytes this run owns, which the placement guarantees
+        // for the alignment it was made with.
+        let may_widen = a == self.align;
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        for (off, so, len) in pieces {
+            match runs.last_mut() {
+                Some(r) if r.0 + r.2 == off && r.1 + r.2 == so => r.2 += len,
+                _ => runs.push((off, so, len)),
+            }
+        }
+        runs.into_iter()
+            .map(|(off, so, len)| {
+                let exact = Extent { file_off: off, addr: slot + so, len, aligned: false, zero_tail: 0 };
+                if !may_widen || (slot + so) % a != off % a {
+                    return exact;
+                }
+                let head = off % a;
+                let end = off + len;
+                let tail = align_up(end, a).unwrap() - end;
+                if write {
+                    // Only the block padding after a block's last byte may be overwritten.
+                    let at_block_end = end % placement.block_stride == placement.geom.block_bytes % placement.block_stride;
+                    if head != 0 || (tail != 0 && !at_block_end) {
+                        return exact;
+                    }
+                    Extent { file_off: off, addr: slot + so, len: len + tail, aligned: true, zero_tail: tail }
+                } else {
+                    Extent { file_off: off - head, addr: slot + so - head, len: head + len + tail, aligned: true, zero_tail: 0 }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Merges copies that are contiguous on both sides.
+fn coalesce(ops: impl Iterator<Item = CopyOp>) -> Vec<CopyOp> {
+    let mut out: Vec<CopyOp> = Vec::new();
+    for op in ops {
+        match out.last_mut() {
+            Some(l) if l.src + l.len == op.src && l.dst + l.len == op.dst => l.len += op.len,
+            _ => out.push(op),
+        }
+    }
+    out
+}

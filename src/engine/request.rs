@@ -1,0 +1,210 @@
+//! A submitted transfer's life: queued → dispatched in chunks → complete, with wait,
+//! poll, cancel and a completion callback.
+//!
+//! Completion is counted, not polled: `outstanding` starts at 1 (the dispatcher's token),
+//! each issued chunk adds 1, and whoever brings it to 0 — the last chunk or the
+//! dispatcher — finalises the request exactly once.
+
+use super::stats::Counters;
+use crate::error::{Error, Status};
+use crate::memory::Layout;
+use std::ffi::{c_void, CString};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// C completion callback: `(user_data, request, status)`.
+pub type CompletionFn = unsafe extern "C" fn(*mut c_void, *mut c_void, u32);
+
+/// The callback and its `user_data`, sent to kvxfer's threads as the caller asked.
+#[derive(Clone, Copy)]
+pub struct Callback {
+    pub func: CompletionFn,
+    pub user_data: *mut c_void,
+}
+// SAFETY: the C contract says the callback runs on kvxfer's threads with this user_data.
+unsafe impl Send for Callback {}
+unsafe impl Sync for Callback {}
+
+/// What a request moves; owned by the request until it completes.
+pub struct Transfer {
+    pub src: Arc<Layout>,
+    pub dst: Arc<Layout>,
+    /// (source block, destination block) pairs.
+    pub pairs: Vec<(u64, u64)>,
+    pub layers: Range<u64>,
+}
+
+const QUEUED: u8 = 0;
+const CLAIMED: u8 = 1;
+
+pub struct Request {
+    transfer: Mutex<Option<Transfer>>,
+    counters: Arc<Counters>,
+    callback: Option<Callback>,
+    /// The pointer handed to C for this request (set by the FFI layer), passed to the callback.
+    pub(crate) c_handle: AtomicU64,
+    phase: AtomicU8,
+    outstanding: AtomicU64,
+    cancelled: AtomicBool,
+    failed: AtomicBool,
+    first_error: Mutex<Option<Error>>,
+    final_status: Mutex<Option<Status>>,
+    done: Condvar,
+    message: OnceLock<CString>,
+}
+
+impl Request {
+    pub(crate) fn new(transfer: Transfer, counters: Arc<Counters>, callback: Option<Callback>) -> Request {
+        Request {
+            transfer: Mutex::new(Some(transfer)),
+            counters,
+            callback,
+            c_handle: AtomicU64::new(0),
+            phase: AtomicU8::new(QUEUED),
+            outstanding: AtomicU64::new(1),
+            cancelled: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+            final_status: Mutex::new(None),
+            done: Condvar::new(),
+            message: OnceLock::new(),
+        }
+    }
+
+    /// The dispatcher takes the request; false if a cancel already finished it.
+    pub(crate) fn claim(&self) -> bool {
+        self.phase.compare_exchange(QUEUED, CLAIMED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Source and destination, while the request runs.
+    pub(crate) fn layouts(&self) -> Option<(Arc<Layout>, Arc<Layout>, Vec<(u64, u64)>, Range<u64>)> {
+        let t = self.transfer.lock().unwrap();
+        t.as_ref().map(|t| (t.src.clone(), t.dst.clone(), t.pairs.clone(), t.layers.clone()))
+    }
+
+    /// Whether remaining stages should be skipped.
+    pub(crate) fn stopped(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire) || self.failed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Records a failure; the first one wins and becomes the request's status.
+    pub(crate) fn fail(&self, err: Error) {
+        let mut first = self.first_error.lock().unwrap();
+        if first.is_none() {
+            log::debug!("request failed: {err}");
+            *first = Some(err);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn chunk_issued(&self) {
+        self.outstanding.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A chunk finished (or was skipped), or the dispatcher is done issuing.
+    pub(crate) fn release_one(self: &Arc<Self>) {
+        if self.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finalize();
+        }
+    }
+
+    fn finalize(self: &Arc<Self>) {
+        let transfer = self.transfer.lock().unwrap().take();
+        let mut error = self.first_error.lock().unwrap().take();
+        if error.is_none() && !self.is_cancelled() {
+            // KVX_DISK_SYNC: the request completes only once its bytes are durable.
+            if let Some(f) = transfer.as_ref().and_then(|t| t.dst.disk()).filter(|f| f.sync) {
+                if let Err(e) = f.sync_data() {
+                    error = Some(e);
+                }
+            }
+        }
+        drop(transfer); // layouts destroyed by the caller go away here
+        let status = match (&error, self.is_cancelled()) {
+            (Some(e), _) => {
+                Counters::add(&self.counters.requests_failed, 1);
+                e.status
+            }
+            (None, true) => {
+                Counters::add(&self.counters.requests_cancelled, 1);
+                Status::Cancelled
+            }
+            (None, false) => {
+                Counters::add(&self.counters.requests_completed, 1);
+                Status::Ok
+            }
+        };
+        let message = match (&error, status) {
+            (Some(e), _) => e.message.clone(),
+            (None, Status::Cancelled) => "cancelled before all of its stages ran".to_string(),
+            _ => String::new(),
+        };
+        let _ = self.message.set(CString::new(message.replace('\0', " ")).unwrap_or_default());
+        self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+        // The callback runs before wait/poll report completion, so a caller that waited
+        // knows its callback has returned.
+        if let Some(cb) = self.callback {
+            let handle = self.c_handle.load(Ordering::Acquire) as *mut c_void;
+            // SAFETY: the caller registered this function for this purpose; a panic cannot
+            // unwind out of an extern "C" fn, and we hold a reference so `handle` stays valid.
+            unsafe { (cb.func)(cb.user_data, handle, status.code()) };
+        }
+        *self.final_status.lock().unwrap() = Some(status);
+        self.done.notify_all();
+    }
+
+    /// Asks the request to stop: stages not yet started are skipped and the final status
+    /// is `Cancelled` (unless it already finished or failed).
+    pub fn cancel(self: &Arc<Self>) {
+        if self.final_status.lock().unwrap().is_some() {
+            return;
+        }
+        self.cancel_from_engine();
+        // Not dispatched yet: finish it now instead of when the dispatcher reaches it.
+        if self.claim() {
+            self.release_one();
+        }
+    }
+
+    /// Marks the request cancelled (engine shutdown, or the caller's cancel).
+    pub(crate) fn cancel_from_engine(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+
+    /// `Pending` until done, then the final status.
+    pub fn poll(&self) -> Status {
+        self.final_status.lock().unwrap().unwrap_or(Status::Pending)
+    }
+
+    /// Waits up to `timeout` (`None`: forever) for the final status; `Timeout` otherwise.
+    pub fn wait(&self, timeout: Option<Duration>) -> Status {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut st = self.final_status.lock().unwrap();
+        loop {
+            if let Some(s) = *st {
+                return s;
+            }
+            match deadline {
+                None => st = self.done.wait(st).unwrap(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Status::Timeout;
+                    }
+                    st = self.done.wait_timeout(st, d - now).unwrap().0;
+                }
+            }
+        }
+    }
+
+    /// The failure message ("" unless it failed or was cancelled; "" while pending).
+    pub fn error_message(&self) -> &std::ffi::CStr {
+        self.message.get().map_or(c"", |m| m.as_c_str())
+    }
+}

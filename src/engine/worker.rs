@@ -1,0 +1,183 @@
+//! The engine's threads and what they do to a chunk.
+//!
+//! - I/O workers (a pool sharing one queue): disk reads and writes, host memcpy.
+//! - The copy thread: device copies, issued in order on the device's streams.
+//! - The fence thread: waits for issued device copies and moves their chunks on, so the
+//!   copy thread never blocks on the device.
+//! A chunk runs its stages in order and then gives its slot back; a stage of a cancelled
+//! or failed request is skipped.
+
+use super::plan::{Extent, Op, Stages};
+use super::request::Request;
+use super::stats::Counters;
+use super::bounce::BounceRing;
+use crate::error::{Error, Result};
+use crate::gpu::{CopyKind, CopyOp, Fence, Gpu};
+use crate::io::posix;
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A slot's worth of a request, moving through its stages.
+pub struct Chunk {
+    pub req: Arc<Request>,
+    pub slot: u32,
+    pub stages: Stages,
+    pub next: usize,
+}
+
+pub enum Job {
+    Run(Chunk),
+    Stop,
+}
+
+/// What every stage thread needs to pass a chunk on.
+pub struct Router {
+    pub ring: Arc<BounceRing>,
+    pub counters: Arc<Counters>,
+    pub io_tx: Sender<Job>,
+    pub copy_tx: Sender<Job>,
+    /// `None` tells the fence thread to stop.
+    pub fence_tx: Sender<Option<(Fence, Chunk)>>,
+    /// Raised by `Engine::shutdown` before the dispatcher's stop message is queued.
+    pub shutdown: AtomicBool,
+}
+
+impl Router {
+    pub fn shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Sends the chunk to the thread that runs its next stage, or finishes it.
+    pub fn advance(&self, mut chunk: Chunk) {
+        if chunk.req.stopped() {
+            return self.finish(chunk);
+        }
+        match chunk.stages.get_mut(chunk.next).and_then(|s| s.as_ref()) {
+            None => self.finish(chunk),
+            Some(op) => {
+                let tx = if op.on_copy_thread() { &self.copy_tx } else { &self.io_tx };
+                // The receivers live until `Stop`, which is sent only after every slot came back.
+                tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("stage thread gone with chunks in flight"));
+            }
+        }
+    }
+
+    fn finish(&self, chunk: Chunk) {
+        let Chunk { req, slot, stages, .. } = chunk;
+        drop(stages); // layout references go before the request may finalise
+        self.ring.release(slot);
+        req.release_one();
+    }
+
+    /// Records a stage's failure on its request and finishes the chunk.
+    fn fail(&self, chunk: Chunk, err: Error) {
+        chunk.req.fail(err);
+        self.finish(chunk);
+    }
+
+    fn take_op(chunk: &mut Chunk) -> Op {
+        let op = chunk.stages[chunk.next].take().expect("advance checked the stage");
+        chunk.next += 1;
+        op
+    }
+}
+
+/// I/O worker: disk I/O and host memcpy.
+pub fn io_worker(router: Arc<Router>, rx: Receiver<Job>) {
+    while let Ok(Job::Run(mut chunk)) = rx.recv() {
+        let op = Router::take_op(&mut chunk);
+        match run_host_op(&op, &router.counters) {
+            Ok(()) => {
+                drop(op);
+                router.advance(chunk)
+            }
+            Err(e) => router.fail(chunk, e),
+        }
+    }
+}
+
+fn run_host_op(op: &Op, counters: &Counters) -> Result<()> {
+    match op {
+        Op::ReadDisk { file, extents } => {
+            let f = file.disk().expect("disk layout");
+            for e in extents {
+                let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
+                // SAFETY: extents lie inside this chunk's slot (planner invariant).
+                unsafe { posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off) }
+                    .map_err(|err| in_file(err, f.path()))?;
+                Counters::add(&counters.bytes_disk_read, e.len);
+            }
+            Ok(())
+        }
+        Op::WriteDisk { file, extents } => {
+            let f = file.disk().expect("disk layout");
+            for e in extents {
+                write_extent(f, e).map_err(|err| in_file(err, f.path()))?;
+                Counters::add(&counters.bytes_disk_written, e.len);
+            }
+            Ok(())
+        }
+        Op::HostCopy(ops) => {
+            memcpy_all(ops);
+            Ok(())
+        }
+        Op::DeviceCopy(..) => unreachable!("device copies run on the copy thread"),
+    }
+}
+
+fn write_extent(f: &crate::memory::disk::DiskFile, e: &Extent) -> Result<()> {
+    if e.zero_tail > 0 {
+        // SAFETY: the tail lies inside this chunk's slot, reserved for this run.
+        unsafe { std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize) };
+    }
+    let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
+    // SAFETY: the extent lies inside this chunk's slot.
+    unsafe { posix::write_all_at(fd, e.addr as *const u8, e.len, e.file_off) }
+}
+
+fn in_file(err: Error, path: &std::path::Path) -> Error {
+    Error::new(err.status, format!("{}: {}", path.display(), err.message))
+}
+
+fn memcpy_all(ops: &[CopyOp]) {
+    for op in ops {
+        // SAFETY: planner invariant: inside validated layouts and this chunk's slot.
+        unsafe { std::ptr::copy_nonoverlapping(op.src as *const u8, op.dst as *mut u8, op.len as usize) };
+    }
+}
+
+/// Copy thread: issues device copies in order; a finished fence moves the chunk on at
+/// once, a pending one goes to the fence thread.
+pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
+    let bound = gpu.bind_copy_thread();
+    while let Ok(Job::Run(mut chunk)) = rx.recv() {
+        let Op::DeviceCopy(kind, ops) = Router::take_op(&mut chunk) else { unreachable!("only device copies come here") };
+        let issued = bound.clone().and_then(|_| gpu.copy(kind, &ops));
+        match issued {
+            Ok(fence) => {
+                let bytes: u64 = ops.iter().map(|o| o.len).sum();
+                match kind {
+                    CopyKind::HostToDevice => Counters::add(&router.counters.bytes_host_to_device, bytes),
+                    CopyKind::DeviceToHost => Counters::add(&router.counters.bytes_device_to_host, bytes),
+                    CopyKind::DeviceToDevice => {}
+                }
+                match fence {
+                    Fence::Done => router.advance(chunk),
+                    pending => router.fence_tx.send(Some((pending, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone")),
+                }
+            }
+            Err(e) => router.fail(chunk, e),
+        }
+    }
+}
+
+/// Fence thread: waits for device copies in issue order.
+pub fn fence_thread(router: Arc<Router>, rx: Receiver<Option<(Fence, Chunk)>>) {
+    while let Ok(Some((fence, chunk))) = rx.recv() {
+        match fence.wait() {
+            Ok(()) => router.advance(chunk),
+            Err(e) => router.fail(chunk, e),
+        }
+    }
+}

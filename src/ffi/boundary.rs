@@ -1,0 +1,182 @@
+//! What every exported function goes through: one `catch_unwind` per body, the calling
+//! thread's last error (libgit2 style), NULL checks and versioned struct reads.
+
+use super::types::*;
+use crate::error::{Error, Result, Status};
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// Depth of kvx calls on this thread, so our panic hook knows a panic is ours.
+    static IN_KVX: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Records `msg` as this thread's last error.
+pub fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// This thread's last error; valid until this thread's next failing kvx call.
+pub fn last_error_ptr() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Panics inside kvx calls are reported through `log` and the status code instead of the
+/// default hook's stderr print; other panics keep the host's hook.
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_KVX.with(|d| d.get()) > 0 {
+                log::error!("internal error: {info}");
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs `f` behind the panic boundary; a result or panic becomes a status code.
+pub fn guard<T>(f: impl FnOnce() -> Result<T>, on_ok: impl FnOnce(T)) -> kvx_status {
+    install_panic_hook();
+    IN_KVX.with(|d| d.set(d.get() + 1));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    IN_KVX.with(|d| d.set(d.get() - 1));
+    match r {
+        Ok(Ok(v)) => {
+            on_ok(v);
+            KVX_OK
+        }
+        Ok(Err(e)) => fail(&e),
+        Err(p) => fail(&Error::new(
+            Status::Internal,
+            format!("internal error: {}; this is a kvxfer bug, please report it", panic_message(&*p)),
+        )),
+    }
+}
+
+/// `guard` for functions that only report a status.
+pub fn status(f: impl FnOnce() -> Result<()>) -> kvx_status {
+    guard(f, |()| {})
+}
+
+/// Runs a function that cannot report failure (destroy, getters), swallowing a panic
+/// (logged by the hook) and returning `fallback` then.
+pub fn infallible<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    install_panic_hook();
+    IN_KVX.with(|d| d.set(d.get() + 1));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    IN_KVX.with(|d| d.set(d.get() - 1));
+    r.unwrap_or(fallback)
+}
+
+pub fn fail(e: &Error) -> kvx_status {
+    set_last_error(&e.message);
+    e.status.code()
+}
+
+pub fn null(name: &str) -> Error {
+    Error::new(Status::InvalidArg, format!("{name} is NULL"))
+}
+
+/// A reference from a pointer that must not be NULL.
+///
+/// # Safety
+/// A non-NULL `p` must point to a live `T`.
+pub unsafe fn non_null<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
+    p.as_ref().ok_or_else(|| null(name))
+}
+
+/// A slice from a C array; `len` 0 gives an empty slice even for NULL.
+///
+/// # Safety
+/// A non-NULL `p` must point to `len` readable `T`s.
+pub unsafe fn slice<'a, T>(p: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(null(name));
+    }
+    Ok(std::slice::from_raw_parts(p, len))
+}
+
+/// A versioned struct whose first field is `struct_size`.
+pub trait Versioned: Copy {
+    /// Name in messages.
+    const NAME: &'static str;
+    /// `sizeof` at ABI 1.0: callers may pass this or more, never less.
+    const V1_SIZE: usize;
+    /// The `_init` defaults; fields the caller's older struct lacks keep these values.
+    fn defaults() -> Self;
+}
+
+/// Reads a caller's struct of any size ≥ `V1_SIZE`: the bytes it has, defaults for the rest.
+///
+/// # Safety
+/// A non-NULL `p` must point to at least `struct_size` readable bytes.
+pub unsafe fn read_versioned<T: Versioned>(p: *const T) -> Result<T> {
+    let p = non_null(p, T::NAME)?;
+    let size = *(p as *const T as *const u32) as usize;
+    if size < T::V1_SIZE {
+        crate::error::bail!(
+            InvalidArg,
+            "{}.struct_size is {size}, smaller than the {} bytes of ABI 1.0; call {}_init first",
+            T::NAME,
+            T::V1_SIZE,
+            T::NAME
+        );
+    }
+    let mut out = T::defaults();
+    let n = size.min(std::mem::size_of::<T>());
+    std::ptr::copy_nonoverlapping(p as *const T as *const u8, &mut out as *mut T as *mut u8, n);
+    Ok(out)
+}
+
+/// Writes our struct into a caller's of size `struct_size` (read from `dst`): only the
+/// bytes both know; `struct_size` becomes the number of bytes written.
+///
+/// # Safety
+/// A non-NULL `dst` must point to at least its `struct_size` writable bytes.
+pub unsafe fn write_versioned<T: Versioned>(dst: *mut T, mut value: T) -> Result<()> {
+    let d = non_null(dst as *const T, T::NAME)?;
+    let size = *(d as *const T as *const u32) as usize;
+    if size < T::V1_SIZE {
+        crate::error::bail!(InvalidArg, "{}.struct_size is {size}, smaller than the {} bytes of ABI 1.0", T::NAME, T::V1_SIZE);
+    }
+    let n = size.min(std::mem::size_of::<T>());
+    *(&mut value as *mut T as *mut u32) = n as u32;
+    std::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst as *mut u8, n);
+    Ok(())
+}
+
+/// Writes `*out = v` for an output pointer checked non-NULL up front.
+pub struct Out<T>(*mut T);
+
+impl<T> Out<T> {
+    /// # Safety
+    /// A non-NULL `p` must be valid for a write of `T`.
+    pub unsafe fn new(p: *mut T, name: &str) -> Result<Out<T>> {
+        if p.is_null() {
+            return Err(null(name));
+        }
+        Ok(Out(p))
+    }
+
+    pub fn write(self, v: T) {
+        // SAFETY: checked non-NULL in `new`; the caller vouched for validity.
+        unsafe { self.0.write(v) }
+    }
+}

@@ -1,0 +1,120 @@
+//! `kvx_engine_*` and `kvx_engine_stats`.
+
+use super::boundary::*;
+use super::types::*;
+use crate::engine::{Engine, EngineConfig};
+
+impl Versioned for kvx_engine_config {
+    const NAME: &'static str = "kvx_engine_config";
+    const V1_SIZE: usize = std::mem::size_of::<kvx_engine_config>();
+    fn defaults() -> Self {
+        kvx_engine_config {
+            struct_size: std::mem::size_of::<kvx_engine_config>() as u32,
+            device: KVX_DEVICE_AUTO,
+            io_threads: 0,
+            io_backend: KVX_IO_AUTO,
+            bounce_bytes: 0,
+            slot_bytes: 0,
+            max_inflight: 0,
+            flags: 0,
+        }
+    }
+}
+
+impl Versioned for kvx_stats {
+    const NAME: &'static str = "kvx_stats";
+    const V1_SIZE: usize = std::mem::size_of::<kvx_stats>();
+    fn defaults() -> Self {
+        kvx_stats {
+            struct_size: std::mem::size_of::<kvx_stats>() as u32,
+            requests_completed: 0,
+            requests_failed: 0,
+            requests_cancelled: 0,
+            bytes_disk_read: 0,
+            bytes_disk_written: 0,
+            bytes_host_to_device: 0,
+            bytes_device_to_host: 0,
+        }
+    }
+}
+
+/// The engine behind a handle.
+///
+/// # Safety
+/// A non-NULL `e` must come from `kvx_engine_create` and not be destroyed.
+pub(crate) unsafe fn engine<'a>(e: *const kvx_engine) -> crate::error::Result<&'a Engine> {
+    non_null(e as *const Engine, "engine")
+}
+
+/// Fills `cfg` with `struct_size` and the defaults (automatic device, default sizes).
+/// NULL is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_engine_config_init(cfg: *mut kvx_engine_config) {
+    if !cfg.is_null() {
+        cfg.write(kvx_engine_config::defaults());
+    }
+}
+
+/// Starts an engine: resolves the device, allocates the pinned bounce ring and starts its
+/// threads. `cfg` may be NULL for defaults. On success `*out` owns the engine; free it
+/// with `kvx_engine_destroy`.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_engine_create(cfg: *const kvx_engine_config, out: *mut *mut kvx_engine) -> kvx_status {
+    guard(
+        || {
+            let out = Out::new(out, "out")?;
+            let c = if cfg.is_null() { kvx_engine_config::defaults() } else { read_versioned(cfg)? };
+            super::logger::ensure_installed();
+            let engine = Engine::new(&EngineConfig {
+                device: c.device,
+                io_threads: c.io_threads,
+                io_backend: c.io_backend,
+                bounce_bytes: c.bounce_bytes,
+                slot_bytes: c.slot_bytes,
+                max_inflight: c.max_inflight,
+                flags: c.flags,
+            })?;
+            Ok((out, engine))
+        },
+        |(out, engine)| out.write(Box::into_raw(Box::new(engine)) as *mut kvx_engine),
+    )
+}
+
+/// Cancels requests that have not started, waits for those that have, joins the threads
+/// and frees the engine. Layouts and requests made from it must not be used afterwards,
+/// except that they may still be destroyed/released. NULL is a no-op. Must not be called
+/// from a completion callback.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_engine_destroy(e: *mut kvx_engine) {
+    if !e.is_null() {
+        infallible((), || drop(Box::from_raw(e as *mut Engine)));
+    }
+}
+
+/// The device the engine resolved: a CUDA ordinal, or -1 for the emulated device.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_engine_device(e: *const kvx_engine, device_out: *mut i32) -> kvx_status {
+    guard(|| Ok((Out::new(device_out, "device_out")?, engine(e)?.device())), |(o, d)| o.write(d))
+}
+
+/// Copies the engine's counters into `*out`. Set `out->struct_size` first (to
+/// `sizeof(kvx_stats)`); fields beyond it are not written.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_engine_stats(e: *const kvx_engine, out: *mut kvx_stats) -> kvx_status {
+    status(|| {
+        let s = engine(e)?.stats();
+        write_versioned(
+            out,
+            kvx_stats {
+                struct_size: 0,
+                requests_completed: s.requests_completed,
+                requests_failed: s.requests_failed,
+                requests_cancelled: s.requests_cancelled,
+                bytes_disk_read: s.bytes_disk_read,
+                bytes_disk_written: s.bytes_disk_written,
+                bytes_host_to_device: s.bytes_host_to_device,
+                bytes_device_to_host: s.bytes_device_to_host,
+            },
+        )
+    })
+}

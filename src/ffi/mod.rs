@@ -1,0 +1,39 @@
+//! The C ABI (API.md): opaque handles, status codes, the panic boundary, thread-local
+//! error messages, versioned structs and the dlopen table. Nothing below this module
+//! knows about C; nothing here does real work.
+
+#![allow(non_camel_case_types)]
+
+pub mod api;
+pub mod boundary;
+pub mod engine;
+pub mod layout;
+pub mod logger;
+pub mod transfer;
+pub mod types;
+
+pub use types::*;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn committed_header_matches_the_rust_code() {
+        let fresh = include_str!(concat!(env!("OUT_DIR"), "/kvxfer.h"));
+        let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvxfer.h")).unwrap();
+        assert!(fresh == committed, "include/kvxfer.h differs from src/ffi; run `make header` and commit it");
+    }
+
+    #[test]
+    fn status_constants_match_the_rust_statuses() {
+        use super::types::*;
+        use crate::error::Status;
+        let c = [
+            KVX_OK, KVX_PENDING, KVX_ERR_INVALID_ARG, KVX_ERR_OUT_OF_RANGE, KVX_ERR_INCOMPATIBLE, KVX_ERR_UNSUPPORTED,
+            KVX_ERR_NO_DEVICE, KVX_ERR_CUDA, KVX_ERR_IO, KVX_ERR_NO_MEMORY, KVX_ERR_TIMEOUT, KVX_ERR_CANCELLED,
+            KVX_ERR_SHUTDOWN, KVX_ERR_BUSY, KVX_ERR_INTEGRITY, KVX_ERR_VERSION, KVX_ERR_INTERNAL,
+        ];
+        for (s, code) in Status::ALL.iter().zip(c) {
+            assert_eq!(s.code(), code, "{}", s.name());
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The C ABI's types and constants. `#[repr(C)]` structs start with `struct_size` and
+//! only grow at their end; opaque handles are declared here and defined in Rust.
+
+use std::ffi::{c_char, c_void};
+
+/// Outcome of a call: `KVX_OK` or one of the `KVX_ERR_*` codes (never reused).
+pub type kvx_status = u32;
+
+pub const KVX_OK: kvx_status = 0;
+/// The request has not completed yet.
+pub const KVX_PENDING: kvx_status = 1;
+/// NULL, zero sizes, mismatched counts, bad enum value, too-small `struct_size`.
+pub const KVX_ERR_INVALID_ARG: kvx_status = 2;
+/// Block id ≥ num_blocks, or a layer range outside the layout.
+pub const KVX_ERR_OUT_OF_RANGE: kvx_status = 3;
+/// Source and destination layouts differ in block geometry.
+pub const KVX_ERR_INCOMPATIBLE: kvx_status = 4;
+/// Asked for a backend or feature that this machine or build lacks.
+pub const KVX_ERR_UNSUPPORTED: kvx_status = 5;
+pub const KVX_ERR_NO_DEVICE: kvx_status = 6;
+pub const KVX_ERR_CUDA: kvx_status = 7;
+pub const KVX_ERR_IO: kvx_status = 8;
+pub const KVX_ERR_NO_MEMORY: kvx_status = 9;
+pub const KVX_ERR_TIMEOUT: kvx_status = 10;
+pub const KVX_ERR_CANCELLED: kvx_status = 11;
+pub const KVX_ERR_SHUTDOWN: kvx_status = 12;
+/// `max_inflight` requests are already admitted; retry after one completes.
+pub const KVX_ERR_BUSY: kvx_status = 13;
+/// Data read back is not what was written (checksum).
+pub const KVX_ERR_INTEGRITY: kvx_status = 14;
+pub const KVX_ERR_VERSION: kvx_status = 15;
+pub const KVX_ERR_INTERNAL: kvx_status = 16;
+
+pub const KVX_ABI_MAJOR: u32 = 1;
+pub const KVX_ABI_MINOR: u32 = 0;
+
+/// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
+pub const KVX_DEVICE_AUTO: i32 = -2;
+/// `kvx_engine_config.device`: host memory stands in for the GPU (same pipeline, memcpy copies).
+pub const KVX_DEVICE_EMULATED: i32 = -1;
+
+/// `kvx_engine_config.io_backend` values.
+pub const KVX_IO_AUTO: u32 = 0;
+pub const KVX_IO_POSIX: u32 = 1;
+pub const KVX_IO_URING: u32 = 2;
+pub const KVX_IO_NIXL: u32 = 3;
+pub const KVX_IO_GDS: u32 = 4;
+
+/// `kvx_layout_config.kind` values.
+pub const KVX_LAYOUT_FULLY_CONTIGUOUS: u32 = 0;
+pub const KVX_LAYOUT_LAYER_SEPARATE_BLOCK_FIRST: u32 = 1;
+pub const KVX_LAYOUT_LAYER_SEPARATE_OUTER_FIRST: u32 = 2;
+
+/// Host layout flag: page-locked memory (allocated pinned; for registered memory: the
+/// caller already pinned it).
+pub const KVX_HOST_PINNED: u32 = 1;
+
+/// Disk layout flag: create or truncate the file and size it for the layout.
+pub const KVX_DISK_CREATE: u32 = 1;
+/// Disk layout flag: keep the file on destroy (by default a file kvxfer created is removed).
+pub const KVX_DISK_KEEP: u32 = 2;
+/// Disk layout flag: buffered I/O instead of O_DIRECT.
+pub const KVX_DISK_BUFFERED: u32 = 4;
+/// Disk layout flag: every write request is durable (fdatasync) before it completes.
+pub const KVX_DISK_SYNC: u32 = 8;
+
+/// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
+/// free with `kvx_engine_destroy`.
+pub struct kvx_engine {
+    _opaque: [u8; 0],
+}
+
+/// A layout: block geometry plus the memory or file holding it. Reference counted inside
+/// kvxfer: `kvx_layout_destroy` drops the caller's reference, requests hold their own.
+pub struct kvx_layout {
+    _opaque: [u8; 0],
+}
+
+/// A submitted transfer. Free with `kvx_request_release` (the transfer still completes).
+pub struct kvx_request {
+    _opaque: [u8; 0],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_engine_config {
+    pub struct_size: u32,
+    /// CUDA ordinal, `KVX_DEVICE_AUTO` or `KVX_DEVICE_EMULATED`.
+    pub device: i32,
+    /// I/O worker threads; 0 = default (the CPU count, clamped to 4..16).
+    pub io_threads: u32,
+    /// `KVX_IO_*`.
+    pub io_backend: u32,
+    /// Pinned bounce memory in total; 0 = default (128 MiB). A multiple of `slot_bytes`.
+    pub bounce_bytes: u64,
+    /// One bounce slot; 0 = default (4 MiB). A power of two ≥ 64 KiB.
+    pub slot_bytes: u64,
+    /// Requests admitted at once before submit says `KVX_ERR_BUSY`; 0 = default (1024).
+    pub max_inflight: u32,
+    /// None defined yet; must be 0.
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_layout_config {
+    pub struct_size: u32,
+    /// `KVX_LAYOUT_*`.
+    pub kind: u32,
+    pub num_blocks: u64,
+    pub num_layers: u64,
+    /// 2 for separate K and V, 1 for MLA.
+    pub outer_dim: u64,
+    /// Tokens per block.
+    pub page_size: u64,
+    /// Elements per token (kv_heads × head_dim).
+    pub inner_dim: u64,
+    pub dtype_bytes: u64,
+}
+
+/// Called once when a request completes, with its final status, on a kvxfer thread (or
+/// inside `kvx_request_cancel` for a request that had not started). It must not block,
+/// must not throw, and must not destroy the engine; it may submit, poll and release.
+/// `kvx_request_wait`/`kvx_request_poll` report completion only after it returned.
+pub type kvx_completion_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, req: *mut kvx_request, status: kvx_status)>;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_transfer_options {
+    pub struct_size: u32,
+    /// First layer to move.
+    pub layer_begin: u32,
+    /// One past the last layer to move; 0 means all layers.
+    pub layer_end: u32,
+    /// None defined yet; must be 0.
+    pub flags: u32,
+    /// Optional completion callback.
+    pub on_complete: kvx_completion_fn,
+    pub user_data: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_stats {
+    pub struct_size: u32,
+    pub requests_completed: u64,
+    pub requests_failed: u64,
+    pub requests_cancelled: u64,
+    pub bytes_disk_read: u64,
+    pub bytes_disk_written: u64,
+    pub bytes_host_to_device: u64,
+    pub bytes_device_to_host: u64,
+}
+
+/// Log sink: `level` is 1 error, 2 warn, 3 info, 4 debug, 5 trace; `target` and
+/// `message` are valid only during the call. Runs on any thread; must not block.
+pub type kvx_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: u32, target: *const c_char, message: *const c_char)>;

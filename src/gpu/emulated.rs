@@ -1,0 +1,58 @@
+//! The emulated device: host memory plays device memory, memcpy plays the DMA engine.
+
+use super::{CopyKind, CopyOp, Fence, Gpu};
+use crate::error::{bail, Result};
+use crate::memory::host::{map_anonymous, unmap};
+
+#[derive(Debug, Default)]
+pub struct Emulated;
+
+impl Gpu for Emulated {
+    fn ordinal(&self) -> i32 {
+        -1
+    }
+
+    fn describe(&self) -> String {
+        "emulated device (host memory)".to_string()
+    }
+
+    fn alloc_device(&self, bytes: u64) -> Result<u64> {
+        Ok(map_anonymous(bytes)? as u64)
+    }
+
+    unsafe fn free_device(&self, addr: u64, bytes: u64) {
+        unmap(addr as *mut u8, bytes)
+    }
+
+    fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
+        map_anonymous(bytes)
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: u64) {
+        unmap(ptr, bytes)
+    }
+
+    fn check_device_range(&self, addr: u64, bytes: u64) -> Result<()> {
+        // Host memory has no owner to ask; reject only what is certainly wrong.
+        if addr == 0 {
+            bail!(InvalidArg, "device base is NULL");
+        }
+        if addr.checked_add(bytes).is_none() {
+            bail!(InvalidArg, "device range at {addr:#x} of {bytes} bytes wraps the address space");
+        }
+        Ok(())
+    }
+
+    fn bind_copy_thread(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn copy(&self, _kind: CopyKind, ops: &[CopyOp]) -> Result<Fence> {
+        for op in ops {
+            // SAFETY: the planner only emits ops inside validated layouts and bounce slots,
+            // and a slot or region is owned by exactly one stage at a time.
+            unsafe { std::ptr::copy_nonoverlapping(op.src as *const u8, op.dst as *mut u8, op.len as usize) };
+        }
+        Ok(Fence::Done)
+    }
+}

@@ -1,0 +1,3 @@
+//! Disk I/O backends. Today: POSIX pread/pwrite from the engine's I/O worker threads.
+
+pub mod posix;

@@ -1,0 +1,78 @@
+//! Blocking positional I/O with the retries every caller needs: `EINTR` is retried and a
+//! short transfer continues where it stopped, so callers see all bytes or an error.
+
+use crate::error::{Error, Result};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Reads exactly `len` bytes at `offset` into `buf`.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of writes.
+pub unsafe fn read_exact_at(fd: BorrowedFd<'_>, buf: *mut u8, len: u64, offset: u64) -> Result<()> {
+    let mut done = 0u64;
+    while done < len {
+        let n = libc::pread(
+            fd.as_raw_fd(),
+            buf.add(done as usize) as *mut libc::c_void,
+            (len - done) as usize,
+            (offset + done) as libc::off_t,
+        );
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(Error::io(format_args!("pread of {} bytes at offset {}", len - done, offset + done), err));
+        }
+        if n == 0 {
+            return Err(Error::new(
+                crate::error::Status::Io,
+                format!("pread at offset {}: unexpected end of file ({} of {len} bytes read); was the file truncated?", offset + done, done),
+            ));
+        }
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Writes exactly `len` bytes from `buf` at `offset`.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of reads.
+pub unsafe fn write_all_at(fd: BorrowedFd<'_>, buf: *const u8, len: u64, offset: u64) -> Result<()> {
+    let mut done = 0u64;
+    while done < len {
+        let n = libc::pwrite(
+            fd.as_raw_fd(),
+            buf.add(done as usize) as *const libc::c_void,
+            (len - done) as usize,
+            (offset + done) as libc::off_t,
+        );
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(Error::io(format_args!("pwrite of {} bytes at offset {}", len - done, offset + done), err));
+        }
+        if n == 0 {
+            return Err(Error::new(crate::error::Status::Io, format!("pwrite at offset {} wrote nothing", offset + done)));
+        }
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Makes written data durable.
+pub fn sync_data(fd: BorrowedFd<'_>) -> Result<()> {
+    loop {
+        // SAFETY: plain syscall on a borrowed, open descriptor.
+        if unsafe { libc::fdatasync(fd.as_raw_fd()) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(Error::io("fdatasync", err));
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Disk storage: one file per layout, opened with `O_DIRECT` unless asked otherwise or
+//! refused by the filesystem, plus a buffered descriptor for the few writes that cannot
+//! be aligned (a layer range whose regions are not multiples of the alignment).
+
+use crate::error::{bail, Error, Result};
+use crate::io::posix;
+use crate::memory::host::{map_anonymous, unmap};
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// `KVX_DISK_*` flags.
+pub const DISK_CREATE: u32 = 1;
+pub const DISK_KEEP: u32 = 2;
+pub const DISK_BUFFERED: u32 = 4;
+pub const DISK_SYNC: u32 = 8;
+pub const DISK_FLAGS_KNOWN: u32 = DISK_CREATE | DISK_KEEP | DISK_BUFFERED | DISK_SYNC;
+
+/// The alignment kvxfer uses for direct I/O unless the filesystem asks for more.
+pub const DEFAULT_IO_ALIGN: u64 = 4096;
+
+#[derive(Debug)]
+pub struct DiskFile {
+    path: PathBuf,
+    direct: Option<File>,
+    buffered: File,
+    align: u64,
+    remove_on_drop: bool,
+    pub sync: bool,
+}
+
+fn open_raw(path: &CString, flags: libc::c_int) -> std::io::Result<File> {
+    // SAFETY: `path` is NUL-terminated; the returned descriptor is owned by the File.
+    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, 0o644 as libc::c_uint) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The direct-I/O alignment the filesystem reports (statx `STATX_DIOALIGN`), at least 4096.
+fn dio_align(f: &File) -> u64 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statx writes into the zeroed struct we own.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    let mut align = DEFAULT_IO_ALIGN;
+    if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 {
+        align = align.max(stx.stx_dio_offset_align as u64).max(stx.stx_dio_mem_align as u64);
+    }
+    align.next_power_of_two().min(crate::layout::MAX_IO_ALIGN)
+}
+
+impl DiskFile {
+    /// Opens (or with `DISK_CREATE` creates and truncates) `path`. The caller then asks
+    /// `align()` for the block padding and calls `prepare` with the layout's byte size.
+    pub fn open(path: &Path, flags: u32) -> Result<DiskFile> {
+        if flags & !DISK_FLAGS_KNOWN != 0 {
+            bail!(InvalidArg, "unknown disk flags {:#x}; known: KVX_DISK_CREATE|KEEP|BUFFERED|SYNC", flags & !DISK_FLAGS_KNOWN);
+        }
+        let cpath = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| Error::new(crate::error::Status::InvalidArg, "disk path contains a NUL byte"))?;
+        let create = flags & DISK_CREATE != 0;
+        let mut oflags = libc::O_RDWR;
+        if create {
+            oflags |= libc::O_CREAT | libc::O_TRUNC;
+        }
+        let shown = path.display();
+        let buffered = open_raw(&cpath, oflags).map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        let direct = if flags & DISK_BUFFERED != 0 {
+            None
+        } else {
+            match open_raw(&cpath, libc::O_RDWR | libc::O_DIRECT) {
+                Ok(f) => Some(f),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    log::warn!("{shown}: the filesystem refuses O_DIRECT; using buffered I/O");
+                    None
+                }
+                Err(e) => return Err(Error::io(format_args!("opening {shown} with O_DIRECT"), e)),
+            }
+        };
+        let align = direct.as_ref().map_or(DEFAULT_IO_ALIGN, dio_align);
+        Ok(DiskFile {
+            path: path.to_path_buf(),
+            direct,
+            buffered,
+            align,
+            remove_on_drop: create && flags & DISK_KEEP == 0,
+            sync: flags & DISK_SYNC != 0,
+        })
+    }
+
+    /// Sizes a created file to `bytes` (fallocate, else ftruncate) or checks that an
+    /// existing one is large enough; then proves that direct I/O really works here.
+    pub fn prepare(&mut self, bytes: u64, create: bool) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let shown = self.path.display();
+        if create {
+            let fd = self.buffered.as_raw_fd();
+            // SAFETY: plain syscalls on an owned descriptor.
+            if unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) } != 0 {
+                let err = std::io::Error::last_os_error();
+                if !matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) {
+                    return Err(Error::io(format_args!("reserving {bytes} bytes for {shown}"), err));
+                }
+                if unsafe { libc::ftruncate(fd, bytes as libc::off_t) } != 0 {
+                    return Err(Error::io(format_args!("sizing {shown} to {bytes} bytes"), std::io::Error::last_os_error()));
+                }
+            }
+        } else {
+            let len = self.buffered.metadata().map_err(|e| Error::io(format_args!("stat {shown}"), e))?.len();
+            if len < bytes {
+                bail!(
+                    InvalidArg,
+                    "{shown} is {len} bytes but the layout needs {bytes}; pass KVX_DISK_CREATE to create it, or check the geometry"
+                );
+            }
+        }
+        self.probe_direct()
+    }
+
+    /// Some filesystems accept `O_DIRECT` at open and refuse it at the first read.
+    fn probe_direct(&mut self) -> Result<()> {
+        let Some(f) = &self.direct else { return Ok(()) };
+        let buf = map_anonymous(self.align)?;
+        // SAFETY: `buf` is a fresh mapping of `align` bytes.
+        let res = unsafe { posix::read_exact_at(f.as_fd(), buf, self.align, 0) };
+        unsafe { unmap(buf, self.align) };
+        if let Err(e) = res {
+            log::warn!("{}: O_DIRECT read failed ({}); using buffered I/O", self.path.display(), e.message);
+            self.direct = None;
+            self.align = DEFAULT_IO_ALIGN;
+        }
+        Ok(())
+    }
+
+    /// Block padding and I/O alignment of this file.
+    pub fn align(&self) -> u64 {
+        self.align
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The descriptor for aligned I/O (direct when available).
+    pub fn aligned_fd(&self) -> BorrowedFd<'_> {
+        self.direct.as_ref().unwrap_or(&self.buffered).as_fd()
+    }
+
+    /// The descriptor for I/O at any offset and length.
+    pub fn buffered_fd(&self) -> BorrowedFd<'_> {
+        self.buffered.as_fd()
+    }
+
+    /// Makes everything written so far durable (both descriptors share the inode).
+    pub fn sync_data(&self) -> Result<()> {
+        posix::sync_data(self.buffered.as_fd()).map_err(|e| Error::new(e.status, format!("{}: {}", self.path.display(), e.message)))
+    }
+}
+
+impl Drop for DiskFile {
+    fn drop(&mut self) {
+        if self.remove_on_drop {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                log::warn!("could not remove {}: {e}", self.path.display());
+            }
+        }
+    }
+}

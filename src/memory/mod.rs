@@ -1,0 +1,171 @@
+//! Storage behind a layout: engine-owned or registered (caller-owned) memory on the
+//! device, in pinned or pageable host memory, or a disk file.
+
+pub mod disk;
+pub mod host;
+
+use crate::error::{bail, Result};
+use crate::gpu::Gpu;
+use crate::layout::{Geometry, LayoutKind, Placement};
+use disk::DiskFile;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Where a layout's bytes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageKind {
+    Device,
+    Pinned,
+    Host,
+    Disk,
+}
+
+/// `KVX_HOST_PINNED`: host memory is page-locked (allocated pinned, or registered memory
+/// the caller already pinned).
+pub const HOST_PINNED: u32 = 1;
+
+/// An allocation kvxfer made and frees when the last user is gone.
+pub struct Owned {
+    gpu: Arc<dyn Gpu>,
+    addr: u64,
+    bytes: u64,
+    kind: StorageKind,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // SAFETY: each Owned is the only record of an allocation made in `allocate`.
+        unsafe {
+            match self.kind {
+                StorageKind::Device => self.gpu.free_device(self.addr, self.bytes),
+                StorageKind::Pinned => self.gpu.free_pinned(self.addr as *mut u8, self.bytes),
+                StorageKind::Host => host::unmap(self.addr as *mut u8, self.bytes),
+                StorageKind::Disk => unreachable!("disk storage is not an allocation"),
+            }
+        }
+    }
+}
+
+fn allocate(gpu: &Arc<dyn Gpu>, kind: StorageKind, bytes: u64) -> Result<Owned> {
+    let addr = match kind {
+        StorageKind::Device => gpu.alloc_device(bytes)?,
+        StorageKind::Pinned => gpu.alloc_pinned(bytes)? as u64,
+        StorageKind::Host => host::map_anonymous(bytes)? as u64,
+        StorageKind::Disk => unreachable!(),
+    };
+    Ok(Owned { gpu: gpu.clone(), addr, bytes, kind })
+}
+
+pub enum Storage {
+    /// One base address per allocation (1 for fully contiguous, one per layer otherwise).
+    Memory { kind: StorageKind, bases: Vec<u64>, _owned: Vec<Owned> },
+    Disk(DiskFile),
+}
+
+/// A layout: placement math plus the storage it addresses. Shared (`Arc`) between the
+/// caller's handle and every request that uses it, so destroying the handle while a
+/// request runs is safe.
+pub struct Layout {
+    pub placement: Placement,
+    pub storage: Storage,
+    /// The engine this layout belongs to; transfers across engines are refused.
+    pub engine_id: u64,
+    /// Unique per layout, to detect a transfer whose source and destination are the same.
+    pub id: u64,
+}
+
+static NEXT_LAYOUT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Layout {
+    fn new(engine_id: u64, placement: Placement, storage: Storage) -> Layout {
+        Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    pub fn kind(&self) -> StorageKind {
+        match &self.storage {
+            Storage::Memory { kind, .. } => *kind,
+            Storage::Disk(_) => StorageKind::Disk,
+        }
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.placement.geom
+    }
+
+    /// Memory bases, or `None` for disk.
+    pub fn bases(&self) -> Option<&[u64]> {
+        match &self.storage {
+            Storage::Memory { bases, .. } => Some(bases),
+            Storage::Disk(_) => None,
+        }
+    }
+
+    pub fn disk(&self) -> Option<&DiskFile> {
+        match &self.storage {
+            Storage::Disk(f) => Some(f),
+            Storage::Memory { .. } => None,
+        }
+    }
+
+    /// Memory owned by kvxfer: device (`StorageKind::Device`) or host (pinned or not).
+    pub fn create_memory(engine_id: u64, gpu: &Arc<dyn Gpu>, kind: LayoutKind, geom: Geometry, storage: StorageKind) -> Result<Layout> {
+        let placement = Placement::memory(kind, geom);
+        let owned = (0..placement.num_bases())
+            .map(|_| allocate(gpu, storage, placement.base_bytes()))
+            .collect::<Result<Vec<_>>>()?;
+        let bases = owned.iter().map(|o| o.addr).collect();
+        Ok(Layout::new(engine_id, placement, Storage::Memory { kind: storage, bases, _owned: owned }))
+    }
+
+    /// Caller-owned memory: `bases` must hold one address per allocation of the kind;
+    /// device bases are checked with the device. kvxfer never frees them.
+    pub fn register_memory(
+        engine_id: u64,
+        gpu: &Arc<dyn Gpu>,
+        kind: LayoutKind,
+        geom: Geometry,
+        storage: StorageKind,
+        bases: &[u64],
+    ) -> Result<Layout> {
+        let placement = Placement::memory(kind, geom);
+        if bases.len() as u64 != placement.num_bases() {
+            bail!(
+                InvalidArg,
+                "{} bases given; a {} layout of {} layers needs {}",
+                bases.len(),
+                kind_name(kind),
+                geom.cfg.num_layers,
+                placement.num_bases()
+            );
+        }
+        for (i, &b) in bases.iter().enumerate() {
+            if b == 0 {
+                bail!(InvalidArg, "base {i} is NULL");
+            }
+            if storage == StorageKind::Device {
+                gpu.check_device_range(b, placement.base_bytes())
+                    .map_err(|e| crate::error::Error::new(e.status, format!("base {i}: {}", e.message)))?;
+            }
+        }
+        Ok(Layout::new(engine_id, placement, Storage::Memory { kind: storage, bases: bases.to_vec(), _owned: Vec::new() }))
+    }
+
+    /// A disk layout in the file at `path` (`disk::DISK_*` flags).
+    pub fn create_disk(engine_id: u64, geom: Geometry, path: &Path, flags: u32) -> Result<Layout> {
+        let mut file = DiskFile::open(path, flags)?;
+        let placement = Placement::disk(geom, file.align());
+        file.prepare(placement.base_bytes(), flags & disk::DISK_CREATE != 0)?;
+        // The probe may have fallen back to buffered I/O with the default alignment;
+        // padding chosen for a larger alignment stays valid (it is still a multiple).
+        Ok(Layout::new(engine_id, placement, Storage::Disk(file)))
+    }
+}
+
+pub fn kind_name(kind: LayoutKind) -> &'static str {
+    match kind {
+        LayoutKind::FullyContiguous => "fully contiguous",
+        LayoutKind::LayerSeparate { block_first: true } => "layer-separate block-first",
+        LayoutKind::LayerSeparate { block_first: false } => "layer-separate outer-first",
+    }
+}
