@@ -208,3 +208,9 @@ impl Request {
         self.message.get().map_or(c"", |m| m.as_c_str())
     }
 }
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("status", &self.poll()).finish()
+    }
+}

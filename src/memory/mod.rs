@@ -169,3 +169,13 @@ pub fn kind_name(kind: LayoutKind) -> &'static str {
         LayoutKind::LayerSeparate { block_first: false } => "layer-separate outer-first",
     }
 }
+
+impl std::fmt::Debug for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layout")
+            .field("storage", &self.kind())
+            .field("kind", &self.placement.kind)
+            .field("config", &self.placement.geom.cfg)
+            .finish()
+    }
+}

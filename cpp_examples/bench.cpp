@@ -1,0 +1,327 @@
+// kvxfer bench: how fast KV blocks move between disk, host and device through kvxfer,
+// next to the physical limit measured in the same run (raw reads/writes of the same
+// file with the same thread count and O_DIRECT setting).
+//
+//   ./cpp_examples/bench                       # Dynamo KVBM-like defaults
+//   ./cpp_examples/bench --num-blocks 86 --direction disk-to-device   # ~1 GiB, cold O_DIRECT
+//   ./cpp_examples/bench --help
+#include "kvxfer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  uint64_t num_layers = 24, inner_dim = 4096, page_size = 32, outer_dim = 2, dtype_bytes = 2;
+  uint64_t num_blocks = 16, blocks_per_batch = 4;
+  int iterations = 5, warmup = 1;
+  std::string layout = "contiguous", direction = "all", device = "auto", dir = ".";
+  uint32_t io_threads = 0;
+  uint64_t bounce_bytes = 0, slot_bytes = 0;
+  bool buffered = false, verify = true;
+};
+
+[[noreturn]] void usage(int code) {
+  std::printf(
+      "usage: bench [options]\n"
+      "  --num-layers N (24)  --inner-dim N (4096)  --page-size N (32)  --outer-dim 1|2 (2)\n"
+      "  --dtype-bytes N (2)  --num-blocks N (16)  --blocks-per-batch N (4)\n"
+      "  --iterations N (5)   --warmup N (1)\n"
+      "  --layout contiguous|layer-block-first|layer-outer-first (contiguous)\n"
+      "  --direction disk-to-device|device-to-disk|all (all)\n"
+      "  --device auto|emulated|N (auto)   --dir PATH (.) where the disk file lives\n"
+      "  --io-threads N  --bounce-bytes N  --slot-bytes N   (0 = library defaults)\n"
+      "  --buffered      page-cache I/O instead of O_DIRECT (the file is then hot)\n"
+      "  --no-verify     skip the byte check after the timed runs\n");
+  std::exit(code);
+}
+
+Options parse(int argc, char **argv) {
+  Options o;
+  std::map<std::string, std::function<void(const char *)>> flags = {
+      {"--num-layers", [&](const char *v) { o.num_layers = std::strtoull(v, nullptr, 0); }},
+      {"--inner-dim", [&](const char *v) { o.inner_dim = std::strtoull(v, nullptr, 0); }},
+      {"--page-size", [&](const char *v) { o.page_size = std::strtoull(v, nullptr, 0); }},
+      {"--outer-dim", [&](const char *v) { o.outer_dim = std::strtoull(v, nullptr, 0); }},
+      {"--dtype-bytes", [&](const char *v) { o.dtype_bytes = std::strtoull(v, nullptr, 0); }},
+      {"--num-blocks", [&](const char *v) { o.num_blocks = std::strtoull(v, nullptr, 0); }},
+      {"--blocks-per-batch", [&](const char *v) { o.blocks_per_batch = std::strtoull(v, nullptr, 0); }},
+      {"--iterations", [&](const char *v) { o.iterations = std::atoi(v); }},
+      {"--warmup", [&](const char *v) { o.warmup = std::atoi(v); }},
+      {"--layout", [&](const char *v) { o.layout = v; }},
+      {"--direction", [&](const char *v) { o.direction = v; }},
+      {"--device", [&](const char *v) { o.device = v; }},
+      {"--dir", [&](const char *v) { o.dir = v; }},
+      {"--io-threads", [&](const char *v) { o.io_threads = (uint32_t)std::strtoul(v, nullptr, 0); }},
+      {"--bounce-bytes", [&](const char *v) { o.bounce_bytes = std::strtoull(v, nullptr, 0); }},
+      {"--slot-bytes", [&](const char *v) { o.slot_bytes = std::strtoull(v, nullptr, 0); }},
+  };
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") usage(0);
+    if (a == "--buffered") { o.buffered = true; continue; }
+    if (a == "--no-verify") { o.verify = false; continue; }
+    auto f = flags.find(a);
+    if (f == flags.end() || i + 1 >= argc) {
+      std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
+      usage(2);
+    }
+    f->second(argv[++i]);
+  }
+  if (o.blocks_per_batch == 0 || o.num_blocks == 0 || o.iterations <= 0) {
+    std::fprintf(stderr, "bench: --num-blocks, --blocks-per-batch and --iterations must be positive\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+void check(kvx_status s, const char *what) {
+  if (s != KVX_OK) {
+    std::fprintf(stderr, "bench: %s failed: %s: %s\n", what, kvx_status_str(s), kvx_last_error());
+    std::exit(1);
+  }
+}
+
+double gbps(uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = (size_t)(p * (v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+struct Result {
+  double seconds = 0;
+  std::vector<double> batch_ms;
+};
+
+struct Pending {
+  kvx_request *req;
+  Clock::time_point submitted;
+};
+
+// One timed pass: every batch submitted at once, then all waited for.
+Result run_pass(kvx_engine *e, kvx_layout *src, kvx_layout *dst, const Options &o) {
+  Result r;
+  std::vector<Pending> pending;
+  std::vector<std::vector<uint64_t>> ids;
+  for (uint64_t b = 0; b < o.num_blocks; b += o.blocks_per_batch) {
+    std::vector<uint64_t> v;
+    for (uint64_t k = b; k < std::min(o.num_blocks, b + o.blocks_per_batch); k++) v.push_back(k);
+    ids.push_back(std::move(v));
+  }
+  auto t0 = Clock::now();
+  for (auto &v : ids) {
+    kvx_request *req = nullptr;
+    auto ts = Clock::now();
+    check(kvx_transfer_submit(e, src, v.data(), dst, v.data(), v.size(), nullptr, &req), "kvx_transfer_submit");
+    pending.push_back({req, ts});
+  }
+  for (auto &p : pending) {
+    check(kvx_request_wait(p.req, UINT64_MAX), "transfer");
+    r.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - p.submitted).count());
+    kvx_request_release(p.req);
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+// The disk's limit: `threads` threads reading (or writing) a whole file in chunks of
+// `chunk` bytes, with O_DIRECT unless buffered — what kvxfer's I/O workers could do at
+// best. Writes go to a scratch file of the same size beside the layout's file, so the
+// blocks kvxfer wrote stay intact.
+double raw_file_pass(const std::string &path, uint64_t bytes, uint32_t threads, uint64_t chunk, bool buffered, bool write) {
+  int flags = (write ? O_WRONLY : O_RDONLY) | (buffered ? 0 : O_DIRECT);
+  int fd = ::open(path.c_str(), flags);
+  if (fd < 0) { std::perror("bench: open for the raw pass"); std::exit(1); }
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  for (uint32_t t = 0; t < threads; t++) {
+    pool.emplace_back([&] {
+      void *buf = nullptr;
+      if (posix_memalign(&buf, 4096, chunk) != 0) { failed = true; return; }
+      std::memset(buf, 0x5a, chunk);
+      for (;;) {
+        uint64_t off = next.fetch_add(chunk);
+        if (off >= bytes) break;
+        size_t n = (size_t)std::min(chunk, bytes - off);
+        ssize_t got = write ? ::pwrite(fd, buf, n, (off_t)off) : ::pread(fd, buf, n, (off_t)off);
+        if (got != (ssize_t)n) { failed = true; break; }
+      }
+      std::free(buf);
+    });
+  }
+  for (auto &t : pool) t.join();
+  if (write) ::fdatasync(fd);
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fd);
+  if (failed) { std::fprintf(stderr, "bench: raw %s of %s failed\n", write ? "write" : "read", path.c_str()); std::exit(1); }
+  return s;
+}
+
+uint32_t layout_kind(const std::string &s) {
+  if (s == "contiguous") return KVX_LAYOUT_FULLY_CONTIGUOUS;
+  if (s == "layer-block-first") return KVX_LAYOUT_LAYER_SEPARATE_BLOCK_FIRST;
+  if (s == "layer-outer-first") return KVX_LAYOUT_LAYER_SEPARATE_OUTER_FIRST;
+  std::fprintf(stderr, "bench: unknown --layout %s\n", s.c_str());
+  std::exit(2);
+}
+
+int32_t device_of(const std::string &s) {
+  if (s == "auto") return KVX_DEVICE_AUTO;
+  if (s == "emulated") return KVX_DEVICE_EMULATED;
+  return (int32_t)std::atoi(s.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options o = parse(argc, argv);
+  kvx_engine_config ec;
+  kvx_engine_config_init(&ec);
+  ec.device = device_of(o.device);
+  ec.io_threads = o.io_threads;
+  ec.bounce_bytes = o.bounce_bytes;
+  ec.slot_bytes = o.slot_bytes;
+  kvx_engine *e = nullptr;
+  check(kvx_engine_create(&ec, &e), "kvx_engine_create");
+  int32_t dev = 0;
+  check(kvx_engine_device(e, &dev), "kvx_engine_device");
+
+  kvx_layout_config lc;
+  kvx_layout_config_init(&lc);
+  lc.kind = layout_kind(o.layout);
+  lc.num_blocks = o.num_blocks;
+  lc.num_layers = o.num_layers;
+  lc.outer_dim = o.outer_dim;
+  lc.page_size = o.page_size;
+  lc.inner_dim = o.inner_dim;
+  lc.dtype_bytes = o.dtype_bytes;
+  kvx_layout *device = nullptr, *host = nullptr, *disk = nullptr, *check_host = nullptr;
+  check(kvx_layout_create_device(e, &lc, &device), "kvx_layout_create_device");
+  check(kvx_layout_create_host(e, &lc, KVX_HOST_PINNED, &host), "kvx_layout_create_host");
+  check(kvx_layout_create_host(e, &lc, KVX_HOST_PINNED, &check_host), "kvx_layout_create_host");
+  std::string path = o.dir + "/kvx-bench-" + std::to_string(::getpid()) + ".kv";
+  kvx_layout_config dc = lc;
+  dc.kind = KVX_LAYOUT_FULLY_CONTIGUOUS;
+  uint32_t dflags = KVX_DISK_CREATE | (o.buffered ? KVX_DISK_BUFFERED : 0);
+  check(kvx_layout_create_disk(e, &dc, path.c_str(), dflags, &disk), "kvx_layout_create_disk");
+  uint64_t block_bytes = 0;
+  check(kvx_layout_block_bytes(device, &block_bytes), "kvx_layout_block_bytes");
+  const uint64_t total = block_bytes * o.num_blocks;
+  struct stat st {};
+  ::stat(path.c_str(), &st);
+  const uint64_t file_bytes = (uint64_t)st.st_size;
+  const uint32_t threads = o.io_threads ? o.io_threads : std::min(16u, std::max(4u, std::thread::hardware_concurrency()));
+  const uint64_t chunk = o.slot_bytes ? o.slot_bytes : (4u << 20);
+  const std::string scratch = path + ".raw";
+  {
+    int fd = ::open(scratch.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (fd < 0 || ::posix_fallocate(fd, 0, (off_t)file_bytes) != 0) {
+      std::fprintf(stderr, "bench: cannot create %s\n", scratch.c_str());
+      return 1;
+    }
+    ::close(fd);
+  }
+
+  // Known bytes in every block: fill pinned host memory, move it to the device.
+  uint32_t nbases = lc.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o.num_layers;
+  uint64_t base_bytes = total / nbases;
+  for (uint32_t l = 0; l < nbases; l++) {
+    uint64_t addr = 0;
+    check(kvx_layout_base(host, l, &addr), "kvx_layout_base");
+    auto *p = reinterpret_cast<uint64_t *>(addr);
+    for (uint64_t i = 0; i < base_bytes / 8; i++) p[i] = (i * 0x9E3779B97F4A7C15ull) ^ l;
+  }
+  run_pass(e, host, device, o);
+
+  std::printf("%s\n", kvx_version_string());
+  std::printf("device %s, layout %s, %llu blocks x %.2f MB (%llu layers x %llu x %llu tokens x %llu x %llu B), "
+              "%llu blocks/batch, %d iterations, file %s (%s)\n",
+              dev < 0 ? "emulated" : std::to_string(dev).c_str(), o.layout.c_str(), (unsigned long long)o.num_blocks,
+              block_bytes / 1e6, (unsigned long long)o.num_layers, (unsigned long long)o.outer_dim,
+              (unsigned long long)o.page_size, (unsigned long long)o.inner_dim, (unsigned long long)o.dtype_bytes,
+              (unsigned long long)o.blocks_per_batch, o.iterations, path.c_str(), o.buffered ? "buffered" : "O_DIRECT");
+  std::printf("%-16s %10s %9s %9s %12s %11s\n", "direction", "GB/s", "p50 ms", "p99 ms", "limit GB/s", "% of limit");
+
+  struct Dir {
+    const char *name;
+    kvx_layout *src, *dst;
+    bool write;
+  };
+  std::vector<Dir> dirs;
+  // device→disk first, so disk→device reads real data.
+  if (o.direction == "all" || o.direction == "device-to-disk") dirs.push_back({"device-to-disk", device, disk, true});
+  if (o.direction == "all" || o.direction == "disk-to-device") dirs.push_back({"disk-to-device", disk, device, false});
+  if (dirs.empty()) {
+    std::fprintf(stderr, "bench: unknown --direction %s\n", o.direction.c_str());
+    return 2;
+  }
+  if (dirs[0].write == false) run_pass(e, device, disk, o);  // the file must hold the blocks
+
+  for (auto &d : dirs) {
+    const std::string &raw_path = d.write ? scratch : path;
+    for (int i = 0; i < o.warmup; i++) {
+      run_pass(e, d.src, d.dst, o);
+      raw_file_pass(raw_path, file_bytes, threads, chunk, o.buffered, d.write);
+    }
+    double kvx_s = 0, raw_s = 0;
+    std::vector<double> lat;
+    for (int i = 0; i < o.iterations; i++) {
+      Result r = run_pass(e, d.src, d.dst, o);
+      kvx_s += r.seconds;
+      lat.insert(lat.end(), r.batch_ms.begin(), r.batch_ms.end());
+      raw_s += raw_file_pass(raw_path, file_bytes, threads, chunk, o.buffered, d.write);
+    }
+    double kvx = gbps(total * o.iterations, kvx_s), raw = gbps(total * o.iterations, raw_s);
+    std::printf("%-16s %10.2f %9.2f %9.2f %12.2f %10.1f%%\n", d.name, kvx, percentile(lat, 0.5), percentile(lat, 0.99),
+                raw, raw > 0 ? 100.0 * kvx / raw : 0.0);
+  }
+  std::printf("limit: raw %s %s of the same file, %u threads, %llu KiB per I/O (GB/s = 1e9 B/s; bytes = all layers, K and V)\n",
+              o.buffered ? "buffered" : "O_DIRECT", dirs.size() > 1 ? "write/read" : (dirs[0].write ? "write" : "read"),
+              threads, (unsigned long long)(chunk >> 10));
+
+  std::fflush(stdout);
+  ::unlink(scratch.c_str());
+  int rc = 0;
+  if (o.verify) {
+    run_pass(e, disk, check_host, o);
+    for (uint32_t l = 0; l < nbases && rc == 0; l++) {
+      uint64_t a = 0, b = 0;
+      check(kvx_layout_base(host, l, &a), "kvx_layout_base");
+      check(kvx_layout_base(check_host, l, &b), "kvx_layout_base");
+      if (std::memcmp(reinterpret_cast<void *>(a), reinterpret_cast<void *>(b), base_bytes) != 0) {
+        std::fprintf(stderr, "bench: VERIFY FAILED: bytes read back differ from those written (base %u)\n", l);
+        rc = 1;
+      }
+    }
+    if (rc == 0) std::printf("verify: every byte that went device -> disk -> host matches\n");
+  }
+  kvx_layout_destroy(disk);
+  kvx_layout_destroy(device);
+  kvx_layout_destroy(host);
+  kvx_layout_destroy(check_host);
+  kvx_engine_destroy(e);
+  return rc;
+}

@@ -1,0 +1,246 @@
+/* The C ABI from C: a disk -> device -> disk round trip, the version macros against the
+ * library, the dlopen table, and bad calls, each checked for its exact status, a
+ * non-empty kvx_last_error() and untouched outputs. Built with -Wall -Wextra -Werror. */
+#include "kvxfer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failures = 0;
+static int checks = 0;
+
+#define EXPECT(cond, ...)                                  \
+  do {                                                     \
+    checks++;                                              \
+    if (!(cond)) {                                         \
+      failures++;                                          \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+    }                                                      \
+  } while (0)
+
+#define OK(call)                                                                             \
+  do {                                                                                       \
+    kvx_status s_ = (call);                                                                  \
+    if (s_ != KVX_OK) {                                                                      \
+      fprintf(stderr, "FATAL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, kvx_status_str(s_), \
+              kvx_last_error());                                                             \
+      exit(1);                                                                               \
+    }                                                                                        \
+  } while (0)
+
+static int bad_calls = 0;
+
+/* A call that must fail with `want` and leave a message. */
+static void expect_fail(kvx_status got, kvx_status want, const char *what) {
+  const char *msg = kvx_last_error();
+  bad_calls++;
+  EXPECT(got == want, "%s: got %s, want %s (%s)", what, kvx_status_str(got), kvx_status_str(want), msg);
+  EXPECT(msg != NULL && msg[0] != '\0', "%s: kvx_last_error() is empty", what);
+}
+
+static kvx_layout_config geometry(uint64_t blocks) {
+  kvx_layout_config c;
+  kvx_layout_config_init(&c);
+  c.num_blocks = blocks;
+  c.num_layers = 3;
+  c.outer_dim = 2;
+  c.page_size = 5; /* 5 x 7 x 2 = 70-byte regions: nothing aligned */
+  c.inner_dim = 7;
+  c.dtype_bytes = 2;
+  return c;
+}
+
+static kvx_status move_blocks(kvx_engine *e, kvx_layout *src, kvx_layout *dst, const uint64_t *ids, size_t n) {
+  kvx_request *r = NULL;
+  kvx_status s = kvx_transfer_submit(e, src, ids, dst, ids, n, NULL, &r);
+  if (s != KVX_OK) return s;
+  s = kvx_request_wait(r, UINT64_MAX);
+  kvx_request_release(r);
+  return s;
+}
+
+static void round_trip(kvx_engine *e, const char *dir) {
+  enum { N = 6 };
+  kvx_layout_config c = geometry(N);
+  char a_path[512], b_path[512];
+  snprintf(a_path, sizeof a_path, "%s/kvx-c-a-%d.kv", dir, (int)getpid());
+  snprintf(b_path, sizeof b_path, "%s/kvx-c-b-%d.kv", dir, (int)getpid());
+  kvx_layout *host = NULL, *disk_a = NULL, *device = NULL, *disk_b = NULL, *back = NULL;
+  OK(kvx_layout_create_host(e, &c, 0, &host));
+  OK(kvx_layout_create_disk(e, &c, a_path, KVX_DISK_CREATE, &disk_a));
+  c.kind = KVX_LAYOUT_LAYER_SEPARATE_OUTER_FIRST;
+  OK(kvx_layout_create_device(e, &c, &device));
+  c.kind = KVX_LAYOUT_FULLY_CONTIGUOUS;
+  OK(kvx_layout_create_disk(e, &c, b_path, KVX_DISK_CREATE, &disk_b));
+  OK(kvx_layout_create_host(e, &c, KVX_HOST_PINNED, &back));
+
+  uint64_t block_bytes = 0, h = 0, b = 0;
+  OK(kvx_layout_block_bytes(host, &block_bytes));
+  EXPECT(block_bytes == 3 * 2 * 5 * 7 * 2, "block_bytes %llu", (unsigned long long)block_bytes);
+  OK(kvx_layout_base(host, 0, &h));
+  OK(kvx_layout_base(back, 0, &b));
+  unsigned char *hp = (unsigned char *)(uintptr_t)h, *bp = (unsigned char *)(uintptr_t)b;
+  for (uint64_t i = 0; i < N * block_bytes; i++) hp[i] = (unsigned char)(i * 131 + 7);
+
+  uint64_t ids[N] = {0, 1, 2, 3, 4, 5};
+  OK(move_blocks(e, host, disk_a, ids, N));
+  OK(move_blocks(e, disk_a, device, ids, N));
+  OK(move_blocks(e, device, disk_b, ids, N));
+  OK(move_blocks(e, disk_b, back, ids, N));
+  EXPECT(memcmp(hp, bp, N * block_bytes) == 0, "disk -> device -> disk round trip changed the bytes");
+
+  kvx_stats st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  OK(kvx_engine_stats(e, &st));
+  EXPECT(st.requests_completed >= 4, "requests_completed %llu", (unsigned long long)st.requests_completed);
+  EXPECT(st.bytes_host_to_device == N * block_bytes, "bytes_host_to_device %llu", (unsigned long long)st.bytes_host_to_device);
+  EXPECT(st.bytes_disk_read >= 2 * N * block_bytes, "bytes_disk_read %llu", (unsigned long long)st.bytes_disk_read);
+
+  kvx_layout_destroy(back);
+  kvx_layout_destroy(disk_b);
+  kvx_layout_destroy(device);
+  kvx_layout_destroy(disk_a);
+  kvx_layout_destroy(host);
+  EXPECT(access(a_path, F_OK) != 0, "a file kvxfer created without KVX_DISK_KEEP was not removed");
+}
+
+static void bad_calls_suite(kvx_engine *e, const char *dir) {
+  kvx_layout *sentinel = (kvx_layout *)(uintptr_t)0x1234;
+  kvx_layout *out = sentinel;
+  kvx_engine *eout = NULL;
+  kvx_engine_config ec;
+  kvx_layout_config c = geometry(4), z;
+  kvx_layout *a = NULL, *b = NULL, *odd = NULL, *disk = NULL;
+  OK(kvx_layout_create_host(e, &c, 0, &a));
+  OK(kvx_layout_create_device(e, &c, &b));
+  kvx_layout_config oc = c;
+  oc.inner_dim = 8;
+  OK(kvx_layout_create_device(e, &oc, &odd));
+  char path[512];
+  snprintf(path, sizeof path, "%s/kvx-c-bad-%d.kv", dir, (int)getpid());
+  OK(kvx_layout_create_disk(e, &c, path, KVX_DISK_CREATE, &disk));
+  uint64_t ids[2] = {0, 1}, dup[2] = {3, 3}, far[1] = {4};
+  kvx_request *req = (kvx_request *)(uintptr_t)0x5678;
+
+  expect_fail(kvx_engine_create(NULL, NULL), KVX_ERR_INVALID_ARG, "engine_create out NULL");
+  kvx_engine_config_init(&ec);
+  ec.struct_size = 8;
+  expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_INVALID_ARG, "engine config struct_size too small");
+  EXPECT(eout == NULL, "output written on failure");
+  kvx_engine_config_init(&ec);
+  ec.device = -7;
+  expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_INVALID_ARG, "device -7");
+  kvx_engine_config_init(&ec);
+  ec.device = KVX_DEVICE_EMULATED;
+  ec.slot_bytes = 1000;
+  expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_INVALID_ARG, "slot_bytes 1000");
+  kvx_engine_config_init(&ec);
+  ec.io_backend = 77;
+  expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_INVALID_ARG, "io_backend 77");
+
+  kvx_layout_config_init(&z);
+  expect_fail(kvx_layout_create_host(e, &z, 0, &out), KVX_ERR_INVALID_ARG, "zero-sized layout config");
+  EXPECT(out == sentinel, "output written on failure");
+  z = c;
+  z.outer_dim = 3;
+  expect_fail(kvx_layout_create_host(e, &z, 0, &out), KVX_ERR_INVALID_ARG, "outer_dim 3");
+  z = c;
+  z.kind = 9;
+  expect_fail(kvx_layout_create_device(e, &z, &out), KVX_ERR_INVALID_ARG, "layout kind 9");
+  z = c;
+  z.struct_size = 4;
+  expect_fail(kvx_layout_create_device(e, &z, &out), KVX_ERR_INVALID_ARG, "layout config struct_size too small");
+  expect_fail(kvx_layout_create_host(NULL, &c, 0, &out), KVX_ERR_INVALID_ARG, "engine NULL");
+  expect_fail(kvx_layout_create_host(e, &c, 0x80, &out), KVX_ERR_INVALID_ARG, "unknown host flag");
+  expect_fail(kvx_layout_create_disk(e, &c, NULL, KVX_DISK_CREATE, &out), KVX_ERR_INVALID_ARG, "disk path NULL");
+  expect_fail(kvx_layout_create_disk(e, &c, "/nonexistent-dir/x.kv", 0, &out), KVX_ERR_IO, "missing file");
+  void *one_base[1] = {(void *)&c};
+  c.kind = KVX_LAYOUT_LAYER_SEPARATE_BLOCK_FIRST;
+  expect_fail(kvx_layout_register_host(e, &c, one_base, 1, 0, &out), KVX_ERR_INVALID_ARG, "1 base for 3 layers");
+  c.kind = KVX_LAYOUT_FULLY_CONTIGUOUS;
+  uint64_t zero_base = 0;
+  expect_fail(kvx_layout_register_device(e, &c, &zero_base, 1, &out), KVX_ERR_INVALID_ARG, "NULL device base");
+  uint64_t addr = 42;
+  expect_fail(kvx_layout_base(disk, 0, &addr), KVX_ERR_UNSUPPORTED, "base of a disk layout");
+  expect_fail(kvx_layout_base(b, 1, &addr), KVX_ERR_OUT_OF_RANGE, "base of layer 1 of a contiguous layout");
+  EXPECT(addr == 42, "output written on failure");
+  EXPECT(out == sentinel, "output written on failure");
+
+  expect_fail(kvx_transfer_submit(e, a, NULL, b, ids, 2, NULL, &req), KVX_ERR_INVALID_ARG, "src_blocks NULL");
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 0, NULL, &req), KVX_ERR_INVALID_ARG, "num_blocks 0");
+  expect_fail(kvx_transfer_submit(e, NULL, ids, b, ids, 2, NULL, &req), KVX_ERR_INVALID_ARG, "src NULL");
+  expect_fail(kvx_transfer_submit(e, a, far, b, ids, 1, NULL, &req), KVX_ERR_OUT_OF_RANGE, "block id 4 of 4");
+  expect_fail(kvx_transfer_submit(e, a, ids, b, dup, 2, NULL, &req), KVX_ERR_INVALID_ARG, "duplicate destination ids");
+  expect_fail(kvx_transfer_submit(e, a, ids, odd, ids, 2, NULL, &req), KVX_ERR_INCOMPATIBLE, "mismatched geometry");
+  kvx_transfer_options to;
+  kvx_transfer_options_init(&to);
+  to.struct_size = 4;
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "options struct_size too small");
+  kvx_transfer_options_init(&to);
+  to.layer_end = 4;
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_OUT_OF_RANGE, "layer_end 4 of 3");
+  to.layer_begin = 2;
+  to.layer_end = 1;
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "empty layer range");
+  EXPECT(req == (kvx_request *)(uintptr_t)0x5678, "request written on failure");
+
+  expect_fail(kvx_request_wait(NULL, 0), KVX_ERR_INVALID_ARG, "wait NULL");
+  expect_fail(kvx_request_poll(NULL), KVX_ERR_INVALID_ARG, "poll NULL");
+  expect_fail(kvx_request_cancel(NULL), KVX_ERR_INVALID_ARG, "cancel NULL");
+  kvx_stats st;
+  st.struct_size = 4;
+  expect_fail(kvx_engine_stats(e, &st), KVX_ERR_INVALID_ARG, "stats struct_size too small");
+  expect_fail(kvx_engine_device(e, NULL), KVX_ERR_INVALID_ARG, "device_out NULL");
+  expect_fail(kvx_set_logger(NULL, NULL, 9), KVX_ERR_INVALID_ARG, "log level 9");
+
+  /* NULL handles are no-ops for destroy/release; request_error never returns NULL. */
+  kvx_engine_destroy(NULL);
+  kvx_layout_destroy(NULL);
+  kvx_request_release(NULL);
+  EXPECT(kvx_request_error(NULL) != NULL && kvx_request_error(NULL)[0] == '\0', "request_error(NULL)");
+
+  kvx_layout_destroy(a);
+  kvx_layout_destroy(b);
+  kvx_layout_destroy(odd);
+  kvx_layout_destroy(disk);
+}
+
+static void versions_and_table(void) {
+  EXPECT(kvx_abi_version() == ((KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR), "kvx_abi_version %#x", kvx_abi_version());
+  EXPECT(strstr(kvx_version_string(), "abi 1.0") != NULL, "version string %s", kvx_version_string());
+  EXPECT(strcmp(kvx_status_str(KVX_ERR_IO), "KVX_ERR_IO") == 0, "status_str");
+  EXPECT(strcmp(kvx_status_str(KVX_OK), "KVX_OK") == 0, "status_str OK");
+  EXPECT(strcmp(kvx_status_str(999), "KVX_UNKNOWN_STATUS") == 0, "status_str unknown");
+  const kvx_api *api = kvx_get_api(KVX_ABI_MAJOR);
+  EXPECT(api != NULL && api->struct_size == sizeof(kvx_api), "kvx_get_api(1)");
+  EXPECT(api != NULL && api->abi_major == KVX_ABI_MAJOR && api->abi_minor == KVX_ABI_MINOR, "table version");
+  EXPECT(api != NULL && api->transfer_submit == kvx_transfer_submit && api->set_logger == kvx_set_logger, "table entries");
+  EXPECT(kvx_get_api(2) == NULL, "kvx_get_api(2) must be NULL");
+  EXPECT(kvx_last_error()[0] != '\0', "kvx_get_api(2) leaves a message");
+}
+
+int main(void) {
+  const char *dir = getenv("KVX_TEST_DIR") ? getenv("KVX_TEST_DIR") : "/tmp";
+  kvx_engine_config ec;
+  kvx_engine_config_init(&ec);
+  ec.device = KVX_DEVICE_EMULATED;
+  ec.bounce_bytes = 1 << 20;
+  ec.slot_bytes = 64 << 10;
+  kvx_engine *e = NULL;
+  OK(kvx_engine_create(&ec, &e));
+  int32_t dev = 0;
+  OK(kvx_engine_device(e, &dev));
+  EXPECT(dev == -1, "emulated device reports %d", dev);
+  versions_and_table();
+  round_trip(e, dir);
+  bad_calls_suite(e, dir);
+  kvx_engine_destroy(e);
+  EXPECT(bad_calls >= 15, "only %d bad calls", bad_calls);
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures ? 1 : 0;
+}

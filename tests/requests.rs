@@ -1,0 +1,234 @@
+//! Request life cycle: concurrency, cancel, admission, callbacks, engine destroy with
+//! work in flight, validation, and files that outlive their layout.
+
+mod common;
+use common::*;
+use kvxfer::engine::{Callback, DISK_CREATE, DISK_KEEP};
+use kvxfer::{LayoutKind, Status, StorageKind, TransferOptions};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const FC: LayoutKind = LayoutKind::FullyContiguous;
+
+#[test]
+fn eight_threads_submitting_at_once_all_get_their_bytes() {
+    let e = Arc::new(engine());
+    let c = cfg(64, 4, 2, 8, 128, 2);
+    let src = make_layout(&e, &c, FC, StorageKind::Disk);
+    fill(&src, 5);
+    let dst = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
+    fill(&dst, 6);
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (e, src, dst) = (e.clone(), src.clone(), dst.clone());
+            s.spawn(move || {
+                // Each thread owns 8 destination blocks and moves them in 4 requests.
+                for k in 0..4u64 {
+                    let d = [t * 8 + 2 * k, t * 8 + 2 * k + 1];
+                    let sb = [63 - d[0], 63 - d[1]];
+                    assert_eq!(transfer(&e, &src, &sb, &dst, &d, &Default::default()), Status::Ok);
+                }
+            });
+        }
+    });
+    let pairs: Vec<(u64, u64)> = (0..64).map(|d| (63 - d, d)).collect();
+    check(&dst, 6, 5, &pairs, 0..4, "8 threads");
+    assert_eq!(e.stats().requests_completed, 32);
+}
+
+/// A request large enough (256 MiB through 64 KiB slots, one I/O thread) that it is
+/// certainly still running microseconds after submit.
+fn big(e: &kvxfer::Engine) -> (Arc<kvxfer::Layout>, Arc<kvxfer::Layout>, Vec<u64>) {
+    let c = cfg(64, 8, 2, 16, 8192, 2); // 256 KiB regions, 4 MiB blocks
+    let src = e.create_layout(&c, FC, StorageKind::Host).unwrap();
+    let dst = e.create_layout(&c, FC, StorageKind::Device).unwrap();
+    (src, dst, (0..64).collect())
+}
+
+#[test]
+fn cancel_skips_what_has_not_started_and_says_so() {
+    let e = engine_with(|c| c.io_threads = 1);
+    let (src, dst, ids) = big(&e);
+    let running = e.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap();
+    let queued = e.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap();
+    queued.cancel();
+    running.cancel();
+    assert_eq!(queued.wait(Some(Duration::from_secs(30))), Status::Cancelled);
+    assert_eq!(running.wait(Some(Duration::from_secs(30))), Status::Cancelled);
+    assert!(!running.error_message().to_bytes().is_empty());
+    let s = e.stats();
+    assert_eq!(s.requests_cancelled, 2);
+    // Stages were skipped: far fewer than the 2 × 256 MiB were copied.
+    assert!(s.bytes_host_to_device < 256 << 20, "{} bytes copied", s.bytes_host_to_device);
+    // The engine keeps serving, and cancelling a finished request changes nothing.
+    let r = e.submit(&src, &[0], &dst, &[0], &Default::default()).unwrap();
+    assert_eq!(r.wait(None), Status::Ok);
+    r.cancel();
+    assert_eq!(r.poll(), Status::Ok);
+    assert_eq!(r.error_message().to_bytes(), b"");
+}
+
+#[test]
+fn wait_times_out_and_poll_says_pending_while_running() {
+    let e = engine_with(|c| c.io_threads = 1);
+    let (src, dst, ids) = big(&e);
+    let r = e.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap();
+    assert_eq!(r.wait(Some(Duration::ZERO)), Status::Timeout);
+    assert_eq!(r.poll(), Status::Pending);
+    assert_eq!(r.wait(None), Status::Ok);
+    assert_eq!(r.poll(), Status::Ok);
+}
+
+#[test]
+fn admission_limit_says_busy_and_recovers() {
+    let e = engine_with(|c| {
+        c.io_threads = 1;
+        c.max_inflight = 2
+    });
+    let (src, dst, ids) = big(&e);
+    let a = e.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap();
+    let b = e.submit(&src, &ids[..1], &dst, &ids[..1], &Default::default()).unwrap();
+    let err = e.submit(&src, &ids[..1], &dst, &ids[..1], &Default::default()).unwrap_err();
+    assert_eq!(err.status, Status::Busy);
+    assert!(err.message.contains("max_inflight"));
+    assert_eq!(a.wait(None), Status::Ok);
+    assert_eq!(b.wait(None), Status::Ok);
+    let c = e.submit(&src, &ids[..1], &dst, &ids[..1], &Default::default()).unwrap();
+    assert_eq!(c.wait(None), Status::Ok);
+}
+
+struct Seen {
+    calls: AtomicU32,
+    status: AtomicU32,
+}
+
+unsafe extern "C" fn on_done(user: *mut c_void, _req: *mut c_void, status: u32) {
+    let seen = &*(user as *const Seen);
+    seen.status.store(status, Ordering::SeqCst);
+    seen.calls.fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn callback_runs_once_before_wait_returns() {
+    let e = engine();
+    let c = cfg(8, 2, 2, 16, 64, 2);
+    let src = make_layout(&e, &c, FC, StorageKind::Disk);
+    let dst = make_layout(&e, &c, FC, StorageKind::Device);
+    for (ids, want) in [(vec![0u64, 1, 2], Status::Ok)] {
+        let seen = Seen { calls: AtomicU32::new(0), status: AtomicU32::new(99) };
+        let cb = Callback { func: on_done, user_data: &seen as *const Seen as *mut c_void };
+        let opts = TransferOptions { on_complete: Some(cb), ..Default::default() };
+        let r = e.submit(&src, &ids, &dst, &ids, &opts).unwrap();
+        assert_eq!(r.wait(None), want);
+        assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(seen.status.load(Ordering::SeqCst), want as u32);
+    }
+}
+
+#[test]
+fn destroying_the_engine_with_requests_in_flight_ends_every_request() {
+    for round in 0..5 {
+        let e = engine_with(|c| c.io_threads = 2);
+        let (src, dst, ids) = big(&e);
+        let reqs: Vec<_> = (0..6).map(|_| e.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap()).collect();
+        // Releasing handles early must not matter either.
+        drop(src);
+        drop(dst);
+        std::thread::sleep(Duration::from_millis(round));
+        drop(e);
+        for (i, r) in reqs.iter().enumerate() {
+            let s = r.poll();
+            assert!(s == Status::Ok || s == Status::Cancelled, "round {round} request {i}: {s:?}");
+        }
+        assert_eq!(reqs.last().unwrap().poll(), Status::Cancelled, "the last of six 256 MiB requests had not started");
+    }
+}
+
+#[test]
+fn a_reopened_file_still_holds_the_data_and_is_never_truncated() {
+    let e = engine();
+    let c = cfg(6, 3, 2, 5, 7, 2);
+    let path = temp_path("reopen");
+    let host = make_layout(&e, &c, FC, StorageKind::Host);
+    fill(&host, 9);
+    {
+        let disk = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_KEEP).unwrap();
+        let ids: Vec<u64> = (0..6).collect();
+        assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+    }
+    assert!(path.exists(), "KVX_DISK_KEEP keeps the file");
+    let size = std::fs::metadata(&path).unwrap().len();
+    // A larger geometry does not fit: refused, and the file is left as it was.
+    let err = e.create_disk_layout(&cfg(600, 3, 2, 5, 7, 2), &path, 0).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+    assert!(err.message.contains("KVX_DISK_CREATE"), "{}", err.message);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    // Reopened without CREATE: the data is there, read through the engine.
+    let disk = e.create_disk_layout(&c, &path, 0).unwrap();
+    let back = make_layout(&e, &c, FC, StorageKind::Device);
+    let ids: Vec<u64> = (0..6).collect();
+    assert_eq!(transfer(&e, &disk, &ids, &back, &ids, &Default::default()), Status::Ok);
+    check(&back, 0, 9, &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..3, "reopened");
+    drop(disk);
+    assert!(path.exists(), "a file kvxfer did not create is never removed");
+    std::fs::remove_file(&path).unwrap();
+    // A created file without KEEP goes away with its layout.
+    let disk = e.create_disk_layout(&c, &path, DISK_CREATE).unwrap();
+    assert!(path.exists());
+    drop(disk);
+    assert!(!path.exists());
+    // A missing file without CREATE is an I/O error naming it.
+    let err = e.create_disk_layout(&c, &path, 0).unwrap_err();
+    assert_eq!(err.status, Status::Io);
+    assert!(err.message.contains(path.to_str().unwrap()));
+}
+
+#[test]
+fn a_destroyed_layout_lives_until_its_requests_complete() {
+    let e = engine_with(|c| c.io_threads = 1);
+    let c = cfg(64, 8, 2, 16, 512, 2);
+    let path = temp_path("inuse");
+    let src = e.create_layout(&c, FC, StorageKind::Device).unwrap();
+    let disk = e.create_disk_layout(&c, &path, DISK_CREATE).unwrap();
+    let ids: Vec<u64> = (0..64).collect();
+    let r = e.submit(&src, &ids, &disk, &ids, &Default::default()).unwrap();
+    drop(disk);
+    drop(src);
+    assert_eq!(r.wait(None), Status::Ok);
+    drop(r);
+    assert!(!path.exists(), "the file goes when the last request using it completes");
+}
+
+#[test]
+fn submit_validates_before_starting_anything() {
+    let e = engine();
+    let other = engine();
+    let c = cfg(4, 3, 2, 4, 8, 2);
+    let a = make_layout(&e, &c, FC, StorageKind::Host);
+    let b = make_layout(&e, &c, FC, StorageKind::Device);
+    let odd = make_layout(&e, &cfg(4, 3, 2, 4, 16, 2), FC, StorageKind::Device);
+    let foreign = make_layout(&other, &c, FC, StorageKind::Device);
+    let o = |lb, le| TransferOptions { layer_begin: lb, layer_end: le, ..Default::default() };
+    let cases: Vec<(Status, kvxfer::Result<Arc<kvxfer::Request>>, &str)> = vec![
+        (Status::InvalidArg, e.submit(&a, &[], &b, &[], &o(0, 0)), "num_blocks is 0"),
+        (Status::InvalidArg, e.submit(&a, &[0, 1], &b, &[0], &o(0, 0)), "2 source blocks but 1"),
+        (Status::OutOfRange, e.submit(&a, &[4], &b, &[0], &o(0, 0)), "source block id 4"),
+        (Status::OutOfRange, e.submit(&a, &[0], &b, &[9], &o(0, 0)), "destination block id 9"),
+        (Status::InvalidArg, e.submit(&a, &[0, 1], &b, &[2, 2], &o(0, 0)), "appears twice"),
+        (Status::InvalidArg, e.submit(&b, &[0, 1], &b, &[1, 2], &o(0, 0)), "both a source and a destination"),
+        (Status::Incompatible, e.submit(&a, &[0], &odd, &[0], &o(0, 0)), "geometry differs"),
+        (Status::OutOfRange, e.submit(&a, &[0], &b, &[0], &o(0, 4)), "layer_end 4"),
+        (Status::InvalidArg, e.submit(&a, &[0], &b, &[0], &o(2, 2)), "empty"),
+        (Status::InvalidArg, e.submit(&a, &[0], &b, &[0], &o(3, 0)), "empty"),
+        (Status::InvalidArg, e.submit(&a, &[0], &foreign, &[0], &o(0, 0)), "another engine"),
+        (Status::InvalidArg, e.submit(&a, &[0], &b, &[0], &TransferOptions { flags: 8, ..o(0, 0) }), "flags"),
+    ];
+    for (i, (want, got, text)) in cases.into_iter().enumerate() {
+        let err = got.err().unwrap_or_else(|| panic!("case {i} was accepted"));
+        assert_eq!(err.status, want, "case {i}: {}", err.message);
+        assert!(err.message.contains(text), "case {i}: {:?} lacks {text:?}", err.message);
+    }
+    assert_eq!(e.stats(), kvxfer::Stats::default(), "nothing started");
+}
