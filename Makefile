@@ -58,7 +58,7 @@ c-test: build $(CBUILD) $(TEST_DIR)
 
 # The same C program under memcheck: no errors, nothing definitely lost.
 valgrind-test: c-test
-	valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=3 $(CBUILD)/test_abi
+	valgrind -q --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3 $(CBUILD)/test_abi
 
 # The header alone, included twice, as C11 and as C++17, pedantic.
 header-test: $(CBUILD)

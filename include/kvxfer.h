@@ -18,7 +18,8 @@
 
 #define KVX_ABI_MAJOR 1
 
-#define KVX_ABI_MINOR 0
+// 1.1: `kvx_transfer_options.wait_event`.
+#define KVX_ABI_MINOR 1
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 #define KVX_DEVICE_AUTO -2
@@ -135,6 +136,14 @@ typedef struct kvx_transfer_options {
   // Optional completion callback.
   kvx_completion_fn on_complete;
   void *user_data;
+  // ABI 1.1. Optional `CUevent` of the engine's device. Ordering: every device copy of
+  // this transfer starts after the work the event marks *when kvx_transfer_submit is
+  // called* (re-recording it later does not matter), so a runtime can record it right
+  // after the kernels that wrote the KV blocks and submit the offload without
+  // synchronising. Completion (callback, wait, poll) means every byte has arrived:
+  // device memory written by an onboarding transfer is ready for any stream then.
+  // NULL: no wait. A non-NULL event on the emulated device is `KVX_ERR_INVALID_ARG`.
+  void *wait_event;
 } kvx_transfer_options;
 
 // Log sink: `level` is 1 error, 2 warn, 3 info, 4 debug, 5 trace; `target` and
@@ -370,7 +379,7 @@ kvx_status kvx_set_logger(kvx_log_fn log_fn, void *user_data, uint32_t max_level
 // `(KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR` of the loaded library.
 uint32_t kvx_abi_version(void);
 
-// e.g. "kvxfer 0.1.0 abi 1.0 (cuda: none)". Static; never NULL.
+// e.g. "kvxfer 0.1.0 abi 1.1 (cuda: driver 13.0)" or "... (cuda: none)". Static; never NULL.
 const char *kvx_version_string(void);
 
 // The constant's name ("KVX_ERR_IO"), or "KVX_UNKNOWN_STATUS". Static; never NULL.

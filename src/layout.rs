@@ -192,30 +192,70 @@ pub struct Segment {
     pub len: u64,
 }
 
-/// Every region a transfer moves, in (block pair, layer, outer) order, with neighbours
-/// that are contiguous on both sides merged. Runs of consecutive block ids in fully
-/// contiguous layouts therefore become a single segment, and K/V of one layer in a
-/// block-first layer-separate layout become one.
+/// The order in which regions are visited: the storage order both layouts share, so
+/// that contiguous neighbours are visited one after the other and merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WalkOrder {
+    /// (block pair, layer, outer): fully contiguous layouts and disk files.
+    BlockLayerOuter,
+    /// (layer, block pair, outer): block-first layer-separate layouts.
+    LayerBlockOuter,
+    /// (layer, outer, block pair): outer-first layer-separate layouts.
+    LayerOuterBlock,
+}
+
+fn walk_order(src: &Placement, dst: &Placement) -> WalkOrder {
+    use LayoutKind::*;
+    match (src.kind, dst.kind) {
+        (LayerSeparate { block_first: false }, LayerSeparate { block_first: false }) => WalkOrder::LayerOuterBlock,
+        (LayerSeparate { .. }, LayerSeparate { .. }) => WalkOrder::LayerBlockOuter,
+        _ => WalkOrder::BlockLayerOuter,
+    }
+}
+
+/// Every region a transfer moves, walked in the storage order the two layouts share,
+/// with neighbours that are contiguous on both sides merged. Runs of consecutive block
+/// ids therefore become single segments: whole runs of blocks between fully contiguous
+/// layouts, a run's slice of each layer between layer-separate ones.
 pub fn segments(src: &Placement, dst: &Placement, pairs: &[(u64, u64)], layers: Range<u64>) -> Vec<Segment> {
     let outer = src.geom.cfg.outer_dim;
     let r = src.geom.region_bytes;
     let mut out: Vec<Segment> = Vec::new();
-    for &(sb, db) in pairs {
-        for layer in layers.clone() {
-            for o in 0..outer {
-                let s = src.region(sb, layer, o);
-                let d = dst.region(db, layer, o);
-                if let Some(last) = out.last_mut() {
-                    if last.src.base == s.base
-                        && last.dst.base == d.base
-                        && last.src.offset + last.len == s.offset
-                        && last.dst.offset + last.len == d.offset
-                    {
-                        last.len += r;
-                        continue;
-                    }
+    let mut visit = |(sb, db): (u64, u64), layer: u64, o: u64| {
+        let s = src.region(sb, layer, o);
+        let d = dst.region(db, layer, o);
+        if let Some(last) = out.last_mut() {
+            if last.src.base == s.base
+                && last.dst.base == d.base
+                && last.src.offset + last.len == s.offset
+                && last.dst.offset + last.len == d.offset
+            {
+                last.len += r;
+                return;
+            }
+        }
+        out.push(Segment { src: s, dst: d, len: r });
+    };
+    match walk_order(src, dst) {
+        WalkOrder::BlockLayerOuter => {
+            for &p in pairs {
+                for layer in layers.clone() {
+                    (0..outer).for_each(|o| visit(p, layer, o));
                 }
-                out.push(Segment { src: s, dst: d, len: r });
+            }
+        }
+        WalkOrder::LayerBlockOuter => {
+            for layer in layers.clone() {
+                for &p in pairs {
+                    (0..outer).for_each(|o| visit(p, layer, o));
+                }
+            }
+        }
+        WalkOrder::LayerOuterBlock => {
+            for layer in layers.clone() {
+                for o in 0..outer {
+                    pairs.iter().for_each(|&p| visit(p, layer, o));
+                }
             }
         }
     }
@@ -357,9 +397,14 @@ mod tests {
         assert!(segs.iter().all(|s| s.len == 2 * g.region_bytes));
         // disk → outer-first: K and V of a layer are far apart, so every region stands alone.
         assert_eq!(segments(&disk, &of, &pairs, 0..3).len(), 12);
-        // outer-first → outer-first with consecutive ids: region (b, l, o) and (b+1, l, o) are
-        // adjacent, but the walk visits layers in between, so nothing merges either.
-        assert_eq!(segments(&of, &of, &pairs, 0..3).len(), 12);
+        // Between layer-separate layouts the walk goes layer by layer, so a run of
+        // consecutive ids is one segment per layer (and per outer, outer-first).
+        let run: Vec<(u64, u64)> = (0..4).map(|b| (b, b + 2)).collect();
+        let segs = segments(&bf, &bf, &run, 0..3);
+        assert_eq!(segs.len(), 3);
+        assert!(segs.iter().all(|s| s.len == 4 * 2 * g.region_bytes));
+        assert_eq!(segments(&of, &of, &run, 0..3).len(), 6);
+        assert_eq!(segments(&bf, &of, &run, 0..3).len(), 4 * 3 * 2);
     }
 
     #[test]
@@ -388,6 +433,8 @@ mod tests {
                         }
                     }
                 }
+                expanded.sort();
+                want.sort();
                 assert_eq!(expanded, want, "{sk:?} → {dk:?}");
             }
         }

@@ -29,10 +29,9 @@ pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Optio
 /// Issues the request's chunks; stops early when it is cancelled, fails, or the engine
 /// shuts down (chunks already issued finish).
 fn run(router: &Router, ring: &BounceRing, req: &Arc<Request>) {
-    let Some((src, dst, pairs, layers)) = req.layouts() else { return };
-    let segs = segments(&src.placement, &dst.placement, &pairs, layers);
-    drop(pairs);
-    let mut planner = Planner::new(src, dst, segs, ring.slot_bytes());
+    let Some(p) = req.plan_inputs() else { return };
+    let segs = segments(&p.src.placement, &p.dst.placement, &p.pairs, p.layers);
+    let mut planner = Planner::new(p.src, p.dst, segs, ring.slot_bytes(), p.after);
     loop {
         let slot = ring.acquire();
         if router.shutting_down() && !req.stopped() {

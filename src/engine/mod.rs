@@ -129,6 +129,9 @@ pub struct TransferOptions {
     pub layer_end: u32,
     pub flags: u32,
     pub on_complete: Option<Callback>,
+    /// A caller `CUevent` (0: none): every device copy of the transfer starts after the
+    /// work it marks as of submit.
+    pub wait_event: u64,
 }
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
@@ -172,10 +175,11 @@ impl Engine {
         let gpu = gpu::open_device(cfg.device)?;
         let slots = (cfg.bounce_bytes / cfg.slot_bytes) as u32;
         let ring = Arc::new(BounceRing::new(gpu.clone(), slots, cfg.slot_bytes)?);
+        gpu.prepare_slots(slots, cfg.slot_bytes)?;
         let counters = Arc::new(Counters::default());
         let (io_tx, io_rx) = crossbeam_channel::unbounded();
         let (copy_tx, copy_rx) = crossbeam_channel::unbounded();
-        let (fence_tx, fence_rx) = crossbeam_channel::unbounded();
+        let (fence_tx, fence_rx): (Vec<_>, Vec<_>) = (0..gpu::FENCE_LANES).map(|_| crossbeam_channel::unbounded()).unzip();
         let (req_tx, req_rx) = crossbeam_channel::bounded(cfg.max_inflight as usize + 1);
         let router = Arc::new(Router {
             ring: ring.clone(),
@@ -205,8 +209,10 @@ impl Engine {
             }
             let (r, g) = (router.clone(), gpu.clone());
             threads.push(spawn("kvx-copy".into(), move || worker::copy_thread(r, g, copy_rx))?);
-            let r = router.clone();
-            threads.push(spawn("kvx-fence".into(), move || worker::fence_thread(r, fence_rx))?);
+            for (lane, rx) in fence_rx.into_iter().enumerate() {
+                let (r, g) = (router.clone(), gpu.clone());
+                threads.push(spawn(format!("kvx-fence-{lane}"), move || worker::fence_thread(r, g, rx))?);
+            }
             let (r, rg) = (router, ring);
             threads.push(spawn("kvx-dispatch".into(), move || dispatch::dispatcher(r, rg, req_rx))?);
         }
@@ -334,11 +340,16 @@ impl Engine {
                 bail!(InvalidArg, "block {b} is both a source and a destination in the same layout; the result would depend on timing");
             }
         }
+        let wait = match opts.wait_event {
+            0 => None,
+            ev => Some(request::CapturedEvent::new(self.gpu.clone(), ev)?),
+        };
         Ok(Transfer {
             src: src.clone(),
             dst: dst.clone(),
             pairs: src_blocks.iter().copied().zip(dst_blocks.iter().copied()).collect(),
             layers: begin..end,
+            wait,
         })
     }
 
@@ -370,7 +381,9 @@ impl Engine {
                 let _ = router.io_tx.send(Job::Stop);
             }
             let _ = router.copy_tx.send(Job::Stop);
-            let _ = router.fence_tx.send(None);
+            for tx in &router.fence_tx {
+                let _ = tx.send(None);
+            }
             for t in rest.into_iter().filter(|t| t.thread().id() != me) {
                 let _ = t.join();
             }

@@ -32,14 +32,15 @@ pub enum Op {
     WriteDisk { file: Arc<Layout>, extents: Vec<Extent> },
     /// memcpy on an I/O worker.
     HostCopy(Vec<CopyOp>),
-    /// On the copy thread.
-    DeviceCopy(CopyKind, Vec<CopyOp>),
+    /// On the copy thread. `host_is_bounce`: the host side is the chunk's bounce slot.
+    /// `after`: a captured caller event the copies wait for.
+    DeviceCopy { kind: CopyKind, ops: Vec<CopyOp>, host_is_bounce: bool, after: Option<u64> },
 }
 
 impl Op {
     /// Whether the copy thread (not an I/O worker) runs it.
     pub fn on_copy_thread(&self) -> bool {
-        matches!(self, Op::DeviceCopy(..))
+        matches!(self, Op::DeviceCopy { .. })
     }
 }
 
@@ -65,12 +66,33 @@ fn strategy(src: StorageKind, dst: StorageKind) -> Strategy {
     }
 }
 
+/// Small regions scattered over pinned memory: the device could only copy them one by
+/// one, so gather them on the CPU into a slot and move the slot as one copy instead.
+fn scattered_small(segs: &[Segment], host_is_src: bool) -> bool {
+    if segs.is_empty() {
+        return false;
+    }
+    let avg = segs.iter().map(|s| s.len).sum::<u64>() / segs.len() as u64;
+    let host = |s: &Segment| if host_is_src { s.src } else { s.dst };
+    let contiguous = segs.windows(2).filter(|w| {
+        let (a, b) = (host(&w[0]), host(&w[1]));
+        a.base == b.base && a.offset + w[0].len == b.offset
+    });
+    avg < LARGE_SEGMENT && 2 * contiguous.count() < segs.len()
+}
+
 fn host_like(k: StorageKind) -> bool {
     matches!(k, StorageKind::Host | StorageKind::Pinned)
 }
 
 /// Alignment of slot placement when no disk is involved (keeps copies cache-line friendly).
 const MEMORY_SLOT_ALIGN: u64 = 256;
+
+/// Direct device copies of large segments use no slot memory, so their chunks can be
+/// larger than a slot: fewer copy calls and events, closer to one raw copy's speed.
+/// Small segments keep slot-sized chunks, which the region kernel's staging area holds.
+const DIRECT_DEVICE_CHUNK: u64 = 64 << 20;
+const LARGE_SEGMENT: u64 = 1 << 20;
 
 /// One piece of a segment placed in the current chunk.
 #[derive(Clone, Copy, Debug)]
@@ -92,21 +114,35 @@ pub struct Planner {
     idx: usize,
     done_in_seg: u64,
     slot_bytes: u64,
+    /// Bytes per direct chunk (`slot_bytes`, or more for large device copies).
+    direct_chunk: u64,
     /// Placement alignment: the primary disk side's I/O alignment.
     align: u64,
     primary_is_src: bool,
+    after: Option<u64>,
 }
 
 impl Planner {
-    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64) -> Planner {
-        let strategy = strategy(src.kind(), dst.kind());
+    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<u64>) -> Planner {
+        let mut strategy = strategy(src.kind(), dst.kind());
+        let pinned_device = match (src.kind(), dst.kind()) {
+            (StorageKind::Pinned, StorageKind::Device) => Some(true),
+            (StorageKind::Device, StorageKind::Pinned) => Some(false),
+            _ => None,
+        };
+        if pinned_device.is_some_and(|host_is_src| scattered_small(&segs, host_is_src)) {
+            strategy = Strategy::Bounce;
+        }
         let primary_is_src = src.kind() == StorageKind::Disk;
         let align = match (src.disk(), dst.disk()) {
             (Some(f), _) | (None, Some(f)) => f.align(),
             (None, None) => MEMORY_SLOT_ALIGN,
         };
         debug_assert!(slot_bytes % align == 0 && slot_bytes >= 2 * align);
-        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, align, primary_is_src }
+        let device = src.kind() == StorageKind::Device || dst.kind() == StorageKind::Device;
+        let avg = segs.iter().map(|s| s.len).sum::<u64>() / segs.len().max(1) as u64;
+        let direct_chunk = if device && avg >= LARGE_SEGMENT { DIRECT_DEVICE_CHUNK.max(slot_bytes) } else { slot_bytes };
+        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after }
     }
 
     fn addr(layout: &Layout, loc: Loc) -> u64 {
@@ -148,13 +184,13 @@ impl Planner {
         }
     }
 
-    /// Up to a slot's worth of bytes, cut anywhere.
+    /// Up to `direct_chunk` bytes, cut anywhere.
     fn take_direct(&mut self) -> Vec<Piece> {
         let mut pieces = Vec::new();
         let mut total = 0;
-        while self.idx < self.segs.len() && total < self.slot_bytes {
+        while self.idx < self.segs.len() && total < self.direct_chunk {
             let (s, d, rem) = self.current();
-            let take = rem.min(self.slot_bytes - total);
+            let take = rem.min(self.direct_chunk - total);
             pieces.push(Piece { src: s, dst: d, slot_off: 0, len: take });
             total += take;
             self.advance(take);
@@ -219,10 +255,11 @@ impl Planner {
 
     fn direct_op(&self, pieces: &[Piece]) -> Op {
         let ops = coalesce(pieces.iter().map(|p| CopyOp { dst: p.dst, src: p.src, len: p.len }));
+        let device = |kind| Op::DeviceCopy { kind, ops: ops.clone(), host_is_bounce: false, after: self.after };
         match (self.src.kind(), self.dst.kind()) {
-            (StorageKind::Device, StorageKind::Device) => Op::DeviceCopy(CopyKind::DeviceToDevice, ops),
-            (StorageKind::Device, _) => Op::DeviceCopy(CopyKind::DeviceToHost, ops),
-            (_, StorageKind::Device) => Op::DeviceCopy(CopyKind::HostToDevice, ops),
+            (StorageKind::Device, StorageKind::Device) => device(CopyKind::DeviceToDevice),
+            (StorageKind::Device, _) => device(CopyKind::DeviceToHost),
+            (_, StorageKind::Device) => device(CopyKind::HostToDevice),
             _ => Op::HostCopy(ops),
         }
     }
@@ -235,7 +272,7 @@ impl Planner {
                 file: self.src.clone(),
                 extents: self.extents(&self.src, pieces.iter().map(|p| (p.src, p.slot_off, p.len)), slot, false),
             },
-            StorageKind::Device => Op::DeviceCopy(CopyKind::DeviceToHost, to_slot()),
+            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host_is_bounce: true, after: self.after },
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(to_slot())
@@ -251,7 +288,7 @@ impl Planner {
                 file: self.dst.clone(),
                 extents: self.extents(&self.dst, pieces.iter().map(|p| (p.dst, p.slot_off, p.len)), slot, true),
             },
-            StorageKind::Device => Op::DeviceCopy(CopyKind::HostToDevice, from_slot()),
+            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::HostToDevice, ops: from_slot(), host_is_bounce: true, after: self.after },
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(from_slot())

@@ -7,6 +7,7 @@
 
 use super::stats::Counters;
 use crate::error::{Error, Status};
+use crate::gpu::Gpu;
 use crate::memory::Layout;
 use std::ffi::{c_void, CString};
 use std::ops::Range;
@@ -34,6 +35,36 @@ pub struct Transfer {
     /// (source block, destination block) pairs.
     pub pairs: Vec<(u64, u64)>,
     pub layers: Range<u64>,
+    /// The caller's event captured at submit; released when the request completes.
+    pub wait: Option<CapturedEvent>,
+}
+
+/// An event of ours recorded after the caller's `wait_event` (see `Gpu::capture_event`).
+pub struct CapturedEvent {
+    gpu: Arc<dyn Gpu>,
+    event: u64,
+}
+
+impl CapturedEvent {
+    pub fn new(gpu: Arc<dyn Gpu>, caller_event: u64) -> crate::error::Result<CapturedEvent> {
+        let event = gpu.capture_event(caller_event)?;
+        Ok(CapturedEvent { gpu, event })
+    }
+}
+
+impl Drop for CapturedEvent {
+    fn drop(&mut self) {
+        self.gpu.release_event(self.event);
+    }
+}
+
+/// What the dispatcher needs to plan a request.
+pub struct PlanInputs {
+    pub src: Arc<Layout>,
+    pub dst: Arc<Layout>,
+    pub pairs: Vec<(u64, u64)>,
+    pub layers: Range<u64>,
+    pub after: Option<u64>,
 }
 
 const QUEUED: u8 = 0;
@@ -79,9 +110,15 @@ impl Request {
     }
 
     /// Source and destination, while the request runs.
-    pub(crate) fn layouts(&self) -> Option<(Arc<Layout>, Arc<Layout>, Vec<(u64, u64)>, Range<u64>)> {
+    pub(crate) fn plan_inputs(&self) -> Option<PlanInputs> {
         let t = self.transfer.lock().unwrap();
-        t.as_ref().map(|t| (t.src.clone(), t.dst.clone(), t.pairs.clone(), t.layers.clone()))
+        t.as_ref().map(|t| PlanInputs {
+            src: t.src.clone(),
+            dst: t.dst.clone(),
+            pairs: t.pairs.clone(),
+            layers: t.layers.clone(),
+            after: t.wait.as_ref().map(|w| w.event),
+        })
     }
 
     /// Whether remaining stages should be skipped.

@@ -12,7 +12,7 @@ use super::request::Request;
 use super::stats::Counters;
 use super::bounce::BounceRing;
 use crate::error::{Error, Result};
-use crate::gpu::{CopyKind, CopyOp, Fence, Gpu};
+use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::posix;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,8 +37,9 @@ pub struct Router {
     pub counters: Arc<Counters>,
     pub io_tx: Sender<Job>,
     pub copy_tx: Sender<Job>,
-    /// `None` tells the fence thread to stop.
-    pub fence_tx: Sender<Option<(Fence, Chunk)>>,
+    /// One fence thread per lane (`gpu::fence_lane`), so a slow stream never holds up
+    /// another; `None` tells a fence thread to stop.
+    pub fence_tx: Vec<Sender<Option<(Fence, Chunk)>>>,
     /// Raised by `Engine::shutdown` before the dispatcher's stop message is queued.
     pub shutdown: AtomicBool,
 }
@@ -122,7 +123,7 @@ fn run_host_op(op: &Op, counters: &Counters) -> Result<()> {
             memcpy_all(ops);
             Ok(())
         }
-        Op::DeviceCopy(..) => unreachable!("device copies run on the copy thread"),
+        Op::DeviceCopy { .. } => unreachable!("device copies run on the copy thread"),
     }
 }
 
@@ -150,10 +151,12 @@ fn memcpy_all(ops: &[CopyOp]) {
 /// Copy thread: issues device copies in order; a finished fence moves the chunk on at
 /// once, a pending one goes to the fence thread.
 pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
-    let bound = gpu.bind_copy_thread();
+    let bound = gpu.bind_thread();
     while let Ok(Job::Run(mut chunk)) = rx.recv() {
-        let Op::DeviceCopy(kind, ops) = Router::take_op(&mut chunk) else { unreachable!("only device copies come here") };
-        let issued = bound.clone().and_then(|_| gpu.copy(kind, &ops));
+        let Op::DeviceCopy { kind, ops, host_is_bounce, after } = Router::take_op(&mut chunk) else {
+            unreachable!("only device copies come here")
+        };
+        let issued = bound.clone().and_then(|_| gpu.copy(kind, &ops, chunk.slot, host_is_bounce, after));
         match issued {
             Ok(fence) => {
                 let bytes: u64 = ops.iter().map(|o| o.len).sum();
@@ -164,7 +167,9 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
                 }
                 match fence {
                     Fence::Done => router.advance(chunk),
-                    pending => router.fence_tx.send(Some((pending, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone")),
+                    pending => router.fence_tx[fence_lane(kind, chunk.slot)]
+                        .send(Some((pending, chunk)))
+                        .unwrap_or_else(|_| unreachable!("fence thread gone")),
                 }
             }
             Err(e) => router.fail(chunk, e),
@@ -172,8 +177,11 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
     }
 }
 
-/// Fence thread: waits for device copies in issue order.
-pub fn fence_thread(router: Arc<Router>, rx: Receiver<Option<(Fence, Chunk)>>) {
+/// Fence thread: waits for one stream's copies in issue order.
+pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<(Fence, Chunk)>>) {
+    if let Err(e) = gpu.bind_thread() {
+        log::error!("fence thread cannot use the device: {e}");
+    }
     while let Ok(Some((fence, chunk))) = rx.recv() {
         match fence.wait() {
             Ok(()) => router.advance(chunk),

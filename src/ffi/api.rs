@@ -17,11 +17,12 @@ pub extern "C" fn kvx_abi_version() -> u32 {
     (KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR
 }
 
-/// e.g. "kvxfer 0.1.0 abi 1.0 (cuda: none)". Static; never NULL.
+/// e.g. "kvxfer 0.1.0 abi 1.1 (cuda: driver 13.0)" or "... (cuda: none)". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn kvx_version_string() -> *const c_char {
     static S: LazyLock<CString> = LazyLock::new(|| {
-        CString::new(format!("kvxfer {} abi {KVX_ABI_MAJOR}.{KVX_ABI_MINOR} (cuda: none)", env!("CARGO_PKG_VERSION"))).unwrap()
+        let cuda = crate::gpu::cuda::driver_version().map_or("none".to_string(), |v| format!("driver {v}"));
+        CString::new(format!("kvxfer {} abi {KVX_ABI_MAJOR}.{KVX_ABI_MINOR} (cuda: {cuda})", env!("CARGO_PKG_VERSION"))).unwrap()
     });
     S.as_ptr()
 }

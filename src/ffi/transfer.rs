@@ -13,7 +13,7 @@ use std::time::Duration;
 
 impl Versioned for kvx_transfer_options {
     const NAME: &'static str = "kvx_transfer_options";
-    const V1_SIZE: usize = std::mem::size_of::<kvx_transfer_options>();
+    const V1_SIZE: usize = std::mem::offset_of!(kvx_transfer_options, wait_event);
     fn defaults() -> Self {
         kvx_transfer_options {
             struct_size: std::mem::size_of::<kvx_transfer_options>() as u32,
@@ -22,6 +22,7 @@ impl Versioned for kvx_transfer_options {
             flags: 0,
             on_complete: None,
             user_data: std::ptr::null_mut(),
+            wait_event: std::ptr::null_mut(),
         }
     }
 }
@@ -71,7 +72,13 @@ pub unsafe extern "C" fn kvx_transfer_submit(
                 func: std::mem::transmute::<unsafe extern "C" fn(*mut c_void, *mut kvx_request, kvx_status), CompletionFn>(f),
                 user_data: o.user_data,
             });
-            let opts = TransferOptions { layer_begin: o.layer_begin, layer_end: o.layer_end, flags: o.flags, on_complete };
+            let opts = TransferOptions {
+                layer_begin: o.layer_begin,
+                layer_end: o.layer_end,
+                flags: o.flags,
+                on_complete,
+                wait_event: o.wait_event as u64,
+            };
             Ok((out, engine.submit(&src, sb, &dst, db, &opts)?))
         },
         |(o, req)| o.write(Arc::into_raw(req) as *mut kvx_request),

@@ -32,7 +32,8 @@ pub const KVX_ERR_VERSION: kvx_status = 15;
 pub const KVX_ERR_INTERNAL: kvx_status = 16;
 
 pub const KVX_ABI_MAJOR: u32 = 1;
-pub const KVX_ABI_MINOR: u32 = 0;
+/// 1.1: `kvx_transfer_options.wait_event`.
+pub const KVX_ABI_MINOR: u32 = 1;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 pub const KVX_DEVICE_AUTO: i32 = -2;
@@ -137,6 +138,14 @@ pub struct kvx_transfer_options {
     /// Optional completion callback.
     pub on_complete: kvx_completion_fn,
     pub user_data: *mut c_void,
+    /// ABI 1.1. Optional `CUevent` of the engine's device. Ordering: every device copy of
+    /// this transfer starts after the work the event marks *when kvx_transfer_submit is
+    /// called* (re-recording it later does not matter), so a runtime can record it right
+    /// after the kernels that wrote the KV blocks and submit the offload without
+    /// synchronising. Completion (callback, wait, poll) means every byte has arrived:
+    /// device memory written by an onboarding transfer is ready for any stream then.
+    /// NULL: no wait. A non-NULL event on the emulated device is `KVX_ERR_INVALID_ARG`.
+    pub wait_event: *mut c_void,
 }
 
 #[repr(C)]

@@ -43,11 +43,25 @@ impl Gpu for Emulated {
         Ok(())
     }
 
-    fn bind_copy_thread(&self) -> Result<()> {
+    fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()> {
+        self.check_device_range(addr, bytes)
+    }
+
+    fn prepare_slots(&self, _slots: u32, _slot_bytes: u64) -> Result<()> {
         Ok(())
     }
 
-    fn copy(&self, _kind: CopyKind, ops: &[CopyOp]) -> Result<Fence> {
+    fn bind_thread(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn capture_event(&self, _event: u64) -> Result<u64> {
+        bail!(InvalidArg, "wait_event needs a CUDA device; this engine runs on the emulated device")
+    }
+
+    fn release_event(&self, _event: u64) {}
+
+    fn copy(&self, _kind: CopyKind, ops: &[CopyOp], _slot: u32, _host_is_bounce: bool, _after: Option<u64>) -> Result<Fence> {
         for op in ops {
             // SAFETY: the planner only emits ops inside validated layouts and bounce slots,
             // and a slot or region is owned by exactly one stage at a time.

@@ -5,6 +5,7 @@
 //! fences as real copies, so the pipeline's scheduling is exercised everywhere. The CUDA
 //! backend implements the same trait.
 
+pub mod cuda;
 mod emulated;
 mod probe;
 
@@ -28,6 +29,18 @@ pub struct CopyOp {
     pub dst: u64,
     pub src: u64,
     pub len: u64,
+}
+
+/// Fences complete in issue order within a *lane*: a (direction, slot parity) pair,
+/// matching the streams a backend may use. One fence thread waits per lane.
+pub const FENCE_LANES: usize = 4;
+
+pub fn fence_lane(kind: CopyKind, slot: u32) -> usize {
+    let dir = match kind {
+        CopyKind::HostToDevice | CopyKind::DeviceToDevice => 0,
+        CopyKind::DeviceToHost => 2,
+    };
+    dir + (slot % 2) as usize
 }
 
 /// Something to wait on for a batch of copies that was issued asynchronously.
@@ -75,9 +88,25 @@ pub trait Gpu: Send + Sync + 'static {
     /// a wrong pointer is an error rather than a corrupted KV cache.
     fn check_device_range(&self, addr: u64, bytes: u64) -> Result<()>;
 
-    /// Called once on the copy thread before its first copy (e.g. to make a context current).
-    fn bind_copy_thread(&self) -> Result<()>;
+    /// Checks that `[addr, addr + bytes)` is page-locked host memory.
+    fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()>;
 
-    /// Issues `ops` (all of one kind) and returns their fence. Called on the copy thread only.
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp]) -> Result<Fence>;
+    /// Sets up per-slot device resources (events, staging) once the ring exists.
+    fn prepare_slots(&self, slots: u32, slot_bytes: u64) -> Result<()>;
+
+    /// Called once on each engine thread that talks to the device (makes a context current).
+    fn bind_thread(&self) -> Result<()>;
+
+    /// Issues `ops` (all of one kind) for the chunk holding bounce slot `slot`, after the
+    /// captured event `after` (see `capture_event`), and returns their fence. The host side
+    /// is the bounce slot itself when `host_is_bounce` (its unused bytes may be
+    /// overwritten). Called on the copy thread only.
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host_is_bounce: bool, after: Option<u64>) -> Result<Fence>;
+
+    /// Captures the caller's CUDA event as of now into an event of ours that copies can
+    /// wait on, so re-recording the caller's event later changes nothing.
+    fn capture_event(&self, event: u64) -> Result<u64>;
+
+    /// Frees an event from `capture_event`.
+    fn release_event(&self, event: u64);
 }

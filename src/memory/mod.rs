@@ -143,10 +143,12 @@ impl Layout {
             if b == 0 {
                 bail!(InvalidArg, "base {i} is NULL");
             }
-            if storage == StorageKind::Device {
-                gpu.check_device_range(b, placement.base_bytes())
-                    .map_err(|e| crate::error::Error::new(e.status, format!("base {i}: {}", e.message)))?;
-            }
+            let checked = match storage {
+                StorageKind::Device => gpu.check_device_range(b, placement.base_bytes()),
+                StorageKind::Pinned => gpu.check_pinned_range(b, placement.base_bytes()),
+                _ => Ok(()),
+            };
+            checked.map_err(|e| crate::error::Error::new(e.status, format!("base {i}: {}", e.message)))?;
         }
         Ok(Layout::new(engine_id, placement, Storage::Memory { kind: storage, bases: bases.to_vec(), _owned: Vec::new() }))
     }

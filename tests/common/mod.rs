@@ -71,6 +71,11 @@ pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Device memory of a real GPU cannot be dereferenced from the host.
+fn on_gpu(l: &Layout) -> bool {
+    l.kind() == StorageKind::Device && test_device() >= 0
+}
+
 fn placement(l: &Layout) -> Placement {
     l.placement
 }
@@ -81,6 +86,11 @@ pub fn read_region(layout: &Layout, b: u64, l: u64, o: u64) -> Vec<u8> {
     let loc = p.region(b, l, o);
     let n = p.geom.region_bytes as usize;
     match layout.bases() {
+        Some(bases) if on_gpu(layout) => {
+            let mut v = vec![0u8; n];
+            cuda::read(bases[loc.base as usize] + loc.offset, &mut v);
+            v
+        }
         Some(bases) => {
             let ptr = (bases[loc.base as usize] + loc.offset) as *const u8;
             unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec()
@@ -98,6 +108,7 @@ pub fn read_region(layout: &Layout, b: u64, l: u64, o: u64) -> Vec<u8> {
 pub fn write_region(layout: &Layout, b: u64, l: u64, o: u64, data: &[u8]) {
     let loc = placement(layout).region(b, l, o);
     match layout.bases() {
+        Some(bases) if on_gpu(layout) => cuda::write(bases[loc.base as usize] + loc.offset, data),
         Some(bases) => {
             let ptr = (bases[loc.base as usize] + loc.offset) as *mut u8;
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
@@ -147,5 +158,38 @@ pub fn check(dst: &Layout, dst_seed: u64, src_seed: u64, pairs: &[(u64, u64)], l
                 assert!(got == want, "{what}: region (block {b}, layer {l}, outer {o}) is wrong (source block {from:?})");
             }
         }
+    }
+}
+
+/// Device memory access for checks when the tests run on a real GPU (`KVX_TEST_DEVICE`
+/// ≥ 0): synchronous driver copies in the primary context the engine also uses.
+pub mod cuda {
+    use kvxfer::gpu::cuda::driver::sys;
+    use std::sync::OnceLock;
+
+    /// The primary context of device `KVX_TEST_DEVICE`, current on this thread.
+    pub fn bind() {
+        static CTX: OnceLock<usize> = OnceLock::new();
+        let ctx = *CTX.get_or_init(|| unsafe {
+            assert_eq!(sys::cuInit(0), sys::CUresult::CUDA_SUCCESS);
+            let mut dev = 0;
+            assert_eq!(sys::cuDeviceGet(&mut dev, super::test_device()), sys::CUresult::CUDA_SUCCESS);
+            let mut ctx = std::ptr::null_mut();
+            assert_eq!(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), sys::CUresult::CUDA_SUCCESS);
+            ctx as usize
+        });
+        unsafe { assert_eq!(sys::cuCtxSetCurrent(ctx as sys::CUcontext), sys::CUresult::CUDA_SUCCESS) };
+    }
+
+    pub fn read(addr: u64, out: &mut [u8]) {
+        bind();
+        let r = unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut _, addr, out.len()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
+
+    pub fn write(addr: u64, data: &[u8]) {
+        bind();
+        let r = unsafe { sys::cuMemcpyHtoD_v2(addr, data.as_ptr() as *const _, data.len()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
     }
 }

@@ -1,0 +1,304 @@
+//! A real GPU through the CUDA driver API (cudarc, loaded at run time).
+//!
+//! - One primary context, made current on every thread that calls the driver.
+//! - Two H2D and two D2H streams (by slot parity), so both directions run at once and a
+//!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
+//!   use the H2D streams.
+//! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
+//!   thread with blocking sync (sleeps, never spins), then the slot is free again.
+//! - Many small regions move as one large PCIe copy plus one kernel launch (see
+//!   `regions.rs`); large ones as one async memcpy each.
+
+pub mod driver;
+mod regions;
+
+use super::{CopyKind, CopyOp, Fence, Gpu, PendingCopy};
+use crate::error::{bail, Error, Result, Status};
+use driver::{check, sys};
+use regions::{RegionKernel, SlotResources};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+pub use driver::{driver_version, present};
+
+pub struct CudaGpu {
+    ordinal: i32,
+    name: String,
+    ctx: sys::CUcontext,
+    h2d: [sys::CUstream; 2],
+    d2h: [sys::CUstream; 2],
+    /// Where caller events are captured at submit time (see `capture_event`).
+    interop: sys::CUstream,
+    kernel: Option<RegionKernel>,
+    slots: OnceLock<SlotResources>,
+}
+
+// SAFETY: CUDA handles may be used from any thread once the context is current there,
+// which `bind` ensures; the driver API is thread-safe.
+unsafe impl Send for CudaGpu {}
+unsafe impl Sync for CudaGpu {}
+
+impl CudaGpu {
+    /// Opens device `ordinal`: `NoDevice` when there is no driver or no such device.
+    pub fn open(ordinal: i32) -> Result<CudaGpu> {
+        if !present() {
+            bail!(NoDevice, "device {ordinal}: no CUDA driver (libcuda.so not found); use KVX_DEVICE_AUTO or KVX_DEVICE_EMULATED");
+        }
+        // SAFETY: driver calls with valid out-pointers; the library is present.
+        unsafe {
+            check(sys::cuInit(0), "cuInit").map_err(|e| Error::new(Status::NoDevice, e.message))?;
+            let mut count = 0;
+            check(sys::cuDeviceGetCount(&mut count), "cuDeviceGetCount")?;
+            if ordinal >= count {
+                bail!(NoDevice, "device {ordinal}: this machine has {count} CUDA device(s)");
+            }
+            let mut dev = 0;
+            check(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
+            let mut name = [0 as std::ffi::c_char; 128];
+            check(sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev), "cuDeviceGetName")?;
+            let name = std::ffi::CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+            let mut ctx = std::ptr::null_mut();
+            check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+            let mut gpu = CudaGpu {
+                ordinal,
+                name,
+                ctx,
+                h2d: [std::ptr::null_mut(); 2],
+                d2h: [std::ptr::null_mut(); 2],
+                interop: std::ptr::null_mut(),
+                kernel: None,
+                slots: OnceLock::new(),
+            };
+            let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
+            for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()).chain(std::iter::once(&mut gpu.interop)) {
+                check(sys::cuStreamCreate(s, flags), "cuStreamCreate")?;
+            }
+            gpu.kernel = match RegionKernel::load() {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    log::warn!("device {ordinal}: region kernel unavailable ({}); small regions use one copy each", e.message);
+                    None
+                }
+            };
+            Ok(gpu)
+        }
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: our retained primary context.
+        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    /// The stream of a chunk's copies; must agree with `crate::gpu::fence_lane`.
+    fn stream(&self, kind: CopyKind, slot: u32) -> sys::CUstream {
+        let i = (slot % 2) as usize;
+        match kind {
+            CopyKind::DeviceToHost => self.d2h[i],
+            CopyKind::HostToDevice | CopyKind::DeviceToDevice => self.h2d[i],
+        }
+    }
+
+    /// One async memcpy per op.
+    unsafe fn copy_each(&self, kind: CopyKind, ops: &[CopyOp], stream: sys::CUstream) -> Result<()> {
+        for op in ops {
+            let n = op.len as usize;
+            let r = match kind {
+                CopyKind::HostToDevice => sys::cuMemcpyHtoDAsync_v2(op.dst, op.src as *const c_void, n, stream),
+                CopyKind::DeviceToHost => sys::cuMemcpyDtoHAsync_v2(op.dst as *mut c_void, op.src, n, stream),
+                CopyKind::DeviceToDevice => sys::cuMemcpyDtoDAsync_v2(op.dst, op.src, n, stream),
+            };
+            check(r, "cuMemcpyAsync")?;
+        }
+        Ok(())
+    }
+
+    fn pointer_attribute<T: Default>(&self, attr: sys::CUpointer_attribute, addr: u64) -> std::result::Result<T, sys::CUresult> {
+        let mut v = T::default();
+        // SAFETY: `v` is the attribute's documented type (callers pick it).
+        let r = unsafe { sys::cuPointerGetAttribute(&mut v as *mut T as *mut c_void, attr, addr) };
+        if r == sys::CUresult::CUDA_SUCCESS { Ok(v) } else { Err(r) }
+    }
+}
+
+struct EventWait(sys::CUevent);
+// SAFETY: events may be synchronised from any thread.
+unsafe impl Send for EventWait {}
+
+impl PendingCopy for EventWait {
+    fn wait(self: Box<Self>) -> Result<()> {
+        // SAFETY: the slot's event, alive as long as the engine's device.
+        check(unsafe { sys::cuEventSynchronize(self.0) }, "cuEventSynchronize")
+    }
+}
+
+impl Gpu for CudaGpu {
+    fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn describe(&self) -> String {
+        format!("CUDA device {}: {} (driver {})", self.ordinal, self.name, driver_version().unwrap_or_default())
+    }
+
+    fn alloc_device(&self, bytes: u64) -> Result<u64> {
+        self.bind()?;
+        let mut p = 0;
+        // SAFETY: valid out-pointer, context current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) };
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            bail!(NoMemory, "device {}: out of memory allocating {bytes} bytes", self.ordinal);
+        }
+        check(r, "cuMemAlloc")?;
+        Ok(p)
+    }
+
+    unsafe fn free_device(&self, addr: u64, _bytes: u64) {
+        if self.bind().is_ok() {
+            let _ = check(sys::cuMemFree_v2(addr), "cuMemFree").map_err(|e| log::error!("{e}"));
+        }
+    }
+
+    fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
+        self.bind()?;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; PORTABLE so every context sees it pinned.
+        let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE) };
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            bail!(NoMemory, "out of pinned host memory allocating {bytes} bytes");
+        }
+        check(r, "cuMemHostAlloc")?;
+        Ok(p as *mut u8)
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: u64) {
+        if self.bind().is_ok() {
+            let _ = check(sys::cuMemFreeHost(ptr as *mut c_void), "cuMemFreeHost").map_err(|e| log::error!("{e}"));
+        }
+    }
+
+    fn check_device_range(&self, addr: u64, bytes: u64) -> Result<()> {
+        use sys::CUpointer_attribute_enum::*;
+        self.bind()?;
+        let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr).map_err(|r| {
+            Error::new(Status::InvalidArg, format!("{addr:#x} is not memory CUDA knows ({r:?}); pass a device pointer from cuMemAlloc/cudaMalloc"))
+        })?;
+        if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE as u32 {
+            bail!(InvalidArg, "{addr:#x} is not device memory (CUDA memory type {kind}); register host memory with kvx_layout_register_host");
+        }
+        let dev: i32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr).unwrap_or(-1);
+        if dev != self.ordinal {
+            bail!(InvalidArg, "{addr:#x} is memory of device {dev}, but this engine drives device {}", self.ordinal);
+        }
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: valid out-pointers; `addr` is device memory (checked above).
+        check(unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) }, "cuMemGetAddressRange")?;
+        let end = base + size as u64;
+        if addr.checked_add(bytes).is_none_or(|e| e > end) {
+            bail!(
+                InvalidArg,
+                "the layout needs {bytes} bytes from {addr:#x}, but that allocation ends {} bytes after it; check the geometry or the pointer",
+                end - addr
+            );
+        }
+        Ok(())
+    }
+
+    fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()> {
+        use sys::CUpointer_attribute_enum::*;
+        self.bind()?;
+        for a in [addr, addr + bytes - 1] {
+            let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a).map_err(|_| {
+                Error::new(Status::InvalidArg, format!("{a:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"))
+            })?;
+            if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32 {
+                bail!(InvalidArg, "{a:#x} is not pinned host memory (CUDA memory type {kind})");
+            }
+        }
+        Ok(())
+    }
+
+    fn prepare_slots(&self, slots: u32, slot_bytes: u64) -> Result<()> {
+        self.bind()?;
+        let r = SlotResources::new(slots, slot_bytes, self.kernel.is_some())?;
+        self.slots.set(r).map_err(|_| Error::new(Status::Internal, "slot resources prepared twice"))
+    }
+
+    fn bind_thread(&self) -> Result<()> {
+        self.bind()
+    }
+
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host_is_bounce: bool, after: Option<u64>) -> Result<Fence> {
+        let stream = self.stream(kind, slot);
+        let res = self.slots.get().expect("prepare_slots runs before any copy");
+        // SAFETY: copy thread, context bound; ops lie in validated layouts and this
+        // chunk's slot; the slot's resources are this chunk's until its fence completes.
+        unsafe {
+            if let Some(ev) = after {
+                check(sys::cuStreamWaitEvent(stream, ev as sys::CUevent, 0), "cuStreamWaitEvent")?;
+            }
+            let batched = match &self.kernel {
+                Some(k) => regions::try_batched(k, res, slot, kind, ops, host_is_bounce, stream)?,
+                None => false,
+            };
+            if !batched {
+                self.copy_each(kind, ops, stream)?;
+            }
+            let ev = res.event(slot);
+            check(sys::cuEventRecord(ev, stream), "cuEventRecord")?;
+            Ok(Fence::Pending(Box::new(EventWait(ev))))
+        }
+    }
+
+    fn capture_event(&self, event: u64) -> Result<u64> {
+        if event == 0 {
+            bail!(InvalidArg, "wait_event is NULL");
+        }
+        self.bind()?;
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: driver calls on our stream; a bad caller event makes cuStreamWaitEvent fail.
+        unsafe {
+            check(sys::cuEventCreate(&mut ev, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), "cuEventCreate")?;
+            let captured = check(sys::cuStreamWaitEvent(self.interop, event as sys::CUevent, 0), "cuStreamWaitEvent (wait_event)")
+                .and_then(|_| check(sys::cuEventRecord(ev, self.interop), "cuEventRecord"));
+            if let Err(e) = captured {
+                sys::cuEventDestroy_v2(ev);
+                return Err(Error::new(Status::InvalidArg, format!("wait_event is not a usable CUevent of this device: {}", e.message)));
+            }
+        }
+        Ok(ev as u64)
+    }
+
+    fn release_event(&self, event: u64) {
+        if self.bind().is_ok() {
+            // SAFETY: an event from `capture_event`; streams still waiting keep it alive.
+            unsafe { sys::cuEventDestroy_v2(event as sys::CUevent) };
+        }
+    }
+}
+
+impl Drop for CudaGpu {
+    fn drop(&mut self) {
+        if self.bind().is_err() {
+            return;
+        }
+        // SAFETY: every user of these handles (threads, layouts, the ring) is gone.
+        unsafe {
+            if let Some(s) = self.slots.take() {
+                s.free();
+            }
+            if let Some(k) = self.kernel.take() {
+                k.unload();
+            }
+            for s in self.h2d.into_iter().chain(self.d2h).chain([self.interop]) {
+                if !s.is_null() {
+                    sys::cuStreamDestroy_v2(s);
+                }
+            }
+            let mut dev = 0;
+            if sys::cuCtxGetDevice(&mut dev) == sys::CUresult::CUDA_SUCCESS {
+                sys::cuDevicePrimaryCtxRelease_v2(dev);
+            }
+        }
+    }
+}

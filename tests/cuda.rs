@@ -1,0 +1,186 @@
+//! GPU-only behaviour: registration of caller memory (right and wrong pointers), the
+//! batched small-region path on every layout kind, and ordering after a caller's event.
+//! Without a CUDA device every test prints that it skipped.
+
+mod common;
+use common::*;
+use kvxfer::gpu::cuda::driver::sys;
+use kvxfer::{Engine, EngineConfig, LayoutKind, Status, StorageKind, TransferOptions};
+
+/// An engine on the CUDA device of `KVX_TEST_DEVICE` (default 0), or `None` after saying why.
+fn gpu_engine(test: &str) -> Option<Engine> {
+    let dev = std::env::var("KVX_TEST_DEVICE").ok().and_then(|v| v.parse().ok()).filter(|d: &i32| *d >= 0).unwrap_or(0);
+    match Engine::new(&EngineConfig { device: dev, ..Default::default() }) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            // Straight to stderr: the test harness captures eprintln! of passing tests.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{test}: skipped: no CUDA device ({})", e.message);
+            None
+        }
+    }
+}
+
+fn dev_alloc(bytes: usize) -> u64 {
+    cuda::bind();
+    let mut p = 0;
+    assert_eq!(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, sys::CUresult::CUDA_SUCCESS);
+    p
+}
+
+fn dev_free(p: u64) {
+    cuda::bind();
+    unsafe { sys::cuMemFree_v2(p) };
+}
+
+#[test]
+fn registered_cumemalloc_memory_round_trips_for_every_kind() {
+    let Some(e) = gpu_engine("registered_cumemalloc_memory_round_trips_for_every_kind") else { return };
+    let c = cfg(8, 3, 2, 16, 128, 2);
+    let g = c.validate().unwrap();
+    for kind in KINDS {
+        let p = kvxfer::layout::Placement::memory(kind, g);
+        let bases: Vec<u64> = (0..p.num_bases()).map(|_| dev_alloc(p.base_bytes() as usize)).collect();
+        let reg = e.register_layout(&c, kind, StorageKind::Device, &bases).unwrap();
+        let src = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
+        fill(&src, 31);
+        let ids: Vec<u64> = (0..8).collect();
+        let pairs: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
+        assert_eq!(transfer(&e, &src, &ids, &reg, &ids, &Default::default()), Status::Ok);
+        // Read the caller's memory with the driver, not through kvxfer.
+        let mut reg_view = vec![0u8; g.region_bytes as usize];
+        for b in 0..8 {
+            for l in 0..3 {
+                for o in 0..2 {
+                    let loc = p.region(b, l, o);
+                    cuda::read(bases[loc.base as usize] + loc.offset, &mut reg_view);
+                    assert_eq!(reg_view, region_pattern(31, b, l, o, g.region_bytes), "{kind:?} ({b},{l},{o})");
+                }
+            }
+        }
+        let back = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+        assert_eq!(transfer(&e, &reg, &ids, &back, &ids, &Default::default()), Status::Ok);
+        check(&back, 0, 31, &pairs, 0..3, "registered → host");
+        drop(reg);
+        bases.into_iter().for_each(dev_free);
+    }
+}
+
+#[test]
+fn registering_a_wrong_pointer_is_an_error_not_corruption() {
+    let Some(e) = gpu_engine("registering_a_wrong_pointer_is_an_error_not_corruption") else { return };
+    let c = cfg(4, 2, 2, 16, 128, 2); // 64 KiB blocks, 256 KiB in all
+    let need = 4 * 2 * 2 * 16 * 128 * 2;
+    let host = vec![0u8; need];
+    let small = dev_alloc(need / 2);
+    let big = dev_alloc(need);
+    let fc = LayoutKind::FullyContiguous;
+    let cases = [
+        (host.as_ptr() as u64, "not memory CUDA knows"),
+        (small, "allocation ends"),
+        (big + 4096, "allocation ends"),
+    ];
+    for (base, text) in cases {
+        let err = e.register_layout(&c, fc, StorageKind::Device, &[base]).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+        assert!(err.message.contains(text), "{:?} lacks {text:?}", err.message);
+    }
+    // Pageable memory is not pinned.
+    let err = e.register_layout(&c, fc, StorageKind::Pinned, &[host.as_ptr() as u64]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+    assert!(err.message.contains("page-locked"), "{}", err.message);
+    // The whole allocation is fine.
+    assert!(e.register_layout(&c, fc, StorageKind::Device, &[big]).is_ok());
+    dev_free(small);
+    dev_free(big);
+}
+
+#[test]
+fn small_regions_are_bit_exact_through_the_batched_path() {
+    let Some(e) = gpu_engine("small_regions_are_bit_exact_through_the_batched_path") else { return };
+    // 16 KiB, 32 KiB and odd-sized (not 16-byte multiple) regions, every kind both ways.
+    for c in [cfg(16, 4, 2, 16, 512, 2), cfg(16, 4, 2, 32, 512, 2), cfg(16, 3, 2, 7, 333, 1)] {
+        let ids: Vec<u64> = (0..16).rev().collect();
+        let pairs: Vec<(u64, u64)> = ids.iter().zip(0..16).map(|(&s, d)| (s, d)).collect();
+        let dst_ids: Vec<u64> = (0..16).collect();
+        for kind in KINDS {
+            for host_storage in [StorageKind::Pinned, StorageKind::Host, StorageKind::Disk] {
+                let hk = if host_storage == StorageKind::Disk { LayoutKind::FullyContiguous } else { kind };
+                let host = make_layout(&e, &c, hk, host_storage);
+                let dev = make_layout(&e, &c, kind, StorageKind::Device);
+                fill(&host, 41);
+                fill(&dev, 42);
+                let what = format!("{host_storage:?} → Device {kind:?} {c:?}");
+                assert_eq!(transfer(&e, &host, &ids, &dev, &dst_ids, &Default::default()), Status::Ok, "{what}");
+                check(&dev, 42, 41, &pairs, 0..c.num_layers, &what);
+                let back = make_layout(&e, &c, hk, host_storage);
+                fill(&back, 43);
+                assert_eq!(transfer(&e, &dev, &dst_ids, &back, &ids, &Default::default()), Status::Ok, "{what} back");
+                let round: Vec<(u64, u64)> = pairs.iter().map(|&(s, _)| (s, s)).collect();
+                check(&back, 43, 41, &round, 0..c.num_layers, &format!("{what} and back"));
+            }
+        }
+    }
+    let dd = make_layout(&e, &cfg(8, 4, 2, 16, 512, 2), LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
+    let ds = make_layout(&e, &cfg(8, 4, 2, 16, 512, 2), LayoutKind::LayerSeparate { block_first: true }, StorageKind::Device);
+    fill(&ds, 51);
+    fill(&dd, 52);
+    let ids: Vec<u64> = (0..8).collect();
+    assert_eq!(transfer(&e, &ds, &ids, &dd, &ids, &Default::default()), Status::Ok);
+    check(&dd, 52, 51, &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..4, "device → device");
+}
+
+#[test]
+fn an_offload_waits_for_the_callers_event() {
+    let Some(e) = gpu_engine("an_offload_waits_for_the_callers_event") else { return };
+    let c = cfg(8, 8, 2, 32, 1024, 2); // 16 MiB of KV
+    let dev = e.create_layout(&c, LayoutKind::FullyContiguous, StorageKind::Device).unwrap();
+    let host = e.create_layout(&c, LayoutKind::FullyContiguous, StorageKind::Pinned).unwrap();
+    let base = dev.bases().unwrap()[0];
+    let bytes = (c.validate().unwrap().block_bytes * 8) as usize;
+    let filler = dev_alloc(4 << 30);
+    cuda::bind();
+    let (mut stream, mut ev) = (std::ptr::null_mut(), std::ptr::null_mut());
+    unsafe {
+        assert_eq!(sys::cuStreamCreate(&mut stream, 1), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuEventCreate(&mut ev, 2), sys::CUresult::CUDA_SUCCESS);
+    }
+    let ids: Vec<u64> = (0..8).collect();
+    for round in 0u8..4 {
+        let value = 0x10 + round;
+        unsafe {
+            // "Compute" that writes the KV late: a long memset first, then the KV.
+            assert_eq!(sys::cuMemsetD8Async(filler, round, 4 << 30, stream), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(sys::cuMemsetD8Async(base, value, bytes, stream), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(sys::cuEventRecord(ev, stream), sys::CUresult::CUDA_SUCCESS);
+        }
+        let opts = TransferOptions { wait_event: ev as u64, ..Default::default() };
+        let r = e.submit(&dev, &ids, &host, &ids, &opts).unwrap();
+        assert_eq!(r.wait(None), Status::Ok);
+        let got = unsafe { std::slice::from_raw_parts(host.bases().unwrap()[0] as *const u8, bytes) };
+        let wrong = got.iter().filter(|&&b| b != value).count();
+        assert_eq!(wrong, 0, "round {round}: {wrong} bytes were read before the caller's event");
+    }
+    // A bad event is refused at submit, before anything starts.
+    let bad = TransferOptions { wait_event: 0xdead_0000, ..Default::default() };
+    let err = e.submit(&dev, &ids, &host, &ids, &bad).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    unsafe {
+        sys::cuStreamSynchronize(stream);
+        sys::cuEventDestroy_v2(ev);
+        sys::cuStreamDestroy_v2(stream);
+    }
+    dev_free(filler);
+}
+
+#[test]
+fn wait_event_on_the_emulated_device_is_refused() {
+    let e = engine_with(|c| c.device = kvxfer::gpu::DEVICE_EMULATED);
+    let c = cfg(2, 1, 1, 1, 16, 1);
+    let a = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Device);
+    let b = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    let opts = TransferOptions { wait_event: 0x1000, ..Default::default() };
+    let err = e.submit(&a, &[0], &b, &[0], &opts).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+    assert!(err.message.contains("CUDA"));
+}
