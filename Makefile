@@ -29,6 +29,7 @@ tools:
 
 build: tools
 	$(CARGO) build --release
+	ln -sf libkvxfer.so target/release/libkvxfer.so.1
 	$(MAKE) -C cpp_examples
 
 bench: build

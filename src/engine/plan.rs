@@ -103,6 +103,11 @@ struct Piece {
     /// Offset in the slot (bounce) — unused for direct chunks.
     slot_off: u64,
     len: u64,
+    /// The allocations (layout bases) the piece lies in: pieces of different
+    /// allocations never merge, even when their addresses happen to touch, because a
+    /// device copy may not cross an allocation's end.
+    src_base: u32,
+    dst_base: u32,
 }
 
 pub struct Planner {
@@ -176,6 +181,11 @@ impl Planner {
         (Self::addr(&self.src, s.src) + k, Self::addr(&self.dst, s.dst) + k, s.len - k)
     }
 
+    fn piece(&self, src: u64, dst: u64, slot_off: u64, len: u64) -> Piece {
+        let s = &self.segs[self.idx];
+        Piece { src, dst, slot_off, len, src_base: s.src.base, dst_base: s.dst.base }
+    }
+
     fn advance(&mut self, n: u64) {
         self.done_in_seg += n;
         if self.done_in_seg == self.segs[self.idx].len {
@@ -191,7 +201,7 @@ impl Planner {
         while self.idx < self.segs.len() && total < self.direct_chunk {
             let (s, d, rem) = self.current();
             let take = rem.min(self.direct_chunk - total);
-            pieces.push(Piece { src: s, dst: d, slot_off: 0, len: take });
+            pieces.push(self.piece(s, d, 0, take));
             total += take;
             self.advance(take);
         }
@@ -209,7 +219,7 @@ impl Planner {
             }
             let (s, d, rem) = self.current();
             let take = rem.min(self.slot_bytes - start);
-            pieces.push(Piece { src: s, dst: d, slot_off: start, len: take });
+            pieces.push(self.piece(s, d, start, take));
             pos = start + take;
             self.advance(take);
         }
@@ -243,7 +253,7 @@ impl Planner {
                 }
                 take = end - p;
             }
-            pieces.push(Piece { src: s, dst: d, slot_off: start, len: take });
+            pieces.push(self.piece(s, d, start, take));
             pos = start + take;
             self.advance(take);
             if cut {
@@ -254,7 +264,7 @@ impl Planner {
     }
 
     fn direct_op(&self, pieces: &[Piece]) -> Op {
-        let ops = coalesce(pieces.iter().map(|p| CopyOp { dst: p.dst, src: p.src, len: p.len }));
+        let ops = coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))));
         let device = |kind| Op::DeviceCopy { kind, ops: ops.clone(), host_is_bounce: false, after: self.after };
         match (self.src.kind(), self.dst.kind()) {
             (StorageKind::Device, StorageKind::Device) => device(CopyKind::DeviceToDevice),
@@ -266,7 +276,7 @@ impl Planner {
 
     /// Source → slot.
     fn fill_op(&self, pieces: &[Piece], slot: u64) -> Op {
-        let to_slot = || coalesce(pieces.iter().map(|p| CopyOp { dst: slot + p.slot_off, src: p.src, len: p.len }));
+        let to_slot = || coalesce(pieces.iter().map(|p| (CopyOp { dst: slot + p.slot_off, src: p.src, len: p.len }, (p.src_base, 0))));
         match self.src.kind() {
             StorageKind::Disk => Op::ReadDisk {
                 file: self.src.clone(),
@@ -282,7 +292,7 @@ impl Planner {
 
     /// Slot → destination.
     fn drain_op(&self, pieces: &[Piece], slot: u64) -> Op {
-        let from_slot = || coalesce(pieces.iter().map(|p| CopyOp { dst: p.dst, src: slot + p.slot_off, len: p.len }));
+        let from_slot = || coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: slot + p.slot_off, len: p.len }, (0, p.dst_base))));
         match self.dst.kind() {
             StorageKind::Disk => Op::WriteDisk {
                 file: self.dst.clone(),
@@ -337,13 +347,46 @@ impl Planner {
 }
 
 /// Merges copies that are contiguous on both sides.
-fn coalesce(ops: impl Iterator<Item = CopyOp>) -> Vec<CopyOp> {
+/// Merges copies that are contiguous on both sides and lie in the same allocations
+/// (`key`: source and destination base).
+fn coalesce(ops: impl Iterator<Item = (CopyOp, (u32, u32))>) -> Vec<CopyOp> {
     let mut out: Vec<CopyOp> = Vec::new();
-    for op in ops {
+    let mut last_key = None;
+    for (op, key) in ops {
         match out.last_mut() {
-            Some(l) if l.src + l.len == op.src && l.dst + l.len == op.dst => l.len += op.len,
+            Some(l) if last_key == Some(key) && l.src + l.len == op.src && l.dst + l.len == op.dst => l.len += op.len,
             _ => out.push(op),
         }
+        last_key = Some(key);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{Emulated, Gpu};
+    use crate::layout::{segments, LayoutConfig, LayoutKind};
+
+    /// Two layers whose allocations touch (layer 1 starts where layer 0 ends) must still
+    /// be copied separately: CUDA refuses a copy that runs past an allocation's end.
+    #[test]
+    fn copies_never_span_two_allocations_even_when_they_touch() {
+        let gpu: Arc<dyn Gpu> = Arc::new(Emulated::default());
+        let cfg = LayoutConfig { num_blocks: 4, num_layers: 2, outer_dim: 2, page_size: 4, inner_dim: 8, dtype_bytes: 2 };
+        let g = cfg.validate().unwrap();
+        let kind = LayoutKind::LayerSeparate { block_first: true };
+        let per_layer = 4 * 2 * g.region_bytes;
+        let mut mem = vec![0u8; 4 * per_layer as usize];
+        let a = mem.as_mut_ptr() as u64;
+        let src = Arc::new(Layout::register_memory(1, &gpu, kind, g, StorageKind::Device, &[a, a + per_layer]).unwrap());
+        let dst = Arc::new(Layout::register_memory(1, &gpu, kind, g, StorageKind::Device, &[a + 2 * per_layer, a + 3 * per_layer]).unwrap());
+        let pairs: Vec<(u64, u64)> = (0..4).map(|b| (b, b)).collect();
+        let segs = segments(&src.placement, &dst.placement, &pairs, 0..2);
+        assert_eq!(segs.len(), 2, "one segment per layer");
+        let mut planner = Planner::new(src, dst, segs, 1 << 20, None);
+        let Some([Some(Op::DeviceCopy { ops, .. }), None]) = planner.next_chunk(0) else { panic!("one direct device copy") };
+        assert_eq!(ops.len(), 2, "{ops:?}");
+        assert!(ops.iter().all(|o| o.len == per_layer));
+    }
 }

@@ -24,6 +24,15 @@ mod tests {
     }
 
     #[test]
+    fn abi_version_matches_cargo_toml() {
+        let manifest = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+        let get = |k: &str| manifest.lines().find_map(|l| l.trim().strip_prefix(k)).and_then(|v| v.parse::<u32>().ok());
+        assert_eq!(get("abi_major = "), Some(super::types::KVX_ABI_MAJOR));
+        assert_eq!(get("abi_minor = "), Some(super::types::KVX_ABI_MINOR));
+        assert_eq!(env!("KVX_CARGO_ABI_MAJOR").parse::<u32>().unwrap(), super::types::KVX_ABI_MAJOR);
+    }
+
+    #[test]
     fn status_constants_match_the_rust_statuses() {
         use super::types::*;
         use crate::error::Status;

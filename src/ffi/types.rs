@@ -144,7 +144,9 @@ pub struct kvx_transfer_options {
     /// after the kernels that wrote the KV blocks and submit the offload without
     /// synchronising. Completion (callback, wait, poll) means every byte has arrived:
     /// device memory written by an onboarding transfer is ready for any stream then.
-    /// NULL: no wait. A non-NULL event on the emulated device is `KVX_ERR_INVALID_ARG`.
+    /// NULL: no wait. It must be a valid event of the engine's device (the driver cannot
+    /// check arbitrary pointers); on the emulated device any non-NULL value is
+    /// `KVX_ERR_INVALID_ARG`.
     pub wait_event: *mut c_void,
 }
 

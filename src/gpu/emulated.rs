@@ -3,9 +3,27 @@
 use super::{CopyKind, CopyOp, Fence, Gpu};
 use crate::error::{bail, Result};
 use crate::memory::host::{map_anonymous, unmap};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
+/// Device allocations by start address, so copies are checked the way the CUDA driver
+/// checks them: a copy may not run past the end of the allocation it starts in.
 #[derive(Debug, Default)]
-pub struct Emulated;
+pub struct Emulated {
+    allocations: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl Emulated {
+    fn check_in_one_allocation(&self, addr: u64, len: u64) -> Result<()> {
+        let allocs = self.allocations.lock().unwrap();
+        if let Some((&start, &size)) = allocs.range(..=addr).next_back() {
+            if addr < start + size && addr + len > start + size {
+                bail!(Cuda, "copy of {len} bytes at {addr:#x} runs past the end of its device allocation (a GPU would refuse it)");
+            }
+        }
+        Ok(())
+    }
+}
 
 impl Gpu for Emulated {
     fn ordinal(&self) -> i32 {
@@ -17,10 +35,13 @@ impl Gpu for Emulated {
     }
 
     fn alloc_device(&self, bytes: u64) -> Result<u64> {
-        Ok(map_anonymous(bytes)? as u64)
+        let addr = map_anonymous(bytes)? as u64;
+        self.allocations.lock().unwrap().insert(addr, bytes);
+        Ok(addr)
     }
 
     unsafe fn free_device(&self, addr: u64, bytes: u64) {
+        self.allocations.lock().unwrap().remove(&addr);
         unmap(addr as *mut u8, bytes)
     }
 
@@ -61,7 +82,15 @@ impl Gpu for Emulated {
 
     fn release_event(&self, _event: u64) {}
 
-    fn copy(&self, _kind: CopyKind, ops: &[CopyOp], _slot: u32, _host_is_bounce: bool, _after: Option<u64>) -> Result<Fence> {
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host_is_bounce: bool, _after: Option<u64>) -> Result<Fence> {
+        for op in ops {
+            if kind != CopyKind::HostToDevice {
+                self.check_in_one_allocation(op.src, op.len)?;
+            }
+            if kind != CopyKind::DeviceToHost {
+                self.check_in_one_allocation(op.dst, op.len)?;
+            }
+        }
         for op in ops {
             // SAFETY: the planner only emits ops inside validated layouts and bounce slots,
             // and a slot or region is owned by exactly one stage at a time.

@@ -13,12 +13,12 @@ pub const DEVICE_EMULATED: i32 = -1;
 /// falls back.
 pub fn open_device(device: i32) -> Result<Arc<dyn Gpu>> {
     match device {
-        DEVICE_EMULATED => Ok(Arc::new(Emulated)),
+        DEVICE_EMULATED => Ok(Arc::new(Emulated::default())),
         DEVICE_AUTO => match CudaGpu::open(0) {
             Ok(g) => Ok(Arc::new(g)),
             Err(e) => {
                 log::info!("no usable CUDA device ({}); using the emulated device", e.message);
-                Ok(Arc::new(Emulated))
+                Ok(Arc::new(Emulated::default()))
             }
         },
         d if d >= 0 => Ok(Arc::new(CudaGpu::open(d)?)),

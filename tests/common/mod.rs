@@ -139,7 +139,13 @@ pub fn region_pattern(seed: u64, b: u64, l: u64, o: u64, n: u64) -> Vec<u8> {
 /// Runs a transfer to completion and returns its status.
 pub fn transfer(e: &Engine, src: &Arc<Layout>, sb: &[u64], dst: &Arc<Layout>, db: &[u64], opts: &TransferOptions) -> Status {
     let r = e.submit(src, sb, dst, db, opts).expect("submit");
-    r.wait(Some(Duration::from_secs(60)))
+    let s = r.wait(Some(Duration::from_secs(60)));
+    if s != Status::Ok {
+        // Straight to stderr so the reason shows next to the failed assertion.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "transfer ended {s:?}: {}", r.error_message().to_string_lossy());
+    }
+    s
 }
 
 /// Checks that every region of `dst` equals what the mapping says: moved regions come
