@@ -9,8 +9,12 @@ LIB := target/release/libkvxfer.so
 CBUILD := tests/c/build
 TEST_DIR ?= $(CURDIR)/target/test-files
 export KVX_TEST_DIR := $(TEST_DIR)
+PREFIX ?= /usr/local
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
+ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
 
-.PHONY: all build bench test rust-test c-test valgrind-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test rust-test c-test valgrind-test asan-test abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
@@ -18,7 +22,7 @@ all: build
 # stop with the exact command to run.
 tools:
 	@missing=""; \
-	for t in $(CC):gcc $(CXX):g++ nm:binutils make:make valgrind:valgrind; do \
+	for t in $(CC):gcc $(CXX):g++ nm:binutils make:make valgrind:valgrind cmake:cmake pkg-config:pkg-config; do \
 	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t##*:}"; \
 	done; \
 	command -v $(CARGO) >/dev/null 2>&1 || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }; \
@@ -39,7 +43,7 @@ bench: build
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test header-test exports-test bench-smoke
+test: build rust-test c-test valgrind-test asan-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR)
@@ -51,11 +55,60 @@ $(TEST_DIR):
 $(CBUILD):
 	mkdir -p $@
 
-# The C program against the header and the cdylib, strict warnings.
+# The C program against the header and the cdylib, strict warnings. Cargo.toml's
+# version and ABI are passed in so the test checks the header and library agree with them.
+C_TEST_FLAGS := -std=c11 -Wall -Wextra -Werror -g -Iinclude -DCARGO_VERSION='"$(VERSION)"' \
+  -DCARGO_ABI_MAJOR=$(ABI_MAJOR) -DCARGO_ABI_MINOR=$(ABI_MINOR)
+C_TEST_LIBS := -Ltarget/release -Wl,-rpath,$(CURDIR)/target/release -lkvxfer
 c-test: build $(CBUILD) $(TEST_DIR)
-	$(CC) -std=c11 -Wall -Wextra -Werror -g -Iinclude tests/c/test_abi.c -o $(CBUILD)/test_abi \
-	  -Ltarget/release -Wl,-rpath,$(CURDIR)/target/release -lkvxfer
+	$(CC) $(C_TEST_FLAGS) tests/c/test_abi.c -o $(CBUILD)/test_abi $(C_TEST_LIBS)
 	$(CBUILD)/test_abi
+
+# The same program built with AddressSanitizer and UndefinedBehaviorSanitizer.
+asan-test: build $(CBUILD) $(TEST_DIR)
+	$(CC) $(C_TEST_FLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	  tests/c/test_abi.c -o $(CBUILD)/test_abi_asan $(C_TEST_LIBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 $(CBUILD)/test_abi_asan
+
+# sizeof/offsetof of every public struct: what C sees must be what Rust lays out.
+abi-layout-test: build $(CBUILD)
+	$(CARGO) run --release -q --example abi_layout > $(CBUILD)/abi_layout.h
+	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -I$(CBUILD) tests/c/abi_layout.c -o $(CBUILD)/abi_layout
+	$(CBUILD)/abi_layout
+
+# kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved.
+dlopen-test: build $(TEST_DIR)
+	./cpp_examples/dlopen_plugin $(CURDIR)/target/release/libkvxfer.so $(TEST_DIR)
+
+# Headers, the shared library (SONAME libkvxfer.so.$(ABI_MAJOR)), the static library, a
+# pkg-config file and a CMake package (find_package(kvxfer) → kvxfer::kvxfer) under PREFIX.
+install: build
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/kvxfer
+	install -m 644 include/kvxfer.h include/kvxfer.hpp $(DESTDIR)$(PREFIX)/include/
+	install -m 755 target/release/libkvxfer.so $(DESTDIR)$(PREFIX)/lib/libkvxfer.so.$(ABI_MAJOR)
+	ln -sf libkvxfer.so.$(ABI_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvxfer.so
+	install -m 644 target/release/libkvxfer.a $(DESTDIR)$(PREFIX)/lib/
+	for f in kvxfer.pc:pkgconfig/kvxfer.pc kvxferConfig.cmake:cmake/kvxfer/kvxferConfig.cmake \
+	         kvxferConfigVersion.cmake:cmake/kvxfer/kvxferConfigVersion.cmake; do \
+	  sed -e 's|@PREFIX@|$(PREFIX)|g; s|@VERSION@|$(VERSION)|g; s|@VERSION_MAJOR@|$(firstword $(subst ., ,$(VERSION)))|g' \
+	      -e 's|@ABI_MAJOR@|$(ABI_MAJOR)|g; s|@ABI@|$(ABI_MAJOR).$(ABI_MINOR)|g' \
+	      packaging/$${f%%:*}.in > $(DESTDIR)$(PREFIX)/lib/$${f##*:}; \
+	done
+
+# Installs into a temporary prefix and builds a small C++ consumer against it, once with
+# CMake's find_package and once with pkg-config, and runs both.
+INSTALL_TEST := $(CURDIR)/target/install-test
+install-test: build $(TEST_DIR)
+	rm -rf $(INSTALL_TEST)
+	$(MAKE) --no-print-directory install PREFIX=$(INSTALL_TEST)/prefix
+	cmake -S tests/consumer -B $(INSTALL_TEST)/cmake -DCMAKE_PREFIX_PATH=$(INSTALL_TEST)/prefix -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(INSTALL_TEST)/cmake >/dev/null
+	$(INSTALL_TEST)/cmake/consumer $(TEST_DIR)
+	$(CXX) -std=c++17 -Wall -Wextra -Werror tests/consumer/main.cpp -o $(INSTALL_TEST)/consumer-pc \
+	  $$(PKG_CONFIG_PATH=$(INSTALL_TEST)/prefix/lib/pkgconfig pkg-config --cflags --libs kvxfer) \
+	  -Wl,-rpath,$(INSTALL_TEST)/prefix/lib
+	$(INSTALL_TEST)/consumer-pc $(TEST_DIR)
+	@echo "install-test: nm -D of the installed library:"; nm -D --defined-only $(INSTALL_TEST)/prefix/lib/libkvxfer.so.$(ABI_MAJOR) | awk '{print "  " $$3}' | tr '\n' ' '; echo
 
 # The same C program under memcheck: no errors, nothing definitely lost.
 valgrind-test: c-test

@@ -5,7 +5,7 @@
 //   ./cpp_examples/bench                       # Dynamo KVBM-like defaults
 //   ./cpp_examples/bench --num-blocks 86 --direction disk-to-device   # ~1 GiB, cold O_DIRECT
 //   ./cpp_examples/bench --help
-#include "kvxfer.h"
+#include "kvxfer.hpp"
 #include "cuda_raw.h"
 
 #include <fcntl.h>
@@ -37,7 +37,7 @@ struct Options {
   std::string layout = "contiguous", host_layout, direction = "all", device = "auto", dir = ".";
   uint32_t io_threads = 0;
   uint64_t bounce_bytes = 0, slot_bytes = 0;
-  bool buffered = false, verify = true, random_blocks = false;
+  bool buffered = false, verify = true, random_blocks = false, json = false;
 };
 
 [[noreturn]] void usage(int code) {
@@ -53,7 +53,8 @@ struct Options {
       "  --device auto|emulated|N (auto)   --dir PATH (.) where the disk file lives\n"
       "  --io-threads N  --bounce-bytes N  --slot-bytes N   (0 = library defaults)\n"
       "  --buffered      page-cache I/O instead of O_DIRECT (the file is then hot)\n"
-      "  --no-verify     skip the byte check after the timed runs\n");
+      "  --no-verify     skip the byte check after the timed runs\n"
+      "  --json          also print one JSON object per result line (for compare.py)\n");
   std::exit(code);
 }
 
@@ -84,6 +85,7 @@ Options parse(int argc, char **argv) {
     if (a == "--buffered") { o.buffered = true; continue; }
     if (a == "--no-verify") { o.verify = false; continue; }
     if (a == "--random-blocks") { o.random_blocks = true; continue; }
+    if (a == "--json") { o.json = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -97,13 +99,6 @@ Options parse(int argc, char **argv) {
     std::exit(2);
   }
   return o;
-}
-
-void check(kvx_status s, const char *what) {
-  if (s != KVX_OK) {
-    std::fprintf(stderr, "bench: %s failed: %s: %s\n", what, kvx_status_str(s), kvx_last_error());
-    std::exit(1);
-  }
 }
 
 double gbps(uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
@@ -121,12 +116,12 @@ struct Result {
 };
 
 struct Pending {
-  kvx_request *req;
+  kvx::Request req;
   Clock::time_point submitted;
 };
 
 // One timed pass: every batch submitted at once, then all waited for.
-Result run_pass(kvx_engine *e, kvx_layout *src, kvx_layout *dst, const Options &o) {
+Result run_pass(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const Options &o) {
   Result r;
   std::vector<Pending> pending;
   std::vector<uint64_t> order(o.num_blocks);
@@ -143,15 +138,12 @@ Result run_pass(kvx_engine *e, kvx_layout *src, kvx_layout *dst, const Options &
     ids.emplace_back(order.begin() + b, order.begin() + std::min(o.num_blocks, b + o.blocks_per_batch));
   auto t0 = Clock::now();
   for (auto &v : ids) {
-    kvx_request *req = nullptr;
     auto ts = Clock::now();
-    check(kvx_transfer_submit(e, src, v.data(), dst, v.data(), v.size(), nullptr, &req), "kvx_transfer_submit");
-    pending.push_back({req, ts});
+    pending.push_back({e.submit(src, v, dst, v), ts});
   }
   for (auto &p : pending) {
-    check(kvx_request_wait(p.req, UINT64_MAX), "transfer");
+    p.req.wait();
     r.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - p.submitted).count());
-    kvx_request_release(p.req);
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
@@ -239,36 +231,37 @@ struct RawCopy {
 
 }  // namespace
 
+int run(const Options &o);
+
 int main(int argc, char **argv) {
   Options o = parse(argc, argv);
+  try {
+    return run(o);
+  } catch (const kvx::Error &err) {
+    std::fprintf(stderr, "bench: %s\n", err.what());
+    return 1;
+  }
+}
+
+int run(const Options &o) {
   kvx_engine_config ec;
   kvx_engine_config_init(&ec);
   ec.device = device_of(o.device);
   ec.io_threads = o.io_threads;
   ec.bounce_bytes = o.bounce_bytes;
   ec.slot_bytes = o.slot_bytes;
-  kvx_engine *e = nullptr;
-  check(kvx_engine_create(&ec, &e), "kvx_engine_create");
-  int32_t dev = 0;
-  check(kvx_engine_device(e, &dev), "kvx_engine_device");
+  kvx::Engine e(&ec);
+  const int32_t dev = e.device();
 
-  kvx_layout_config lc;
-  kvx_layout_config_init(&lc);
-  lc.kind = layout_kind(o.layout);
-  lc.num_blocks = o.num_blocks;
-  lc.num_layers = o.num_layers;
-  lc.outer_dim = o.outer_dim;
-  lc.page_size = o.page_size;
-  lc.inner_dim = o.inner_dim;
-  lc.dtype_bytes = o.dtype_bytes;
-  kvx_layout *device = nullptr, *host = nullptr, *disk = nullptr, *check_host = nullptr;
-  check(kvx_layout_create_device(e, &lc, &device), "kvx_layout_create_device");
+  const kvx_layout_config lc = kvx::layout_config(layout_kind(o.layout), o.num_blocks, o.num_layers, o.outer_dim,
+                                                  o.page_size, o.inner_dim, o.dtype_bytes);
   kvx_layout_config hc = lc;
   hc.kind = layout_kind(o.host_layout);
-  check(kvx_layout_create_host(e, &hc, KVX_HOST_PINNED, &host), "kvx_layout_create_host");
-  check(kvx_layout_create_host(e, &hc, KVX_HOST_PINNED, &check_host), "kvx_layout_create_host");
-  uint64_t block_bytes = 0;
-  check(kvx_layout_block_bytes(device, &block_bytes), "kvx_layout_block_bytes");
+  kvx::Layout device = e.create_device_layout(lc);
+  kvx::Layout host = e.create_host_layout(hc, KVX_HOST_PINNED);
+  kvx::Layout check_host(nullptr), disk(nullptr);
+  if (o.verify || o.direction == "all" || o.direction == "device-to-host") check_host = e.create_host_layout(hc, KVX_HOST_PINNED);
+  const uint64_t block_bytes = device.block_bytes();
   const uint64_t total = block_bytes * o.num_blocks;
   const uint32_t dev_nbases = lc.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o.num_layers;
   const uint32_t nbases = hc.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o.num_layers;
@@ -281,8 +274,7 @@ int main(int argc, char **argv) {
   if (want_disk) {
     kvx_layout_config dc = lc;
     dc.kind = KVX_LAYOUT_FULLY_CONTIGUOUS;
-    uint32_t dflags = KVX_DISK_CREATE | (o.buffered ? KVX_DISK_BUFFERED : 0);
-    check(kvx_layout_create_disk(e, &dc, path.c_str(), dflags, &disk), "kvx_layout_create_disk");
+    disk = e.create_disk_layout(dc, path, KVX_DISK_CREATE | (o.buffered ? KVX_DISK_BUFFERED : 0));
     struct stat st {};
     ::stat(path.c_str(), &st);
     file_bytes = (uint64_t)st.st_size;
@@ -302,14 +294,9 @@ int main(int argc, char **argv) {
   raw.dev_base_bytes = total / dev_nbases;
   raw.total = total;
   raw.region_bytes = o.page_size * o.inner_dim * o.dtype_bytes;
-  for (uint32_t l = 0; l < dev_nbases; l++) {
-    uint64_t d = 0;
-    check(kvx_layout_base(device, l, &d), "kvx_layout_base");
-    raw.dev_bases.push_back(d);
-  }
+  for (uint32_t l = 0; l < dev_nbases; l++) raw.dev_bases.push_back(device.base(l));
   for (uint32_t l = 0; l < nbases; l++) {
-    uint64_t h = 0;
-    check(kvx_layout_base(host, l, &h), "kvx_layout_base");
+    uint64_t h = host.base(l);
     raw.host_bases.push_back(h);
     auto *p = reinterpret_cast<uint64_t *>(h);
     for (uint64_t i = 0; i < base_bytes / 8; i++) p[i] = (i * 0x9E3779B97F4A7C15ull) ^ l;
@@ -334,7 +321,7 @@ int main(int argc, char **argv) {
 
   struct Dir {
     const char *name;
-    kvx_layout *src, *dst;
+    const kvx::Layout &src, &dst;
     enum { DISK_WRITE, DISK_READ, H2D, D2H } kind;
   };
   std::vector<Dir> dirs;
@@ -385,6 +372,13 @@ int main(int argc, char **argv) {
     }
     std::printf("%-16s %10.2f %9.2f %9.2f %12.2f %10.1f%%  %s\n", d.name, kvx, percentile(lat, 0.5), percentile(lat, 0.99), limit,
                 limit > 0 ? 100.0 * kvx / limit : 0.0, how);
+    if (o.json)
+      std::printf("{\"system\": \"kvxfer\", \"direction\": \"%s\", \"layout\": \"%s\", \"blocks_per_batch\": %llu, "
+                  "\"num_blocks\": %llu, \"block_bytes\": %llu, \"gbps\": %.3f, \"limit_gbps\": %.3f, \"p50_ms\": %.3f, "
+                  "\"p99_ms\": %.3f, \"loop_gbps\": %.3f}\n",
+                  d.name, o.layout.c_str(), (unsigned long long)o.blocks_per_batch, (unsigned long long)o.num_blocks,
+                  (unsigned long long)block_bytes, kvx, limit, percentile(lat, 0.5), percentile(lat, 0.99),
+                  loop_s > 0 ? gbps(bytes, loop_s) : 0.0);
     if (loop_s > 0)
       std::printf("%-16s %10.2f %9s %9s %12s %11s  naive: one %s per %.1f KiB region (kvxfer: %.2fx)\n", "  per-region loop",
                   gbps(bytes, loop_s), "", "", "", "", dev >= 0 ? "cuMemcpyAsync" : "memcpy", raw.region_bytes / 1024.0,
@@ -407,9 +401,7 @@ int main(int argc, char **argv) {
       run_pass(e, device, check_host, o);
     }
     for (uint32_t l = 0; l < nbases && rc == 0; l++) {
-      uint64_t a = 0, b = 0;
-      check(kvx_layout_base(host, l, &a), "kvx_layout_base");
-      check(kvx_layout_base(check_host, l, &b), "kvx_layout_base");
+      uint64_t a = host.base(l), b = check_host.base(l);
       if (std::memcmp(reinterpret_cast<void *>(a), reinterpret_cast<void *>(b), base_bytes) != 0) {
         std::fprintf(stderr, "bench: VERIFY FAILED: bytes read back differ from those written (base %u)\n", l);
         rc = 1;
@@ -417,10 +409,5 @@ int main(int argc, char **argv) {
     }
     if (rc == 0) std::printf("verify: every byte read back matches what was written\n");
   }
-  kvx_layout_destroy(disk);
-  kvx_layout_destroy(device);
-  kvx_layout_destroy(host);
-  kvx_layout_destroy(check_host);
-  kvx_engine_destroy(e);
   return rc;
 }

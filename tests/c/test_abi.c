@@ -215,6 +215,14 @@ static void versions_and_table(void) {
   char abi[32];
   snprintf(abi, sizeof abi, "abi %d.%d ", KVX_ABI_MAJOR, KVX_ABI_MINOR);
   EXPECT(strstr(kvx_version_string(), abi) != NULL, "version string %s lacks %s", kvx_version_string(), abi);
+#ifdef CARGO_VERSION
+  /* Cargo.toml is the one source of the versions (the Makefile passes them in). */
+  EXPECT(KVX_ABI_MAJOR == CARGO_ABI_MAJOR && KVX_ABI_MINOR == CARGO_ABI_MINOR, "header ABI %d.%d, Cargo.toml %d.%d",
+         KVX_ABI_MAJOR, KVX_ABI_MINOR, CARGO_ABI_MAJOR, CARGO_ABI_MINOR);
+  char pkg[64];
+  snprintf(pkg, sizeof pkg, "kvxfer %s ", CARGO_VERSION);
+  EXPECT(strncmp(kvx_version_string(), pkg, strlen(pkg)) == 0, "version string %s does not start with %s", kvx_version_string(), pkg);
+#endif
   EXPECT(strcmp(kvx_status_str(KVX_ERR_IO), "KVX_ERR_IO") == 0, "status_str");
   EXPECT(strcmp(kvx_status_str(KVX_OK), "KVX_OK") == 0, "status_str OK");
   EXPECT(strcmp(kvx_status_str(999), "KVX_UNKNOWN_STATUS") == 0, "status_str unknown");

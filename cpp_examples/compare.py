@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""kvxfer against its peers on the same disk->device workload, in one run.
+
+Runs on a GPU machine: ./cpp_examples/bench (kvxfer), KvikIO (`kvikio-cu13`, compat mode,
+1/16/64 threads, each block -- or each region for layer-separate layouts -- read straight
+into its place in a device array) and a naive baseline (pread into pinned memory, one
+cudaMemcpy per block), for several blocks-per-batch values. Writes a Markdown table and a
+PNG plot (GB/s against blocks per batch, one line per system).
+
+  python3 cpp_examples/compare.py --dir /dev/shm --out results   # file on tmpfs (hot)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
+    p.add_argument("--dir", default="/dev/shm", help="where the files live")
+    p.add_argument("--out", default=".", help="folder for compare.md and compare.png")
+    p.add_argument("--num-blocks", type=int, default=683, help="683 x 12.58 MB = 8.6 GB")
+    p.add_argument("--num-layers", type=int, default=24)
+    p.add_argument("--inner-dim", type=int, default=4096)
+    p.add_argument("--page-size", type=int, default=32)
+    p.add_argument("--layout", default="contiguous", choices=["contiguous", "layer-block-first"])
+    p.add_argument("--batches", default="1,4,16,64")
+    p.add_argument("--kvikio-threads", default="1,16,64")
+    p.add_argument("--iterations", type=int, default=2)
+    p.add_argument("--device", default="0")
+    return p.parse_args()
+
+
+def timed(fn, iterations):
+    fn()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        fn()
+    return (time.perf_counter() - t0) / iterations
+
+
+def kvxfer_runs(a, batches):
+    rows = []
+    for b in batches:
+        cmd = [a.bench, "--device", a.device, "--direction", "disk-to-device", "--dir", a.dir, "--buffered",
+               "--num-blocks", str(a.num_blocks), "--blocks-per-batch", str(b), "--num-layers", str(a.num_layers),
+               "--inner-dim", str(a.inner_dim), "--page-size", str(a.page_size), "--layout", a.layout,
+               "--iterations", str(a.iterations), "--json", "--no-verify"]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        r = [json.loads(l) for l in out.splitlines() if l.startswith("{")][0]
+        rows.append(("kvxfer", "-", b, r["gbps"], r["limit_gbps"]))
+        print(f"kvxfer            batch {b:3}: {r['gbps']:6.2f} GB/s (limit {r['limit_gbps']:.2f})", flush=True)
+    return rows
+
+
+def peer_runs(a, batches):
+    import cupy as cp
+    os.environ["KVIKIO_COMPAT_MODE"] = "ON"
+    import kvikio
+    import kvikio.defaults
+
+    region = a.page_size * a.inner_dim * 2
+    block = a.num_layers * 2 * region
+    total = block * a.num_blocks
+    path = os.path.join(a.dir, f"kvx-compare-{os.getpid()}.kv")
+    data = np.random.default_rng(1).integers(0, 255, size=total, dtype=np.uint8)
+    data.tofile(path)
+    del data
+    dev = cp.empty(total, dtype=cp.uint8)  # the device KV pool
+    # Where each (file offset, length) lands on the device: block by block for a
+    # contiguous pool, region by region for a layer-separate one ([layer][block][2][region]).
+    if a.layout == "contiguous":
+        pieces = [[(bi * block, bi * block, block)] for bi in range(a.num_blocks)]
+    else:
+        per_layer = a.num_blocks * 2 * region
+        pieces = [[(bi * block + (l * 2 + o) * region, l * per_layer + (bi * 2 + o) * region, region)
+                   for l in range(a.num_layers) for o in range(2)] for bi in range(a.num_blocks)]
+    rows = []
+    try:
+        for threads in [int(t) for t in a.kvikio_threads.split(",")]:
+            try:
+                kvikio.defaults.set("num_threads", threads)
+            except (AttributeError, TypeError):
+                kvikio.defaults.num_threads_reset(threads)
+            with kvikio.CuFile(path, "r") as f:
+                for b in batches:
+                    def run():
+                        for start in range(0, a.num_blocks, b):
+                            futs = [f.pread(dev[d:d + n], n, off) for bi in range(start, min(a.num_blocks, start + b))
+                                    for (off, d, n) in pieces[bi]]
+                            for fu in futs:
+                                fu.get()
+                    g = total / timed(run, a.iterations) / 1e9
+                    rows.append(("KvikIO", str(threads), b, g, None))
+                    print(f"KvikIO {threads:2} threads batch {b:3}: {g:6.2f} GB/s", flush=True)
+        pinned = cp.cuda.alloc_pinned_memory(block)
+        host = np.frombuffer(pinned, dtype=np.uint8, count=block)
+        fd = os.open(path, os.O_RDONLY)
+        for b in batches:
+            def naive():
+                for bi in range(a.num_blocks):
+                    os.preadv(fd, [host], bi * block)
+                    for (off, d, n) in pieces[bi]:
+                        lo = off - bi * block
+                        cp.cuda.runtime.memcpy(dev.data.ptr + d, host.ctypes.data + lo, n, 1)  # cudaMemcpyHostToDevice
+            g = total / timed(naive, a.iterations) / 1e9
+            rows.append(("naive pread + cudaMemcpy", "1", b, g, None))
+            print(f"naive             batch {b:3}: {g:6.2f} GB/s", flush=True)
+        os.close(fd)
+    finally:
+        os.unlink(path)
+    return rows
+
+
+def report(a, rows):
+    os.makedirs(a.out, exist_ok=True)
+    best_kvikio = {}
+    for s, t, b, g, _ in rows:
+        if s == "KvikIO":
+            best_kvikio[b] = max(best_kvikio.get(b, 0), g)
+    md = [f"# disk -> device, {a.layout}, {a.num_blocks} blocks x {a.num_layers * 2 * a.page_size * a.inner_dim * 2 / 1e6:.2f} MB, "
+          f"file in {a.dir} (hot)", "", "| system | threads | blocks/batch | GB/s | x best KvikIO | limit GB/s |",
+          "|---|---|---|---|---|---|"]
+    for s, t, b, g, lim in rows:
+        ratio = f"{g / best_kvikio[b]:.2f}" if b in best_kvikio else ""
+        md.append(f"| {s} | {t} | {b} | {g:.2f} | {ratio} | {'' if lim is None else f'{lim:.2f}'} |")
+    with open(os.path.join(a.out, "compare.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key in sorted({(s, t) for s, t, *_ in rows}):
+        pts = sorted((b, g) for s, t, b, g, _ in rows if (s, t) == key)
+        label = key[0] if key[1] in ("-", "1") and key[0] != "KvikIO" else f"{key[0]} ({key[1]} threads)"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("blocks per batch")
+    ax.set_ylabel("GB/s (1e9 B/s)")
+    ax.set_title(f"disk -> device, {a.layout} layout, hot file")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "compare.png"), dpi=120)
+
+
+def main():
+    a = parse()
+    batches = [int(b) for b in a.batches.split(",")]
+    rows = kvxfer_runs(a, batches) + peer_runs(a, batches)
+    report(a, rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

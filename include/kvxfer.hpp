@@ -1,0 +1,159 @@
+// kvxfer.hpp — header-only C++17 wrapper over the C ABI in kvxfer.h.
+//
+// Ownership: kvx::Engine, kvx::Layout and kvx::Request own their handle (std::unique_ptr
+// with the C destroy/release function) and are move-only.
+// Errors: every failing call throws kvx::Error, which carries the kvx_status and the
+// library's message (kvx_last_error() or the request's own). The one exception to
+// throwing is Request::wait_for(), which returns the status so callers can poll and
+// handle KVX_ERR_TIMEOUT without exceptions.
+// Threads: as in C, every call is thread-safe; a Request may be waited on from any thread.
+#ifndef KVXFER_HPP
+#define KVXFER_HPP
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvxfer.h"
+
+namespace kvx {
+
+class Error : public std::runtime_error {
+ public:
+  Error(kvx_status status, const std::string &what)
+      : std::runtime_error(std::string(kvx_status_str(status)) + ": " + what), status_(status) {}
+  kvx_status status() const noexcept { return status_; }
+
+ private:
+  kvx_status status_;
+};
+
+// Throws kvx::Error unless `s` is KVX_OK, with this thread's last error as the message.
+inline void check(kvx_status s) {
+  if (s != KVX_OK) throw Error(s, kvx_last_error());
+}
+
+namespace detail {
+struct EngineDelete { void operator()(kvx_engine *e) const noexcept { kvx_engine_destroy(e); } };
+struct LayoutDelete { void operator()(kvx_layout *l) const noexcept { kvx_layout_destroy(l); } };
+struct RequestDelete { void operator()(kvx_request *r) const noexcept { kvx_request_release(r); } };
+}  // namespace detail
+
+// A layout config with every field set; kind is a KVX_LAYOUT_* value.
+inline kvx_layout_config layout_config(uint32_t kind, uint64_t num_blocks, uint64_t num_layers, uint64_t outer_dim,
+                                       uint64_t page_size, uint64_t inner_dim, uint64_t dtype_bytes) {
+  kvx_layout_config c;
+  kvx_layout_config_init(&c);
+  c.kind = kind;
+  c.num_blocks = num_blocks;
+  c.num_layers = num_layers;
+  c.outer_dim = outer_dim;
+  c.page_size = page_size;
+  c.inner_dim = inner_dim;
+  c.dtype_bytes = dtype_bytes;
+  return c;
+}
+
+class Layout {
+ public:
+  explicit Layout(kvx_layout *l) : h_(l) {}
+  kvx_layout *get() const noexcept { return h_.get(); }
+  explicit operator bool() const noexcept { return h_ != nullptr; }
+  uint64_t block_bytes() const {
+    uint64_t v = 0;
+    check(kvx_layout_block_bytes(h_.get(), &v));
+    return v;
+  }
+  // Base address of one layer's allocation (layer 0 for fully contiguous).
+  uint64_t base(uint64_t layer = 0) const {
+    uint64_t v = 0;
+    check(kvx_layout_base(h_.get(), layer, &v));
+    return v;
+  }
+
+ private:
+  std::unique_ptr<kvx_layout, detail::LayoutDelete> h_;
+};
+
+class Request {
+ public:
+  explicit Request(kvx_request *r) : h_(r) {}
+  kvx_request *get() const noexcept { return h_.get(); }
+  // Waits for completion; throws kvx::Error if the transfer failed or was cancelled.
+  void wait() const {
+    kvx_status s = kvx_request_wait(h_.get(), UINT64_MAX);
+    if (s != KVX_OK) throw Error(s, kvx_request_error(h_.get()));
+  }
+  // Waits up to `timeout_ns`; the final status, or KVX_ERR_TIMEOUT. Never throws.
+  kvx_status wait_for(uint64_t timeout_ns) const noexcept { return kvx_request_wait(h_.get(), timeout_ns); }
+  kvx_status poll() const noexcept { return kvx_request_poll(h_.get()); }
+  void cancel() const { check(kvx_request_cancel(h_.get())); }
+  std::string error() const { return kvx_request_error(h_.get()); }
+
+ private:
+  std::unique_ptr<kvx_request, detail::RequestDelete> h_;
+};
+
+class Engine {
+ public:
+  // Defaults (automatic device) when `cfg` is null.
+  explicit Engine(const kvx_engine_config *cfg = nullptr) {
+    kvx_engine *e = nullptr;
+    check(kvx_engine_create(cfg, &e));
+    h_.reset(e);
+  }
+  kvx_engine *get() const noexcept { return h_.get(); }
+  // CUDA ordinal, or -1 for the emulated device.
+  int32_t device() const {
+    int32_t d = 0;
+    check(kvx_engine_device(h_.get(), &d));
+    return d;
+  }
+  kvx_stats stats() const {
+    kvx_stats s{};
+    s.struct_size = sizeof s;
+    check(kvx_engine_stats(h_.get(), &s));
+    return s;
+  }
+  Layout create_device_layout(const kvx_layout_config &c) {
+    return make([&](kvx_layout **out) { return kvx_layout_create_device(h_.get(), &c, out); });
+  }
+  Layout create_host_layout(const kvx_layout_config &c, uint32_t flags = KVX_HOST_PINNED) {
+    return make([&](kvx_layout **out) { return kvx_layout_create_host(h_.get(), &c, flags, out); });
+  }
+  Layout create_disk_layout(const kvx_layout_config &c, const std::string &path, uint32_t flags = KVX_DISK_CREATE) {
+    return make([&](kvx_layout **out) { return kvx_layout_create_disk(h_.get(), &c, path.c_str(), flags, out); });
+  }
+  Layout register_device_layout(const kvx_layout_config &c, const std::vector<uint64_t> &bases) {
+    return make([&](kvx_layout **out) { return kvx_layout_register_device(h_.get(), &c, bases.data(), bases.size(), out); });
+  }
+  Layout register_host_layout(const kvx_layout_config &c, const std::vector<void *> &bases, uint32_t flags = 0) {
+    return make(
+        [&](kvx_layout **out) { return kvx_layout_register_host(h_.get(), &c, bases.data(), bases.size(), flags, out); });
+  }
+  // Submits src_blocks[i] -> dst_blocks[i]; `opts` may be null (all layers, no callback).
+  Request submit(const Layout &src, const std::vector<uint64_t> &src_blocks, const Layout &dst,
+                 const std::vector<uint64_t> &dst_blocks, const kvx_transfer_options *opts = nullptr) {
+    if (src_blocks.size() != dst_blocks.size())
+      throw Error(KVX_ERR_INVALID_ARG, "src_blocks and dst_blocks differ in length");
+    kvx_request *r = nullptr;
+    check(kvx_transfer_submit(h_.get(), src.get(), src_blocks.data(), dst.get(), dst_blocks.data(), src_blocks.size(),
+                              opts, &r));
+    return Request(r);
+  }
+
+ private:
+  template <class F>
+  static Layout make(F create) {
+    kvx_layout *l = nullptr;
+    check(create(&l));
+    return Layout(l);
+  }
+  std::unique_ptr<kvx_engine, detail::EngineDelete> h_;
+};
+
+}  // namespace kvx
+
+#endif  // KVXFER_HPP
