@@ -35,9 +35,9 @@ struct Options {
   uint64_t num_blocks = 16, blocks_per_batch = 4;
   int iterations = 5, warmup = 1;
   std::string layout = "contiguous", host_layout, direction = "all", device = "auto", dir = ".";
-  uint32_t io_threads = 0;
+  uint32_t io_threads = 0, io_backend = KVX_IO_AUTO;
   uint64_t bounce_bytes = 0, slot_bytes = 0;
-  bool buffered = false, verify = true, random_blocks = false, json = false;
+  bool buffered = false, verify = true, random_blocks = false, json = false, cold = false;
 };
 
 [[noreturn]] void usage(int code) {
@@ -52,10 +52,36 @@ struct Options {
       "  --direction disk-to-device|device-to-disk|host-to-device|device-to-host|all (all)\n"
       "  --device auto|emulated|N (auto)   --dir PATH (.) where the disk file lives\n"
       "  --io-threads N  --bounce-bytes N  --slot-bytes N   (0 = library defaults)\n"
+      "  --io-backend auto|posix|uring|nixl|gds (auto)\n"
+      "  --cold          drop the page cache before every timed pass (needs root; says why not)\n"
       "  --buffered      page-cache I/O instead of O_DIRECT (the file is then hot)\n"
       "  --no-verify     skip the byte check after the timed runs\n"
       "  --json          also print one JSON object per result line (for compare.py)\n");
   std::exit(code);
+}
+
+uint32_t io_backend_of(const std::string &s) {
+  if (s == "auto") return KVX_IO_AUTO;
+  if (s == "posix") return KVX_IO_POSIX;
+  if (s == "uring") return KVX_IO_URING;
+  if (s == "nixl") return KVX_IO_NIXL;
+  if (s == "gds") return KVX_IO_GDS;
+  std::fprintf(stderr, "bench: unknown --io-backend %s\n", s.c_str());
+  std::exit(2);
+}
+
+// Empties the page cache so the next pass reads from the device. Returns false (and says
+// why, once) when that is not possible.
+bool drop_page_cache() {
+  static bool warned = false;
+  ::sync();
+  FILE *f = std::fopen("/proc/sys/vm/drop_caches", "w");
+  if (f && std::fputs("3", f) >= 0 && std::fclose(f) == 0) return true;
+  if (f) std::fclose(f);
+  if (!warned) std::fprintf(stderr, "bench: --cold: cannot drop the page cache (%s); passes may be warm\n",
+                            geteuid() == 0 ? "writing /proc/sys/vm/drop_caches failed" : "not root");
+  warned = true;
+  return false;
 }
 
 Options parse(int argc, char **argv) {
@@ -76,6 +102,7 @@ Options parse(int argc, char **argv) {
       {"--device", [&](const char *v) { o.device = v; }},
       {"--dir", [&](const char *v) { o.dir = v; }},
       {"--io-threads", [&](const char *v) { o.io_threads = (uint32_t)std::strtoul(v, nullptr, 0); }},
+      {"--io-backend", [&](const char *v) { o.io_backend = io_backend_of(v); }},
       {"--bounce-bytes", [&](const char *v) { o.bounce_bytes = std::strtoull(v, nullptr, 0); }},
       {"--slot-bytes", [&](const char *v) { o.slot_bytes = std::strtoull(v, nullptr, 0); }},
   };
@@ -86,6 +113,7 @@ Options parse(int argc, char **argv) {
     if (a == "--no-verify") { o.verify = false; continue; }
     if (a == "--random-blocks") { o.random_blocks = true; continue; }
     if (a == "--json") { o.json = true; continue; }
+    if (a == "--cold") { o.cold = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -248,6 +276,7 @@ int run(const Options &o) {
   kvx_engine_config_init(&ec);
   ec.device = device_of(o.device);
   ec.io_threads = o.io_threads;
+  ec.io_backend = o.io_backend;
   ec.bounce_bytes = o.bounce_bytes;
   ec.slot_bytes = o.slot_bytes;
   kvx::Engine e(&ec);
@@ -354,7 +383,11 @@ int run(const Options &o) {
     }
     double kvx_s = 0, limit_s = 0, link_s = 0, loop_s = 0;
     std::vector<double> lat;
+    const kvx_stats before = e.stats();
+    const bool tty = isatty(STDOUT_FILENO);
     for (int i = 0; i < o.iterations; i++) {
+      if (tty) std::printf("\r%-16s pass %d/%d ...", d.name, i + 1, o.iterations), std::fflush(stdout);
+      if (o.cold && is_disk) drop_page_cache();
       Result r = run_pass(e, d.src, d.dst, o);
       kvx_s += r.seconds;
       lat.insert(lat.end(), r.batch_ms.begin(), r.batch_ms.end());
@@ -362,6 +395,8 @@ int run(const Options &o) {
       if (is_disk) link_s += raw.pass(h2d, false);
       if (!is_disk && per_region) loop_s += raw.pass(h2d, true);
     }
+    if (tty) std::printf("\r%60s\r", "");
+    const kvx_stats after = e.stats();
     uint64_t bytes = total * o.iterations;
     double kvx = gbps(bytes, kvx_s), limit = gbps(bytes, limit_s);
     const char *how = is_disk ? (o.buffered ? "raw buffered file I/O" : "raw O_DIRECT file I/O")
@@ -372,6 +407,13 @@ int run(const Options &o) {
     }
     std::printf("%-16s %10.2f %9.2f %9.2f %12.2f %10.1f%%  %s\n", d.name, kvx, percentile(lat, 0.5), percentile(lat, 0.99), limit,
                 limit > 0 ? 100.0 * kvx / limit : 0.0, how);
+    // Where the time went: each stage's busy time over the wall time of kvxfer's passes
+    // (above 100% means several threads were busy at once).
+    auto util = [&](uint64_t a, uint64_t b) { return 100.0 * (double)(b - a) / 1e9 / kvx_s; };
+    std::printf("%-16s stages busy: disk read %.0f%%, disk write %.0f%%, host memcpy %.0f%%, device copy %.0f%%, "
+                "waiting for a slot %.0f%%\n", "", util(before.disk_read_ns, after.disk_read_ns),
+                util(before.disk_write_ns, after.disk_write_ns), util(before.host_copy_ns, after.host_copy_ns),
+                util(before.device_copy_ns, after.device_copy_ns), util(before.slot_wait_ns, after.slot_wait_ns));
     if (o.json)
       std::printf("{\"system\": \"kvxfer\", \"direction\": \"%s\", \"layout\": \"%s\", \"blocks_per_batch\": %llu, "
                   "\"num_blocks\": %llu, \"block_bytes\": %llu, \"gbps\": %.3f, \"limit_gbps\": %.3f, \"p50_ms\": %.3f, "

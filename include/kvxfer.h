@@ -18,7 +18,7 @@
 
 #define KVX_ABI_MAJOR 1
 
-// 1.1: `kvx_transfer_options.wait_event`.
+// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`.
 #define KVX_ABI_MINOR 1
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -102,6 +102,15 @@ typedef struct kvx_stats {
   uint64_t bytes_disk_written;
   uint64_t bytes_host_to_device;
   uint64_t bytes_device_to_host;
+  // ABI 1.1: busy time per pipeline stage in nanoseconds, summed over the threads doing
+  // it — divide by wall time for a stage's utilisation. Disk reads, disk writes, host
+  // memcpy (pageable/pinned ↔ bounce slot), device copies from issue to completion,
+  // and time the dispatcher waited for a free bounce slot.
+  uint64_t disk_read_ns;
+  uint64_t disk_write_ns;
+  uint64_t host_copy_ns;
+  uint64_t device_copy_ns;
+  uint64_t slot_wait_ns;
 } kvx_stats;
 
 typedef struct kvx_layout_config {

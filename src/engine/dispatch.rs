@@ -5,6 +5,7 @@
 use super::bounce::BounceRing;
 use super::plan::Planner;
 use super::request::Request;
+use super::stats::Counters;
 use super::worker::{Chunk, Router};
 use crate::layout::segments;
 use crossbeam_channel::Receiver;
@@ -33,7 +34,9 @@ fn run(router: &Router, ring: &BounceRing, req: &Arc<Request>) {
     let segs = segments(&p.src.placement, &p.dst.placement, &p.pairs, p.layers);
     let mut planner = Planner::new(p.src, p.dst, segs, ring.slot_bytes(), p.after);
     loop {
+        let waiting = std::time::Instant::now();
         let slot = ring.acquire();
+        Counters::add_since(&router.counters.slot_wait_ns, waiting);
         if router.shutting_down() && !req.stopped() {
             req.cancel_from_engine();
         }
@@ -48,7 +51,7 @@ fn run(router: &Router, ring: &BounceRing, req: &Arc<Request>) {
             }
             Some(stages) => {
                 req.chunk_issued();
-                router.advance(Chunk { req: req.clone(), slot, stages, next: 0 });
+                router.advance(Chunk { req: req.clone(), slot, stages, next: 0, issued: None });
             }
         }
     }

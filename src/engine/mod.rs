@@ -12,7 +12,7 @@ mod bounce;
 mod dispatch;
 mod plan;
 mod request;
-mod stats;
+pub mod stats;
 mod worker;
 
 pub use request::{Callback, CompletionFn, Request};

@@ -12,6 +12,12 @@ pub struct Counters {
     pub bytes_disk_written: AtomicU64,
     pub bytes_host_to_device: AtomicU64,
     pub bytes_device_to_host: AtomicU64,
+    /// Busy time per pipeline stage, summed over threads (see `Stats`).
+    pub disk_read_ns: AtomicU64,
+    pub disk_write_ns: AtomicU64,
+    pub host_copy_ns: AtomicU64,
+    pub device_copy_ns: AtomicU64,
+    pub slot_wait_ns: AtomicU64,
     /// Requests admitted and not yet complete (the `max_inflight` limit applies to it).
     pub inflight: AtomicU32,
 }
@@ -26,6 +32,16 @@ pub struct Stats {
     pub bytes_disk_written: u64,
     pub bytes_host_to_device: u64,
     pub bytes_device_to_host: u64,
+    /// Nanoseconds I/O workers spent in disk reads, summed over workers.
+    pub disk_read_ns: u64,
+    /// Nanoseconds I/O workers spent in disk writes, summed over workers.
+    pub disk_write_ns: u64,
+    /// Nanoseconds I/O workers spent in host memcpy (pageable/pinned ↔ slot).
+    pub host_copy_ns: u64,
+    /// Nanoseconds from issuing each chunk's device copies to their completion, summed.
+    pub device_copy_ns: u64,
+    /// Nanoseconds the dispatcher waited for a free bounce slot (the ring was full).
+    pub slot_wait_ns: u64,
 }
 
 impl Counters {
@@ -38,10 +54,19 @@ impl Counters {
             bytes_disk_written: self.bytes_disk_written.load(Relaxed),
             bytes_host_to_device: self.bytes_host_to_device.load(Relaxed),
             bytes_device_to_host: self.bytes_device_to_host.load(Relaxed),
+            disk_read_ns: self.disk_read_ns.load(Relaxed),
+            disk_write_ns: self.disk_write_ns.load(Relaxed),
+            host_copy_ns: self.host_copy_ns.load(Relaxed),
+            device_copy_ns: self.device_copy_ns.load(Relaxed),
+            slot_wait_ns: self.slot_wait_ns.load(Relaxed),
         }
     }
 
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    pub fn add_since(counter: &AtomicU64, start: std::time::Instant) {
+        counter.fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
     }
 }

@@ -24,6 +24,8 @@ pub struct Chunk {
     pub slot: u32,
     pub stages: Stages,
     pub next: usize,
+    /// When the current device copy was issued (for `device_copy_ns`).
+    pub issued: Option<std::time::Instant>,
 }
 
 pub enum Job {
@@ -64,6 +66,12 @@ impl Router {
         }
     }
 
+    fn copy_done(&self, chunk: &Chunk) {
+        if let Some(t) = chunk.issued {
+            Counters::add_since(&self.counters.device_copy_ns, t);
+        }
+    }
+
     fn finish(&self, chunk: Chunk) {
         let Chunk { req, slot, stages, .. } = chunk;
         drop(stages); // layout references go before the request may finalise
@@ -88,7 +96,18 @@ impl Router {
 pub fn io_worker(router: Arc<Router>, rx: Receiver<Job>) {
     while let Ok(Job::Run(mut chunk)) = rx.recv() {
         let op = Router::take_op(&mut chunk);
-        match run_host_op(&op, &router.counters) {
+        let start = std::time::Instant::now();
+        let result = run_host_op(&op, &router.counters);
+        let c = &router.counters;
+        Counters::add_since(
+            match op {
+                Op::ReadDisk { .. } => &c.disk_read_ns,
+                Op::WriteDisk { .. } => &c.disk_write_ns,
+                _ => &c.host_copy_ns,
+            },
+            start,
+        );
+        match result {
             Ok(()) => {
                 drop(op);
                 router.advance(chunk)
@@ -156,6 +175,7 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
         let Op::DeviceCopy { kind, ops, host_is_bounce, after } = Router::take_op(&mut chunk) else {
             unreachable!("only device copies come here")
         };
+        chunk.issued = Some(std::time::Instant::now());
         let issued = bound.clone().and_then(|_| gpu.copy(kind, &ops, chunk.slot, host_is_bounce, after));
         match issued {
             Ok(fence) => {
@@ -166,7 +186,10 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
                     CopyKind::DeviceToDevice => {}
                 }
                 match fence {
-                    Fence::Done => router.advance(chunk),
+                    Fence::Done => {
+                        router.copy_done(&chunk);
+                        router.advance(chunk)
+                    }
                     pending => router.fence_tx[fence_lane(kind, chunk.slot)]
                         .send(Some((pending, chunk)))
                         .unwrap_or_else(|_| unreachable!("fence thread gone")),
@@ -183,7 +206,9 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
         log::error!("fence thread cannot use the device: {e}");
     }
     while let Ok(Some((fence, chunk))) = rx.recv() {
-        match fence.wait() {
+        let waited = fence.wait();
+        router.copy_done(&chunk);
+        match waited {
             Ok(()) => router.advance(chunk),
             Err(e) => router.fail(chunk, e),
         }

@@ -23,7 +23,7 @@ impl Versioned for kvx_engine_config {
 
 impl Versioned for kvx_stats {
     const NAME: &'static str = "kvx_stats";
-    const V1_SIZE: usize = std::mem::size_of::<kvx_stats>();
+    const V1_SIZE: usize = std::mem::offset_of!(kvx_stats, disk_read_ns);
     fn defaults() -> Self {
         kvx_stats {
             struct_size: std::mem::size_of::<kvx_stats>() as u32,
@@ -34,6 +34,11 @@ impl Versioned for kvx_stats {
             bytes_disk_written: 0,
             bytes_host_to_device: 0,
             bytes_device_to_host: 0,
+            disk_read_ns: 0,
+            disk_write_ns: 0,
+            host_copy_ns: 0,
+            device_copy_ns: 0,
+            slot_wait_ns: 0,
         }
     }
 }
@@ -114,6 +119,11 @@ pub unsafe extern "C" fn kvx_engine_stats(e: *const kvx_engine, out: *mut kvx_st
                 bytes_disk_written: s.bytes_disk_written,
                 bytes_host_to_device: s.bytes_host_to_device,
                 bytes_device_to_host: s.bytes_device_to_host,
+                disk_read_ns: s.disk_read_ns,
+                disk_write_ns: s.disk_write_ns,
+                host_copy_ns: s.host_copy_ns,
+                device_copy_ns: s.device_copy_ns,
+                slot_wait_ns: s.slot_wait_ns,
             },
         )
     })

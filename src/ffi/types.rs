@@ -32,7 +32,7 @@ pub const KVX_ERR_VERSION: kvx_status = 15;
 pub const KVX_ERR_INTERNAL: kvx_status = 16;
 
 pub const KVX_ABI_MAJOR: u32 = 1;
-/// 1.1: `kvx_transfer_options.wait_event`.
+/// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`.
 pub const KVX_ABI_MINOR: u32 = 1;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -161,6 +161,15 @@ pub struct kvx_stats {
     pub bytes_disk_written: u64,
     pub bytes_host_to_device: u64,
     pub bytes_device_to_host: u64,
+    /// ABI 1.1: busy time per pipeline stage in nanoseconds, summed over the threads doing
+    /// it — divide by wall time for a stage's utilisation. Disk reads, disk writes, host
+    /// memcpy (pageable/pinned ↔ bounce slot), device copies from issue to completion,
+    /// and time the dispatcher waited for a free bounce slot.
+    pub disk_read_ns: u64,
+    pub disk_write_ns: u64,
+    pub host_copy_ns: u64,
+    pub device_copy_ns: u64,
+    pub slot_wait_ns: u64,
 }
 
 /// Log sink: `level` is 1 error, 2 warn, 3 info, 4 debug, 5 trace; `target` and
