@@ -407,6 +407,9 @@ int run(const Options &o) {
     }
     std::printf("%-16s %10.2f %9.2f %9.2f %12.2f %10.1f%%  %s\n", d.name, kvx, percentile(lat, 0.5), percentile(lat, 0.99), limit,
                 limit > 0 ? 100.0 * kvx / limit : 0.0, how);
+    if (is_disk && link_s > 0)
+      std::printf("%-16s per pass: kvxfer %.2f ms; raw file I/O then raw copy, one after the other, %.2f ms (kvxfer/serial %.2f)\n",
+                  "", 1e3 * kvx_s / o.iterations, 1e3 * (limit_s + link_s) / o.iterations, kvx_s / (limit_s + link_s));
     // Where the time went: each stage's busy time over the wall time of kvxfer's passes
     // (above 100% means several threads were busy at once).
     auto util = [&](uint64_t a, uint64_t b) { return 100.0 * (double)(b - a) / 1e9 / kvx_s; };
