@@ -50,6 +50,11 @@ impl BounceRing {
         self.base as u64 + slot as u64 * self.slot_bytes
     }
 
+    /// Slots not held by any chunk right now.
+    pub fn free_slots(&self) -> u32 {
+        self.free_rx.len() as u32
+    }
+
     /// Blocks (sleeping) until a slot is free.
     pub fn acquire(&self) -> u32 {
         self.free_rx.recv().expect("the ring owns a sender")

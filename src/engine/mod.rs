@@ -235,6 +235,11 @@ impl Engine {
         &self.cfg
     }
 
+    /// Bounce slots: (free now, total). All free when no chunk is in flight.
+    pub fn slots(&self) -> (u32, u32) {
+        (self.ring.free_slots(), self.ring.slots())
+    }
+
     pub fn stats(&self) -> Stats {
         self.counters.snapshot()
     }

@@ -83,6 +83,9 @@ impl Gpu for Emulated {
     fn release_event(&self, _event: u64) {}
 
     fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host_is_bounce: bool, _after: Option<u64>) -> Result<Fence> {
+        if crate::io::fault::check(crate::io::fault::Site::DeviceCopy).is_some() {
+            bail!(Cuda, "device copy failed (injected fault)");
+        }
         for op in ops {
             if kind != CopyKind::HostToDevice {
                 self.check_in_one_allocation(op.src, op.len)?;

@@ -1,8 +1,29 @@
 //! Blocking positional I/O with the retries every caller needs: `EINTR` is retried and a
 //! short transfer continues where it stopped, so callers see all bytes or an error.
 
+use super::fault::{self, Fault, Site};
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// One `pread`/`pwrite` system call, or the fault a test injected in its place: an
+/// errno (returned as a failed call, so `EINTR` takes the same retry path as a real one)
+/// or a short transfer.
+unsafe fn syscall(site: Site, fd: BorrowedFd<'_>, buf: *mut u8, len: u64, offset: u64) -> isize {
+    let len = match fault::check(site) {
+        Some(Fault::Errno(e)) => {
+            *libc::__errno_location() = e;
+            return -1;
+        }
+        // Half, kept 4096-aligned as real short O_DIRECT transfers are.
+        Some(Fault::Short) if len >= 8192 => (len / 2) & !4095,
+        _ => len,
+    } as usize;
+    let (fd, off) = (fd.as_raw_fd(), offset as libc::off_t);
+    match site {
+        Site::DiskWrite => libc::pwrite(fd, buf as *const libc::c_void, len, off),
+        _ => libc::pread(fd, buf as *mut libc::c_void, len, off),
+    }
+}
 
 /// Reads exactly `len` bytes at `offset` into `buf`.
 ///
@@ -11,12 +32,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 pub unsafe fn read_exact_at(fd: BorrowedFd<'_>, buf: *mut u8, len: u64, offset: u64) -> Result<()> {
     let mut done = 0u64;
     while done < len {
-        let n = libc::pread(
-            fd.as_raw_fd(),
-            buf.add(done as usize) as *mut libc::c_void,
-            (len - done) as usize,
-            (offset + done) as libc::off_t,
-        );
+        let n = syscall(Site::DiskRead, fd, buf.add(done as usize), len - done, offset + done);
         if n < 0 {
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EINTR) {
@@ -42,12 +58,7 @@ pub unsafe fn read_exact_at(fd: BorrowedFd<'_>, buf: *mut u8, len: u64, offset: 
 pub unsafe fn write_all_at(fd: BorrowedFd<'_>, buf: *const u8, len: u64, offset: u64) -> Result<()> {
     let mut done = 0u64;
     while done < len {
-        let n = libc::pwrite(
-            fd.as_raw_fd(),
-            buf.add(done as usize) as *const libc::c_void,
-            (len - done) as usize,
-            (offset + done) as libc::off_t,
-        );
+        let n = syscall(Site::DiskWrite, fd, buf.add(done as usize) as *mut u8, len - done, offset + done);
         if n < 0 {
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EINTR) {

@@ -1,0 +1,115 @@
+//! Fault injection, SQLite style: for a disk -> device and a device -> disk transfer,
+//! make each disk call and each device copy in turn fail (EIO, ENOSPC), get interrupted
+//! (EINTR) or come back short, and check the request's status and message, that EINTR
+//! and short I/O were retried invisibly (bytes right), that every bounce slot came back,
+//! and that the engine keeps serving. Prints the matrix.
+
+mod common;
+use common::*;
+use kvxfer::io::fault::{self, Fault, Site};
+use kvxfer::{Engine, Layout, LayoutKind, Status, StorageKind};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+/// The fault plan is process-wide: one test of this file at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const FAULTS: [(Fault, &str); 4] = [
+    (Fault::Errno(libc::EIO), "EIO"),
+    (Fault::Errno(libc::ENOSPC), "ENOSPC"),
+    (Fault::Errno(libc::EINTR), "EINTR"),
+    (Fault::Short, "short"),
+];
+
+struct Setup {
+    e: Engine,
+    disk: Arc<Layout>,
+    dev: Arc<Layout>,
+    ids: Vec<u64>,
+}
+
+fn setup() -> Setup {
+    let e = engine_with(|c| c.io_threads = 2);
+    let c = cfg(16, 3, 2, 16, 128, 2); // 24 KiB blocks: 6 chunks of 64 KiB
+    let disk = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
+    let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
+    Setup { e, disk, dev, ids: (0..16).collect() }
+}
+
+fn expect_for(fault: Fault) -> (Status, &'static str) {
+    match fault {
+        Fault::Errno(libc::EIO) => (Status::Io, "Input/output error"),
+        Fault::Errno(libc::ENOSPC) => (Status::Io, "No space left on device"),
+        Fault::CopyError => (Status::Cuda, "injected"),
+        _ => (Status::Ok, ""),
+    }
+}
+
+/// Runs `transfer` with the `n`th call at `site` faulted; checks status, message, slots.
+fn one(s: &Setup, site: Site, n: u64, fault: Fault, name: &str, src: &Arc<Layout>, dst: &Arc<Layout>, out: &mut String) {
+    fault::inject(site, n, fault);
+    let r = s.e.submit(src, &s.ids, dst, &s.ids, &Default::default()).unwrap();
+    let status = r.wait(Some(std::time::Duration::from_secs(30)));
+    fault::clear();
+    let (want, text) = expect_for(fault);
+    let msg = r.error_message().to_string_lossy().into_owned();
+    out.push_str(&format!("  {site:?} call {n:2} {name:6} -> {}{}\n", status.name(), if msg.is_empty() { String::new() } else { format!(" ({msg})") }));
+    assert_eq!(status, want, "{site:?} call {n} {name}: {msg}");
+    assert!(msg.contains(text), "{site:?} call {n} {name}: message {msg:?} lacks {text:?}");
+    let (free, total) = s.e.slots();
+    assert_eq!(free, total, "{site:?} call {n} {name}: a bounce slot did not come back");
+}
+
+fn walk(src_is_disk: bool) {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = setup();
+    let (src, dst) = if src_is_disk { (s.disk.clone(), s.dev.clone()) } else { (s.dev.clone(), s.disk.clone()) };
+    fill(&src, 7);
+    fill(&dst, 8);
+    let disk_site = if src_is_disk { Site::DiskRead } else { Site::DiskWrite };
+    // How many calls a clean transfer makes at each site.
+    fault::count_only();
+    assert_eq!(transfer(&s.e, &src, &s.ids, &dst, &s.ids, &Default::default()), Status::Ok);
+    let (disk_calls, copy_calls) = (fault::calls(disk_site), fault::calls(Site::DeviceCopy));
+    fault::clear();
+    assert!(disk_calls >= 6 && copy_calls >= 6, "{disk_calls} disk calls, {copy_calls} copies");
+    let mut out = format!("{} ({disk_calls} disk calls, {copy_calls} device copies):\n", if src_is_disk { "disk -> device" } else { "device -> disk" });
+    for n in 0..disk_calls {
+        for (fault, name) in FAULTS {
+            one(&s, disk_site, n, fault, name, &src, &dst, &mut out);
+        }
+    }
+    for n in 0..copy_calls {
+        one(&s, Site::DeviceCopy, n, Fault::CopyError, "error", &src, &dst, &mut out);
+    }
+    // Still serving, and a clean transfer moves every byte.
+    fill(&dst, 8);
+    assert_eq!(transfer(&s.e, &src, &s.ids, &dst, &s.ids, &Default::default()), Status::Ok);
+    let pairs: Vec<(u64, u64)> = s.ids.iter().map(|&b| (b, b)).collect();
+    check(&dst, 8, 7, &pairs, 0..3, "after the faults");
+    let _ = std::io::stderr().write_all(out.as_bytes());
+}
+
+#[test]
+fn every_disk_read_and_device_copy_of_disk_to_device_can_fail() {
+    walk(true);
+}
+
+#[test]
+fn every_disk_write_and_device_copy_of_device_to_disk_can_fail() {
+    walk(false);
+}
+
+#[test]
+fn interrupted_and_short_io_is_invisible() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = setup();
+    fill(&s.disk, 3);
+    fill(&s.dev, 4);
+    for (fault, _) in FAULTS.iter().filter(|(f, _)| matches!(f, Fault::Short | Fault::Errno(libc::EINTR))) {
+        fault::inject(Site::DiskRead, 0, *fault);
+        assert_eq!(transfer(&s.e, &s.disk, &s.ids, &s.dev, &s.ids, &Default::default()), Status::Ok);
+        fault::clear();
+        check(&s.dev, 4, 3, &s.ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..3, "retried");
+    }
+}
