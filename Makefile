@@ -14,7 +14,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
 ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
 
-.PHONY: all build bench test rust-test c-test valgrind-test asan-test abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test rust-test c-test valgrind-test asan-test stress-test soak abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
@@ -43,7 +43,7 @@ bench: build
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR)
@@ -69,6 +69,21 @@ asan-test: build $(CBUILD) $(TEST_DIR)
 	$(CC) $(C_TEST_FLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
 	  tests/c/test_abi.c -o $(CBUILD)/test_abi_asan $(C_TEST_LIBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 $(CBUILD)/test_abi_asan
+
+# 16 threads x 10k mixed requests (cancels, timeouts of 0, early releases, destroy with
+# work in flight) with a watchdog; again under ASAN+UBSAN and memcheck, smaller.
+stress-test: build $(CBUILD) $(TEST_DIR)
+	$(CC) -std=c11 -Wall -Wextra -Werror -O1 -g -Iinclude tests/c/stress.c -o $(CBUILD)/stress $(C_TEST_LIBS) -lpthread
+	$(CC) -std=c11 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+	  -fno-omit-frame-pointer -Iinclude tests/c/stress.c -o $(CBUILD)/stress_asan $(C_TEST_LIBS) -lpthread
+	$(CBUILD)/stress 16 10000 $(TEST_DIR)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 $(CBUILD)/stress_asan 16 2000 $(TEST_DIR)
+	valgrind -q --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3 \
+	  $(CBUILD)/stress 4 100 $(TEST_DIR)
+
+# The long soak (not part of make test).
+soak: stress-test
+	$(CBUILD)/stress 16 200000 $(TEST_DIR)
 
 # sizeof/offsetof of every public struct: what C sees must be what Rust lays out.
 abi-layout-test: build $(CBUILD)
