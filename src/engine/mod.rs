@@ -261,6 +261,15 @@ impl Engine {
         if self.cfg.slot_bytes < 2 * align {
             bail!(Unsupported, "{} needs {align}-byte aligned I/O; raise slot_bytes to at least {}", path.display(), 2 * align);
         }
+        // Checksums are computed per region inside one slot, so a region must fit in one.
+        let region = layout.geometry().region_bytes;
+        if flags & DISK_CHECKSUM != 0 && region + 2 * align > self.cfg.slot_bytes {
+            bail!(
+                Unsupported,
+                "KVX_DISK_CHECKSUM hashes whole {region}-byte regions inside one bounce slot; raise slot_bytes above {}",
+                region + 2 * align
+            );
+        }
         Ok(Arc::new(layout))
     }
 
@@ -408,4 +417,4 @@ impl Drop for Engine {
     }
 }
 
-pub use memory::disk::{DISK_BUFFERED, DISK_CREATE, DISK_KEEP, DISK_SYNC};
+pub use memory::disk::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_SYNC};

@@ -24,6 +24,9 @@ pub struct Extent {
     pub aligned: bool,
     /// Bytes of block padding after the data, zeroed before an aligned write.
     pub zero_tail: u64,
+    /// The bytes the transfer asked for, inside the (possibly widened) extent:
+    /// (file offset, slot address, length). Whole regions; checksums cover these.
+    pub payload: (u64, u64, u64),
 }
 
 /// One stage of a chunk.
@@ -125,6 +128,8 @@ pub struct Planner {
     align: u64,
     primary_is_src: bool,
     after: Option<u64>,
+    /// With checksums, chunks end on region boundaries of the primary disk side.
+    region_cut: Option<crate::layout::Placement>,
 }
 
 impl Planner {
@@ -147,7 +152,9 @@ impl Planner {
         let device = src.kind() == StorageKind::Device || dst.kind() == StorageKind::Device;
         let avg = segs.iter().map(|s| s.len).sum::<u64>() / segs.len().max(1) as u64;
         let direct_chunk = if device && avg >= LARGE_SEGMENT { DIRECT_DEVICE_CHUNK.max(slot_bytes) } else { slot_bytes };
-        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after }
+        let checksummed = |l: &Layout| l.disk().is_some_and(|f| f.checksum.is_some());
+        let region_cut = (checksummed(&src) || checksummed(&dst)).then(|| if primary_is_src { src.placement } else { dst.placement });
+        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after, region_cut }
     }
 
     fn addr(layout: &Layout, loc: Loc) -> u64 {
@@ -247,7 +254,10 @@ impl Planner {
             let mut take = rem.min(self.slot_bytes - start);
             let cut = take < rem;
             if cut {
-                let end = align_down(p + take, a);
+                let end = match &self.region_cut {
+                    Some(pl) => region_boundary_at_or_below(pl, p + take),
+                    None => align_down(p + take, a),
+                };
                 if end <= p {
                     break;
                 }
@@ -324,7 +334,8 @@ impl Planner {
         }
         runs.into_iter()
             .map(|(off, so, len)| {
-                let exact = Extent { file_off: off, addr: slot + so, len, aligned: false, zero_tail: 0 };
+                let payload = (off, slot + so, len);
+                let exact = Extent { file_off: off, addr: slot + so, len, aligned: false, zero_tail: 0, payload };
                 if !may_widen || (slot + so) % a != off % a {
                     return exact;
                 }
@@ -337,16 +348,22 @@ impl Planner {
                     if head != 0 || (tail != 0 && !at_block_end) {
                         return exact;
                     }
-                    Extent { file_off: off, addr: slot + so, len: len + tail, aligned: true, zero_tail: tail }
+                    Extent { file_off: off, addr: slot + so, len: len + tail, aligned: true, zero_tail: tail, payload }
                 } else {
-                    Extent { file_off: off - head, addr: slot + so - head, len: head + len + tail, aligned: true, zero_tail: 0 }
+                    Extent { file_off: off - head, addr: slot + so - head, len: head + len + tail, aligned: true, zero_tail: 0, payload }
                 }
             })
             .collect()
     }
 }
 
-/// Merges copies that are contiguous on both sides.
+/// The last region boundary of a disk placement at or before file offset `x`.
+fn region_boundary_at_or_below(pl: &crate::layout::Placement, x: u64) -> u64 {
+    let (stride, bb, r) = (pl.block_stride, pl.geom.block_bytes, pl.geom.region_bytes);
+    let (b, within) = (x / stride, x % stride);
+    b * stride + within.min(bb) / r * r
+}
+
 /// Merges copies that are contiguous on both sides and lie in the same allocations
 /// (`key`: source and destination base).
 fn coalesce(ops: impl Iterator<Item = (CopyOp, (u32, u32))>) -> Vec<CopyOp> {

@@ -155,9 +155,8 @@ impl Request {
         let transfer = self.transfer.lock().unwrap().take();
         let mut error = self.first_error.lock().unwrap().take();
         if error.is_none() && !self.is_cancelled() {
-            // KVX_DISK_SYNC: the request completes only once its bytes are durable.
-            if let Some(f) = transfer.as_ref().and_then(|t| t.dst.disk()).filter(|f| f.sync) {
-                if let Err(e) = f.sync_data() {
+            if let Some(t) = &transfer {
+                if let Err(e) = Self::complete_disk_writes(t) {
                     error = Some(e);
                 }
             }
@@ -194,6 +193,21 @@ impl Request {
         }
         *self.final_status.lock().unwrap() = Some(status);
         self.done.notify_all();
+    }
+
+    /// After every chunk of a write to disk succeeded: seal the blocks written
+    /// (`KVX_DISK_CHECKSUM`), then make everything durable (`KVX_DISK_SYNC`).
+    fn complete_disk_writes(t: &Transfer) -> crate::error::Result<()> {
+        let Some(f) = t.dst.disk() else { return Ok(()) };
+        if let Some(sums) = &f.checksum {
+            for &(_, block) in &t.pairs {
+                sums.seal(block)?;
+            }
+        }
+        if f.sync {
+            f.sync_data()?;
+        }
+        Ok(())
     }
 
     /// Asks the request to stop: stages not yet started are skipped and the final status

@@ -14,6 +14,7 @@ use super::bounce::BounceRing;
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::posix;
+use crate::memory::checksum;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -128,13 +129,34 @@ fn run_host_op(op: &Op, counters: &Counters) -> Result<()> {
                     .map_err(|err| in_file(err, f.path()))?;
                 Counters::add(&counters.bytes_disk_read, e.len);
             }
+            if let Some(sums) = &f.checksum {
+                for e in extents {
+                    let (off, addr, len) = e.payload;
+                    // SAFETY: the payload lies inside this chunk's slot, just read.
+                    for (block, regions) in unsafe { checksum::hash_regions(&file.placement, off, addr, len) } {
+                        sums.verify(block, &regions)?;
+                    }
+                }
+            }
             Ok(())
         }
         Op::WriteDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
             for e in extents {
+                // Hash from the slot before writing; store the hashes after the data, so
+                // a crash in between leaves data that no longer matches (detected).
+                let (off, addr, len) = e.payload;
+                // SAFETY: the payload lies inside this chunk's slot.
+                let hashes = f.checksum.as_ref().map(|_| unsafe { checksum::hash_regions(&file.placement, off, addr, len) });
                 write_extent(f, e).map_err(|err| in_file(err, f.path()))?;
                 Counters::add(&counters.bytes_disk_written, e.len);
+                if let (Some(sums), Some(hashes)) = (&f.checksum, hashes) {
+                    for (block, regions) in hashes {
+                        let first = regions[0].0;
+                        let values: Vec<u64> = regions.iter().map(|r| r.1).collect();
+                        sums.write_regions(block, first, &values)?;
+                    }
+                }
             }
             Ok(())
         }

@@ -64,6 +64,14 @@ pub const KVX_DISK_KEEP: u32 = 2;
 pub const KVX_DISK_BUFFERED: u32 = 4;
 /// Disk layout flag: every write request is durable (fdatasync) before it completes.
 pub const KVX_DISK_SYNC: u32 = 8;
+/// Disk layout flag (ABI 1.1): store a checksum per region and a seal per block in a
+/// sidecar (`<path>.kvxsum`), written with the data and verified on every read. A
+/// mismatch, a write torn by a crash, or a block never (completely) written fails the
+/// request with `KVX_ERR_INTEGRITY` naming the block, never returns wrong bytes. A block
+/// counts as written once a write request covering it completed; reading a block whose
+/// layers were never all written is an integrity error too. Needs `slot_bytes` larger
+/// than a region plus 8 KiB.
+pub const KVX_DISK_CHECKSUM: u32 = 16;
 
 /// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 /// free with `kvx_engine_destroy`.

@@ -16,7 +16,8 @@ pub const DISK_CREATE: u32 = 1;
 pub const DISK_KEEP: u32 = 2;
 pub const DISK_BUFFERED: u32 = 4;
 pub const DISK_SYNC: u32 = 8;
-pub const DISK_FLAGS_KNOWN: u32 = DISK_CREATE | DISK_KEEP | DISK_BUFFERED | DISK_SYNC;
+pub const DISK_CHECKSUM: u32 = 16;
+pub const DISK_FLAGS_KNOWN: u32 = DISK_CREATE | DISK_KEEP | DISK_BUFFERED | DISK_SYNC | DISK_CHECKSUM;
 
 /// The alignment kvxfer uses for direct I/O unless the filesystem asks for more.
 pub const DEFAULT_IO_ALIGN: u64 = 4096;
@@ -29,6 +30,8 @@ pub struct DiskFile {
     align: u64,
     remove_on_drop: bool,
     pub sync: bool,
+    /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
+    pub checksum: Option<super::checksum::Sidecar>,
 }
 
 fn open_raw(path: &CString, flags: libc::c_int) -> std::io::Result<File> {
@@ -58,7 +61,7 @@ impl DiskFile {
     /// `align()` for the block padding and calls `prepare` with the layout's byte size.
     pub fn open(path: &Path, flags: u32) -> Result<DiskFile> {
         if flags & !DISK_FLAGS_KNOWN != 0 {
-            bail!(InvalidArg, "unknown disk flags {:#x}; known: KVX_DISK_CREATE|KEEP|BUFFERED|SYNC", flags & !DISK_FLAGS_KNOWN);
+            bail!(InvalidArg, "unknown disk flags {:#x}; known: KVX_DISK_CREATE|KEEP|BUFFERED|SYNC|CHECKSUM", flags & !DISK_FLAGS_KNOWN);
         }
         let cpath = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::new(crate::error::Status::InvalidArg, "disk path contains a NUL byte"))?;
@@ -89,6 +92,7 @@ impl DiskFile {
             align,
             remove_on_drop: create && flags & DISK_KEEP == 0,
             sync: flags & DISK_SYNC != 0,
+            checksum: None,
         })
     }
 
@@ -159,17 +163,25 @@ impl DiskFile {
         self.buffered.as_fd()
     }
 
-    /// Makes everything written so far durable (both descriptors share the inode).
+    /// Makes everything written so far durable (both descriptors share the inode), and
+    /// the checksums with it.
     pub fn sync_data(&self) -> Result<()> {
-        posix::sync_data(self.buffered.as_fd()).map_err(|e| Error::new(e.status, format!("{}: {}", self.path.display(), e.message)))
+        posix::sync_data(self.buffered.as_fd()).map_err(|e| Error::new(e.status, format!("{}: {}", self.path.display(), e.message)))?;
+        match &self.checksum {
+            Some(s) => s.sync(),
+            None => Ok(()),
+        }
     }
 }
 
 impl Drop for DiskFile {
     fn drop(&mut self) {
         if self.remove_on_drop {
-            if let Err(e) = std::fs::remove_file(&self.path) {
-                log::warn!("could not remove {}: {e}", self.path.display());
+            let sidecar = self.checksum.as_ref().map(|s| s.path().to_path_buf());
+            for p in std::iter::once(self.path.clone()).chain(sidecar) {
+                if let Err(e) = std::fs::remove_file(&p) {
+                    log::warn!("could not remove {}: {e}", p.display());
+                }
             }
         }
     }

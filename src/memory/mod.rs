@@ -1,6 +1,7 @@
 //! Storage behind a layout: engine-owned or registered (caller-owned) memory on the
 //! device, in pinned or pageable host memory, or a disk file.
 
+pub mod checksum;
 pub mod disk;
 pub mod host;
 
@@ -157,7 +158,11 @@ impl Layout {
     pub fn create_disk(engine_id: u64, geom: Geometry, path: &Path, flags: u32) -> Result<Layout> {
         let mut file = DiskFile::open(path, flags)?;
         let placement = Placement::disk(geom, file.align());
-        file.prepare(placement.base_bytes(), flags & disk::DISK_CREATE != 0)?;
+        let create = flags & disk::DISK_CREATE != 0;
+        file.prepare(placement.base_bytes(), create)?;
+        if flags & disk::DISK_CHECKSUM != 0 {
+            file.checksum = Some(checksum::Sidecar::open(path, &geom, create)?);
+        }
         // The probe may have fallen back to buffered I/O with the default alignment;
         // padding chosen for a larger alignment stays valid (it is still a multiple).
         Ok(Layout::new(engine_id, placement, Storage::Disk(file)))

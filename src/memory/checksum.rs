@@ -1,0 +1,183 @@
+//! Integrity for disk layouts (`KVX_DISK_CHECKSUM`): a sidecar file beside the data
+//! holds, for every block, one xxh3 hash per region and one block hash over those.
+//!
+//! Writes hash each region from the bounce slot and store the hash after the data; when
+//! a write request completes, each block it wrote is *sealed*: its block hash is
+//! recomputed from its region hashes. Reads check every region they return against its
+//! hash and its block's seal. So a region changed behind our back, a write torn by a
+//! crash (new data, old hash; or some regions new and others old, which breaks the
+//! seal), or a block never written (hash 0) all end in `KVX_ERR_INTEGRITY` naming the
+//! block — never in wrong bytes served as good.
+
+use crate::error::{bail, Error, Result, Status};
+use crate::io::posix;
+use crate::layout::Geometry;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"KVXSUM01";
+const HEADER: u64 = 4096;
+
+/// A region's stored hash; 0 is reserved for "never written".
+pub fn region_hash(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes).max(1)
+}
+
+fn seal_of(regions: &[u64]) -> u64 {
+    // SAFETY: u64s viewed as bytes, for hashing only.
+    let bytes = unsafe { std::slice::from_raw_parts(regions.as_ptr() as *const u8, regions.len() * 8) };
+    xxhash_rust::xxh3::xxh3_64(bytes).max(1)
+}
+
+#[derive(Debug)]
+pub struct Sidecar {
+    file: File,
+    path: PathBuf,
+    /// Regions per block (`num_layers × outer_dim`).
+    per_block: u64,
+    num_layers: u64,
+    outer_dim: u64,
+}
+
+impl Sidecar {
+    pub fn path_for(data: &Path) -> PathBuf {
+        let mut p = data.as_os_str().to_owned();
+        p.push(".kvxsum");
+        PathBuf::from(p)
+    }
+
+    fn header(g: &Geometry) -> [u8; 40] {
+        let mut h = [0u8; 40];
+        h[..8].copy_from_slice(MAGIC);
+        for (i, v) in [g.cfg.num_blocks, g.cfg.num_layers, g.cfg.outer_dim, g.region_bytes].iter().enumerate() {
+            h[8 + i * 8..16 + i * 8].copy_from_slice(&v.to_le_bytes());
+        }
+        h
+    }
+
+    /// Creates (`create`) or opens the sidecar of the data file at `data`.
+    pub fn open(data: &Path, g: &Geometry, create: bool) -> Result<Sidecar> {
+        let path = Self::path_for(data);
+        let shown = path.display();
+        let per_block = g.cfg.num_layers * g.cfg.outer_dim;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true).write(true);
+        if create {
+            opts.create(true).truncate(true);
+        }
+        let file = opts.open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::new(
+                Status::InvalidArg,
+                format!("{shown} is missing: the file was not written with KVX_DISK_CHECKSUM (create it with KVX_DISK_CREATE)"),
+            ),
+            _ => Error::io(format_args!("opening {shown}"), e),
+        })?;
+        let s = Sidecar { file, path: path.clone(), per_block, num_layers: g.cfg.num_layers, outer_dim: g.cfg.outer_dim };
+        let want = Self::header(g);
+        if create {
+            // Zero entries: every block starts out "never written".
+            s.file.set_len(HEADER + g.cfg.num_blocks * (1 + per_block) * 8).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
+            unsafe { posix::write_all_at(s.file.as_fd(), want.as_ptr(), want.len() as u64, 0) }?;
+        } else {
+            let mut got = [0u8; 40];
+            unsafe { posix::read_exact_at(s.file.as_fd(), got.as_mut_ptr(), 40, 0) }?;
+            if got[..8] != MAGIC[..] {
+                bail!(Integrity, "{shown} is not a kvxfer checksum file");
+            }
+            // The stored geometry must cover the layout's (a file may hold more blocks).
+            let field = |i: usize| u64::from_le_bytes(got[8 + i * 8..16 + i * 8].try_into().unwrap());
+            if field(1) != g.cfg.num_layers || field(2) != g.cfg.outer_dim || field(3) != g.region_bytes || field(0) < g.cfg.num_blocks {
+                bail!(InvalidArg, "{shown} was written for another geometry; open the file with the geometry it was created with");
+            }
+        }
+        Ok(s)
+    }
+
+    fn block_offset(&self, block: u64) -> u64 {
+        HEADER + block * (1 + self.per_block) * 8
+    }
+
+    /// The seal followed by the region hashes of `block`.
+    fn read_block(&self, block: u64) -> Result<Vec<u64>> {
+        let mut v = vec![0u64; 1 + self.per_block as usize];
+        let n = v.len() as u64 * 8;
+        unsafe { posix::read_exact_at(self.file.as_fd(), v.as_mut_ptr() as *mut u8, n, self.block_offset(block)) }
+            .map_err(|e| self.err(e))?;
+        Ok(v)
+    }
+
+    fn err(&self, e: Error) -> Error {
+        Error::new(e.status, format!("{}: {}", self.path.display(), e.message))
+    }
+
+    /// Stores the hashes of consecutive regions `first..` of `block` (after their data).
+    pub fn write_regions(&self, block: u64, first: u64, hashes: &[u64]) -> Result<()> {
+        let off = self.block_offset(block) + (1 + first) * 8;
+        unsafe { posix::write_all_at(self.file.as_fd(), hashes.as_ptr() as *const u8, hashes.len() as u64 * 8, off) }
+            .map_err(|e| self.err(e))
+    }
+
+    /// Recomputes `block`'s seal from its region hashes (after a write request completed).
+    pub fn seal(&self, block: u64) -> Result<()> {
+        let v = self.read_block(block)?;
+        let seal = if v[1..].contains(&0) { 0 } else { seal_of(&v[1..]) };
+        unsafe { posix::write_all_at(self.file.as_fd(), &seal as *const u64 as *const u8, 8, self.block_offset(block)) }
+            .map_err(|e| self.err(e))
+    }
+
+    /// Checks the regions `(index, hash)` read from `block` against the stored hashes and
+    /// the block's seal.
+    pub fn verify(&self, block: u64, regions: &[(u64, u64)]) -> Result<()> {
+        let v = self.read_block(block)?;
+        let name = |r: u64| format!("block {block} (layer {}, outer {})", r / self.outer_dim, r % self.outer_dim);
+        for &(r, h) in regions {
+            match v[1 + r as usize] {
+                0 => bail!(Integrity, "{} was never written", name(r)),
+                stored if stored != h => {
+                    bail!(Integrity, "{} does not match its checksum: the data changed or a write was torn", name(r))
+                }
+                _ => {}
+            }
+        }
+        if v[0] == 0 || v[0] != seal_of(&v[1..]) {
+            bail!(
+                Integrity,
+                "block {block} was not completely written (its last write did not finish, or some layers were never written)"
+            );
+        }
+        debug_assert!(self.num_layers * self.outer_dim == self.per_block);
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        posix::sync_data(self.file.as_fd()).map_err(|e| self.err(e))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Hashes of the whole regions in `[file_off, file_off + len)` of a disk placement, whose
+/// bytes are at `addr`, grouped per block as (block, [(region index, hash)]).
+///
+/// # Safety
+/// `[addr, addr + len)` must be readable.
+pub unsafe fn hash_regions(pl: &crate::layout::Placement, file_off: u64, addr: u64, len: u64) -> Vec<(u64, Vec<(u64, u64)>)> {
+    let (stride, r) = (pl.block_stride, pl.geom.region_bytes);
+    let mut out: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+    let mut x = file_off;
+    while x + r <= file_off + len {
+        let (block, idx) = (x / stride, x % stride / r);
+        debug_assert_eq!(x % stride % r, 0, "payloads start on region boundaries");
+        let bytes = std::slice::from_raw_parts((addr + (x - file_off)) as *const u8, r as usize);
+        let h = region_hash(bytes);
+        match out.last_mut() {
+            Some((b, v)) if *b == block => v.push((idx, h)),
+            _ => out.push((block, vec![(idx, h)])),
+        }
+        x += r;
+    }
+    out
+}
