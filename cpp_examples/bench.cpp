@@ -37,7 +37,7 @@ struct Options {
   std::string layout = "contiguous", host_layout, direction = "all", device = "auto", dir = ".";
   uint32_t io_threads = 0, io_backend = KVX_IO_AUTO;
   uint64_t bounce_bytes = 0, slot_bytes = 0;
-  bool buffered = false, verify = true, random_blocks = false, json = false, cold = false;
+  bool buffered = false, verify = true, random_blocks = false, json = false, cold = false, checksum = false;
 };
 
 [[noreturn]] void usage(int code) {
@@ -54,6 +54,7 @@ struct Options {
       "  --io-threads N  --bounce-bytes N  --slot-bytes N   (0 = library defaults)\n"
       "  --io-backend auto|posix|uring|nixl|gds (auto)\n"
       "  --cold          drop the page cache before every timed pass (needs root; says why not)\n"
+      "  --checksum      KVX_DISK_CHECKSUM on the disk file (per-region hashes, verified on read)\n"
       "  --buffered      page-cache I/O instead of O_DIRECT (the file is then hot)\n"
       "  --no-verify     skip the byte check after the timed runs\n"
       "  --json          also print one JSON object per result line (for compare.py)\n");
@@ -114,6 +115,7 @@ Options parse(int argc, char **argv) {
     if (a == "--random-blocks") { o.random_blocks = true; continue; }
     if (a == "--json") { o.json = true; continue; }
     if (a == "--cold") { o.cold = true; continue; }
+    if (a == "--checksum") { o.checksum = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -303,7 +305,7 @@ int run(const Options &o) {
   if (want_disk) {
     kvx_layout_config dc = lc;
     dc.kind = KVX_LAYOUT_FULLY_CONTIGUOUS;
-    disk = e.create_disk_layout(dc, path, KVX_DISK_CREATE | (o.buffered ? KVX_DISK_BUFFERED : 0));
+    disk = e.create_disk_layout(dc, path, KVX_DISK_CREATE | (o.buffered ? KVX_DISK_BUFFERED : 0) | (o.checksum ? KVX_DISK_CHECKSUM : 0));
     struct stat st {};
     ::stat(path.c_str(), &st);
     file_bytes = (uint64_t)st.st_size;
@@ -344,7 +346,7 @@ int run(const Options &o) {
               block_bytes / 1e6, (unsigned long long)o.num_layers, (unsigned long long)o.outer_dim,
               (unsigned long long)o.page_size, (unsigned long long)o.inner_dim, (unsigned long long)o.dtype_bytes,
               raw.region_bytes / 1024.0, (unsigned long long)o.blocks_per_batch, o.iterations);
-  if (want_disk) std::printf(", file %s (%s)", path.c_str(), o.buffered ? "buffered" : "O_DIRECT");
+  if (want_disk) std::printf(", file %s (%s%s)", path.c_str(), o.buffered ? "buffered" : "O_DIRECT", o.checksum ? ", checksummed" : "");
   std::printf("\n%-16s %10s %9s %9s %12s %11s  %s\n", "direction", "GB/s", "p50 ms", "p99 ms", "limit GB/s", "% of limit",
               "limit measured as");
 
