@@ -80,8 +80,9 @@ fn default_io_threads() -> u32 {
 }
 
 impl EngineConfig {
-    /// The effective values after defaults, or what is wrong with them.
-    fn resolve(&self) -> Result<EngineConfig> {
+    /// The effective values after defaults, or what is wrong with them (what
+    /// `Engine::new` checks before it starts anything).
+    pub fn resolve(&self) -> Result<EngineConfig> {
         let mut c = *self;
         if c.flags != 0 {
             bail!(InvalidArg, "engine config: unknown flags {:#x}", c.flags);
@@ -296,6 +297,11 @@ impl Engine {
         }
         intake.tx.send(Some(req.clone())).map_err(|_| Error::new(Status::Internal, "request queue closed"))?;
         Ok(req)
+    }
+
+    /// Runs every check `submit` makes, without starting anything (a dry run).
+    pub fn check(&self, src: &Arc<Layout>, src_blocks: &[u64], dst: &Arc<Layout>, dst_blocks: &[u64], opts: &TransferOptions) -> Result<()> {
+        self.validate(src, src_blocks, dst, dst_blocks, opts).map(drop)
     }
 
     fn validate(
