@@ -13,6 +13,13 @@ use std::time::Duration;
 
 const FC: LayoutKind = LayoutKind::FullyContiguous;
 
+/// One test uses the process-wide fault injection: the others must not run beside it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn read_one(e: &kvxfer::Engine, disk: &Arc<kvxfer::Layout>, dst: &Arc<kvxfer::Layout>, b: u64) -> (Status, String) {
     let r = e.submit(disk, &[b], dst, &[b], &Default::default()).unwrap();
     let s = r.wait(Some(Duration::from_secs(30)));
@@ -21,6 +28,7 @@ fn read_one(e: &kvxfer::Engine, disk: &Arc<kvxfer::Layout>, dst: &Arc<kvxfer::La
 
 #[test]
 fn checksummed_round_trips_are_exact_with_layer_ranges_and_odd_regions() {
+    let _serial = serial();
     let e = engine();
     for c in [cfg(8, 4, 2, 16, 128, 2), cfg(8, 5, 2, 3, 7, 2)] {
         let path = temp_path("sum");
@@ -46,6 +54,7 @@ fn checksummed_round_trips_are_exact_with_layer_ranges_and_odd_regions() {
 
 #[test]
 fn corrupted_torn_and_unwritten_blocks_are_integrity_errors_naming_the_block() {
+    let _serial = serial();
     let e = engine();
     let c = cfg(6, 3, 2, 16, 128, 2); // 8 KiB regions, 48 KiB blocks
     let path = temp_path("corrupt");
@@ -82,6 +91,7 @@ fn corrupted_torn_and_unwritten_blocks_are_integrity_errors_naming_the_block() {
 
 #[test]
 fn the_sidecar_must_match() {
+    let _serial = serial();
     let e = engine();
     let c = cfg(4, 2, 2, 8, 64, 2);
     let path = temp_path("sidecar");
@@ -121,12 +131,15 @@ fn durability_writer() {
     for g in 1u64.. {
         fill(&host, g);
         assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
-        std::fs::write(path.with_extension("gen"), g.to_string()).unwrap();
+        // Atomically (write then rename): the kill may land anywhere.
+        std::fs::write(path.with_extension("gen-tmp"), g.to_string()).unwrap();
+        std::fs::rename(path.with_extension("gen-tmp"), path.with_extension("gen")).unwrap();
     }
 }
 
 #[test]
 fn sigkill_mid_write_leaves_old_new_or_corrupt_blocks() {
+    let _serial = serial();
     let path = temp_path("durable");
     let e = engine();
     let host = make_layout(&e, &geom(), FC, StorageKind::Host);
@@ -181,6 +194,7 @@ fn sigkill_mid_write_leaves_old_new_or_corrupt_blocks() {
     );
     assert!(generations.iter().any(|&g| g > 0), "the writer never completed a generation before being killed");
     let _ = std::fs::remove_file(path.with_extension("gen"));
+    let _ = std::fs::remove_file(path.with_extension("gen-tmp"));
     let _ = std::fs::remove_file(kvxfer::memory::checksum::Sidecar::path_for(&path));
     let _ = std::fs::remove_file(&path);
 }
