@@ -172,16 +172,7 @@ pub unsafe fn run(data: &[u8], real: bool) {
                         assert!(out.is_null());
                     }
                 } else if let Ok(c) = kvxfer::ffi::boundary::read_versioned(&ec) {
-                    let cfg = kvxfer::EngineConfig {
-                        device: c.device,
-                        io_threads: c.io_threads,
-                        io_backend: c.io_backend,
-                        bounce_bytes: c.bounce_bytes,
-                        slot_bytes: c.slot_bytes,
-                        max_inflight: c.max_inflight,
-                        flags: c.flags,
-                    };
-                    if let Ok(r) = cfg.resolve() {
+                    if let Ok(r) = kvxfer::EngineConfig::from(&c).resolve() {
                         assert!(r.slot_bytes.is_power_of_two() && r.bounce_bytes % r.slot_bytes == 0 && r.io_threads > 0);
                     }
                 }

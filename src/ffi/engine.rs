@@ -43,6 +43,20 @@ impl Versioned for kvx_stats {
     }
 }
 
+impl From<&kvx_engine_config> for EngineConfig {
+    fn from(c: &kvx_engine_config) -> EngineConfig {
+        EngineConfig {
+            device: c.device,
+            io_threads: c.io_threads,
+            io_backend: c.io_backend,
+            bounce_bytes: c.bounce_bytes,
+            slot_bytes: c.slot_bytes,
+            max_inflight: c.max_inflight,
+            flags: c.flags,
+        }
+    }
+}
+
 /// The engine behind a handle.
 ///
 /// # Safety
@@ -70,15 +84,7 @@ pub unsafe extern "C" fn kvx_engine_create(cfg: *const kvx_engine_config, out: *
             let out = Out::new(out, "out")?;
             let c = if cfg.is_null() { kvx_engine_config::defaults() } else { read_versioned(cfg)? };
             super::logger::ensure_installed();
-            let engine = Engine::new(&EngineConfig {
-                device: c.device,
-                io_threads: c.io_threads,
-                io_backend: c.io_backend,
-                bounce_bytes: c.bounce_bytes,
-                slot_bytes: c.slot_bytes,
-                max_inflight: c.max_inflight,
-                flags: c.flags,
-            })?;
+            let engine = Engine::new(&EngineConfig::from(&c))?;
             Ok((out, engine))
         },
         |(out, engine)| out.write(Box::into_raw(Box::new(engine)) as *mut kvx_engine),
