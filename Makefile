@@ -14,7 +14,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
 ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
 
-.PHONY: all build bench test rust-test c-test valgrind-test asan-test stress-test soak abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test rust-test c-test valgrind-test asan-test stress-test soak tsan abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
@@ -48,6 +48,7 @@ test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test
 
 rust-test: $(TEST_DIR)
 	$(CARGO) test --release
+	KVX_TEST_IO_BACKEND=uring $(CARGO) test --release --test roundtrip --test faults --test integrity
 
 $(TEST_DIR):
 	mkdir -p $@
@@ -80,6 +81,14 @@ stress-test: build $(CBUILD) $(TEST_DIR)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 $(CBUILD)/stress_asan 16 2000 $(TEST_DIR)
 	valgrind -q --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3 \
 	  $(CBUILD)/stress 4 100 $(TEST_DIR)
+
+# ThreadSanitizer over the Rust tests that run threads against one engine. Needs the
+# nightly toolchain with rust-src (std is rebuilt instrumented); not part of make test.
+tsan:
+	RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=target/tsan \
+	  KVX_STRESS=8x200 TSAN_OPTIONS=halt_on_error=1 KVX_TEST_DIR=$(TEST_DIR) \
+	  $(CARGO) +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
+	  --test stress --test requests --test roundtrip --test faults --test integrity
 
 # The long soak (not part of make test).
 soak: stress-test

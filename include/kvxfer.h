@@ -227,6 +227,8 @@ typedef struct kvx_api {
   void (*request_release)(struct kvx_request*);
   kvx_status (*engine_stats)(const struct kvx_engine*, struct kvx_stats*);
   kvx_status (*set_logger)(kvx_log_fn, void*, uint32_t);
+  // ABI 1.1.
+  kvx_status (*engine_io_backend)(const struct kvx_engine*, uint32_t*);
 } kvx_api;
 
 #define KVX_OK 0
@@ -291,6 +293,10 @@ void kvx_engine_destroy(struct kvx_engine *e);
 
 // The device the engine resolved: a CUDA ordinal, or -1 for the emulated device.
 kvx_status kvx_engine_device(const struct kvx_engine *e, int32_t *device_out);
+
+// ABI 1.1. The disk I/O backend the engine uses: `KVX_IO_POSIX` or `KVX_IO_URING`
+// (`KVX_IO_AUTO` resolves to one of them; the log says why).
+kvx_status kvx_engine_io_backend(const struct kvx_engine *e, uint32_t *backend_out);
 
 // Copies the engine's counters into `*out`. Set `out->struct_size` first (to
 // `sizeof(kvx_stats)`); fields beyond it are not written.

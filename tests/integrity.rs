@@ -159,7 +159,13 @@ fn sigkill_mid_write_leaves_old_new_or_corrupt_blocks() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(40 + 37 * round));
+        // Let the writer get going (its first generation done, however slow the machine),
+        // then kill it at a different moment of its loop each round.
+        let started = std::time::Instant::now();
+        while !path.with_extension("gen").exists() && started.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(3 + 7 * round));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let committed: u64 = std::fs::read_to_string(path.with_extension("gen")).ok().and_then(|s| s.parse().ok()).unwrap_or(0);

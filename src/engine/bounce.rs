@@ -42,6 +42,11 @@ impl BounceRing {
         (self.total / self.slot_bytes) as u32
     }
 
+    /// The whole ring's memory (address, bytes), e.g. to register it with the kernel.
+    pub fn memory(&self) -> (u64, u64) {
+        (self.base as u64, self.total)
+    }
+
     pub fn slot_bytes(&self) -> u64 {
         self.slot_bytes
     }

@@ -14,6 +14,7 @@ use super::bounce::BounceRing;
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::posix;
+use crate::io::uring::{self, Ring};
 use crate::memory::checksum;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -94,11 +95,11 @@ impl Router {
 }
 
 /// I/O worker: disk I/O and host memcpy.
-pub fn io_worker(router: Arc<Router>, rx: Receiver<Job>) {
+pub fn io_worker(router: Arc<Router>, rx: Receiver<Job>, mut ring: Option<Ring>) {
     while let Ok(Job::Run(mut chunk)) = rx.recv() {
         let op = Router::take_op(&mut chunk);
         let start = std::time::Instant::now();
-        let result = run_host_op(&op, &router.counters);
+        let result = run_host_op(&op, &router.counters, &mut ring);
         let c = &router.counters;
         Counters::add_since(
             match op {
@@ -118,11 +119,28 @@ pub fn io_worker(router: Arc<Router>, rx: Receiver<Job>) {
     }
 }
 
-fn run_host_op(op: &Op, counters: &Counters) -> Result<()> {
+/// The extents as io_uring I/Os, each on the descriptor its alignment allows.
+fn ring_ios(f: &crate::memory::disk::DiskFile, extents: &[Extent]) -> Vec<uring::Io> {
+    use std::os::fd::AsRawFd;
+    extents
+        .iter()
+        .map(|e| {
+            let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
+            uring::Io { fd: fd.as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }
+        })
+        .collect()
+}
+
+fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<()> {
     match op {
         Op::ReadDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
-            for e in extents {
+            if let Some(ring) = ring {
+                // SAFETY: extents lie inside this chunk's slot, which this stage owns.
+                unsafe { ring.run(false, &ring_ios(f, extents)) }.map_err(|err| in_file(err, f.path()))?;
+                Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
+            }
+            for e in extents.iter().filter(|_| ring.is_none()) {
                 let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
                 // SAFETY: extents lie inside this chunk's slot (planner invariant).
                 unsafe { posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off) }
@@ -142,20 +160,34 @@ fn run_host_op(op: &Op, counters: &Counters) -> Result<()> {
         }
         Op::WriteDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
-            for e in extents {
-                // Hash from the slot before writing; store the hashes after the data, so
-                // a crash in between leaves data that no longer matches (detected).
-                let (off, addr, len) = e.payload;
-                // SAFETY: the payload lies inside this chunk's slot.
-                let hashes = f.checksum.as_ref().map(|_| unsafe { checksum::hash_regions(&file.placement, off, addr, len) });
-                write_extent(f, e).map_err(|err| in_file(err, f.path()))?;
-                Counters::add(&counters.bytes_disk_written, e.len);
-                if let (Some(sums), Some(hashes)) = (&f.checksum, hashes) {
-                    for (block, regions) in hashes {
-                        let first = regions[0].0;
-                        let values: Vec<u64> = regions.iter().map(|r| r.1).collect();
-                        sums.write_regions(block, first, &values)?;
+            // Hash from the slot before writing; store the hashes after the data, so a
+            // crash in between leaves data that no longer matches (detected).
+            let hashes: Vec<_> = match &f.checksum {
+                // SAFETY: payloads lie inside this chunk's slot.
+                Some(_) => extents.iter().map(|e| unsafe { checksum::hash_regions(&file.placement, e.payload.0, e.payload.1, e.payload.2) }).collect(),
+                None => Vec::new(),
+            };
+            for e in extents.iter().filter(|e| e.zero_tail > 0) {
+                // SAFETY: the tail lies inside this chunk's slot, reserved for this run.
+                unsafe { std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize) };
+            }
+            match ring {
+                // SAFETY: extents lie inside this chunk's slot, which this stage owns.
+                Some(ring) => unsafe { ring.run(true, &ring_ios(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
+                None => {
+                    for e in extents {
+                        let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
+                        // SAFETY: the extent lies inside this chunk's slot.
+                        unsafe { posix::write_all_at(fd, e.addr as *const u8, e.len, e.file_off) }
+                            .map_err(|err| in_file(err, f.path()))?;
                     }
+                }
+            }
+            Counters::add(&counters.bytes_disk_written, extents.iter().map(|e| e.len).sum());
+            if let Some(sums) = &f.checksum {
+                for (block, regions) in hashes.into_iter().flatten() {
+                    let values: Vec<u64> = regions.iter().map(|r| r.1).collect();
+                    sums.write_regions(block, regions[0].0, &values)?;
                 }
             }
             Ok(())
@@ -166,16 +198,6 @@ fn run_host_op(op: &Op, counters: &Counters) -> Result<()> {
         }
         Op::DeviceCopy { .. } => unreachable!("device copies run on the copy thread"),
     }
-}
-
-fn write_extent(f: &crate::memory::disk::DiskFile, e: &Extent) -> Result<()> {
-    if e.zero_tail > 0 {
-        // SAFETY: the tail lies inside this chunk's slot, reserved for this run.
-        unsafe { std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize) };
-    }
-    let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
-    // SAFETY: the extent lies inside this chunk's slot.
-    unsafe { posix::write_all_at(fd, e.addr as *const u8, e.len, e.file_off) }
 }
 
 fn in_file(err: Error, path: &std::path::Path) -> Error {

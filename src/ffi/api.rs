@@ -96,6 +96,8 @@ pub struct kvx_api {
     pub request_release: unsafe extern "C" fn(*mut kvx_request),
     pub engine_stats: unsafe extern "C" fn(*const kvx_engine, *mut kvx_stats) -> kvx_status,
     pub set_logger: unsafe extern "C" fn(kvx_log_fn, *mut c_void, u32) -> kvx_status,
+    /// ABI 1.1.
+    pub engine_io_backend: unsafe extern "C" fn(*const kvx_engine, *mut u32) -> kvx_status,
 }
 
 static API: kvx_api = kvx_api {
@@ -128,6 +130,7 @@ static API: kvx_api = kvx_api {
     request_release: kvx_request_release,
     engine_stats: kvx_engine_stats,
     set_logger: kvx_set_logger,
+    engine_io_backend: kvx_engine_io_backend,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

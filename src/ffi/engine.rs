@@ -108,6 +108,13 @@ pub unsafe extern "C" fn kvx_engine_device(e: *const kvx_engine, device_out: *mu
     guard(|| Ok((Out::new(device_out, "device_out")?, engine(e)?.device())), |(o, d)| o.write(d))
 }
 
+/// ABI 1.1. The disk I/O backend the engine uses: `KVX_IO_POSIX` or `KVX_IO_URING`
+/// (`KVX_IO_AUTO` resolves to one of them; the log says why).
+#[no_mangle]
+pub unsafe extern "C" fn kvx_engine_io_backend(e: *const kvx_engine, backend_out: *mut u32) -> kvx_status {
+    guard(|| Ok((Out::new(backend_out, "backend_out")?, engine(e)?.io_backend())), |(o, b)| o.write(b))
+}
+
 /// Copies the engine's counters into `*out`. Set `out->struct_size` first (to
 /// `sizeof(kvx_stats)`); fields beyond it are not written.
 #[no_mangle]

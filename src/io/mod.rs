@@ -1,5 +1,6 @@
-//! Disk I/O backends. Today: POSIX pread/pwrite from the engine's I/O worker threads.
+//! Disk I/O backends: POSIX pread/pwrite, or io_uring, from the engine's I/O workers.
 
 #[doc(hidden)]
 pub mod fault;
 pub mod posix;
+pub mod uring;

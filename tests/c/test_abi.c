@@ -246,6 +246,10 @@ int main(void) {
   int32_t dev = 0;
   OK(kvx_engine_device(e, &dev));
   EXPECT(dev == -1, "emulated device reports %d", dev);
+  uint32_t backend = 99;
+  OK(kvx_engine_io_backend(e, &backend));
+  EXPECT(backend == KVX_IO_POSIX, "KVX_IO_AUTO resolves to %u", backend);
+  EXPECT(kvx_get_api(1)->engine_io_backend == kvx_engine_io_backend, "table entry");
   versions_and_table();
   round_trip(e, dir);
   bad_calls_suite(e, dir);

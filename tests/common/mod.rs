@@ -31,6 +31,11 @@ pub fn test_device() -> i32 {
 pub fn engine_with(f: impl FnOnce(&mut EngineConfig)) -> Engine {
     let mut c = EngineConfig {
         device: test_device(),
+        // KVX_TEST_IO_BACKEND=uring runs the suites on io_uring.
+        io_backend: match std::env::var("KVX_TEST_IO_BACKEND").as_deref() {
+            Ok("uring") => kvxfer::engine::IO_URING,
+            _ => kvxfer::engine::IO_AUTO,
+        },
         io_threads: 4,
         bounce_bytes: 2 << 20,
         slot_bytes: 64 << 10,
