@@ -135,18 +135,19 @@ fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<
     match op {
         Op::ReadDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
-            if let Some(ring) = ring {
+            match ring {
                 // SAFETY: extents lie inside this chunk's slot, which this stage owns.
-                unsafe { ring.run(false, &ring_ios(f, extents)) }.map_err(|err| in_file(err, f.path()))?;
-                Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
+                Some(ring) => unsafe { ring.run(false, &ring_ios(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
+                None => {
+                    for e in extents {
+                        let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
+                        // SAFETY: extents lie inside this chunk's slot (planner invariant).
+                        unsafe { posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off) }
+                            .map_err(|err| in_file(err, f.path()))?;
+                    }
+                }
             }
-            for e in extents.iter().filter(|_| ring.is_none()) {
-                let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
-                // SAFETY: extents lie inside this chunk's slot (planner invariant).
-                unsafe { posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off) }
-                    .map_err(|err| in_file(err, f.path()))?;
-                Counters::add(&counters.bytes_disk_read, e.len);
-            }
+            Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
             if let Some(sums) = &f.checksum {
                 for e in extents {
                     let (off, addr, len) = e.payload;

@@ -36,7 +36,6 @@ pub struct Sidecar {
     path: PathBuf,
     /// Regions per block (`num_layers × outer_dim`).
     per_block: u64,
-    num_layers: u64,
     outer_dim: u64,
 }
 
@@ -73,7 +72,7 @@ impl Sidecar {
             ),
             _ => Error::io(format_args!("opening {shown}"), e),
         })?;
-        let s = Sidecar { file, path: path.clone(), per_block, num_layers: g.cfg.num_layers, outer_dim: g.cfg.outer_dim };
+        let s = Sidecar { file, path: path.clone(), per_block, outer_dim: g.cfg.outer_dim };
         let want = Self::header(g);
         if create {
             // Zero entries: every block starts out "never written".
@@ -146,7 +145,6 @@ impl Sidecar {
                 "block {block} was not completely written (its last write did not finish, or some layers were never written)"
             );
         }
-        debug_assert!(self.num_layers * self.outer_dim == self.per_block);
         Ok(())
     }
 
