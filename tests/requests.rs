@@ -250,7 +250,7 @@ fn a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back() {
 #[test]
 fn io_uring_moves_the_same_bytes_or_says_why_not() {
     let e = match kvxfer::Engine::new(&kvxfer::EngineConfig {
-        device: kvxfer::gpu::DEVICE_EMULATED,
+        device: test_device(),
         io_backend: kvxfer::engine::IO_URING,
         bounce_bytes: 1 << 20,
         slot_bytes: 64 << 10,
