@@ -258,8 +258,9 @@ fn io_uring_moves_the_same_bytes_or_says_why_not() {
     }) {
         Ok(e) => e,
         Err(err) => {
-            assert_eq!(err.status, Status::Unsupported);
-            assert!(err.message.contains("KVX_IO_POSIX"), "{}", err.message);
+            // io_uring refused here, or KVX_TEST_DEVICE names a GPU this machine lacks.
+            assert!(err.status == Status::Unsupported || err.status == Status::NoDevice, "{err}");
+            assert!(err.status == Status::NoDevice || err.message.contains("KVX_IO_POSIX"), "{}", err.message);
             use std::io::Write;
             let _ = writeln!(std::io::stderr(), "io_uring_moves_the_same_bytes: skipped: {}", err.message);
             return;
