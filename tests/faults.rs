@@ -49,6 +49,7 @@ fn expect_for(fault: Fault) -> (Status, &'static str) {
 }
 
 /// Runs `transfer` with the `n`th call at `site` faulted; checks status, message, slots.
+#[allow(clippy::too_many_arguments)]
 fn one(s: &Setup, site: Site, n: u64, fault: Fault, name: &str, src: &Arc<Layout>, dst: &Arc<Layout>, out: &mut String) {
     fault::inject(site, n, fault);
     let r = s.e.submit(src, &s.ids, dst, &s.ids, &Default::default()).unwrap();

@@ -116,15 +116,24 @@ fn callback_runs_once_before_wait_returns() {
     let c = cfg(8, 2, 2, 16, 64, 2);
     let src = make_layout(&e, &c, FC, StorageKind::Disk);
     let dst = make_layout(&e, &c, FC, StorageKind::Device);
-    for (ids, want) in [(vec![0u64, 1, 2], Status::Ok)] {
-        let seen = Seen { calls: AtomicU32::new(0), status: AtomicU32::new(99) };
-        let cb = Callback { func: on_done, user_data: &seen as *const Seen as *mut c_void };
-        let opts = TransferOptions { on_complete: Some(cb), ..Default::default() };
-        let r = e.submit(&src, &ids, &dst, &ids, &opts).unwrap();
-        assert_eq!(r.wait(None), want);
-        assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
-        assert_eq!(seen.status.load(Ordering::SeqCst), want as u32);
-    }
+    let seen = Seen { calls: AtomicU32::new(0), status: AtomicU32::new(99) };
+    let cb = Callback { func: on_done, user_data: &seen as *const Seen as *mut c_void };
+    let opts = TransferOptions { on_complete: Some(cb), ..Default::default() };
+    let r = e.submit(&src, &[0, 1, 2], &dst, &[0, 1, 2], &opts).unwrap();
+    assert_eq!(r.wait(None), Status::Ok);
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.status.load(Ordering::SeqCst), Status::Ok as u32);
+    // A cancelled request's callback gets the cancelled status, once.
+    let slow = engine_with(|c| c.io_threads = 1);
+    let (bs, bd, ids) = big(&slow);
+    let seen = Seen { calls: AtomicU32::new(0), status: AtomicU32::new(99) };
+    let cb = Callback { func: on_done, user_data: &seen as *const Seen as *mut c_void };
+    let opts = TransferOptions { on_complete: Some(cb), ..Default::default() };
+    let r = slow.submit(&bs, &ids, &bd, &ids, &opts).unwrap();
+    r.cancel();
+    assert_eq!(r.wait(None), Status::Cancelled);
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.status.load(Ordering::SeqCst), Status::Cancelled as u32);
 }
 
 #[test]

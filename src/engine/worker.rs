@@ -2,8 +2,9 @@
 //!
 //! - I/O workers (a pool sharing one queue): disk reads and writes, host memcpy.
 //! - The copy thread: device copies, issued in order on the device's streams.
-//! - The fence thread: waits for issued device copies and moves their chunks on, so the
-//!   copy thread never blocks on the device.
+//! - Fence threads, one per stream lane: wait for issued device copies and move their
+//!   chunks on, so the copy thread never blocks on the device.
+//!
 //! A chunk runs its stages in order and then gives its slot back; a stage of a cancelled
 //! or failed request is skipped.
 

@@ -7,6 +7,7 @@
 //!   scatters staging → regions;
 //! - D2H: `kvx_copy_regions` gathers regions → staging, then one copy staging → host;
 //! - D2D: `kvx_copy_regions` straight from regions to regions.
+//!
 //! The region table goes up with one small copy from the slot's pinned table.
 
 use super::driver::{check, sys};
