@@ -136,26 +136,34 @@ fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<
     match op {
         Op::ReadDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
+            let mut hashed = Vec::new();
             match ring {
                 // SAFETY: extents lie inside this chunk's slot, which this stage owns.
                 Some(ring) => unsafe { ring.run(false, &ring_ios(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
                 None => {
                     for e in extents {
                         let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
-                        // SAFETY: extents lie inside this chunk's slot (planner invariant).
-                        unsafe { posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off) }
-                            .map_err(|err| in_file(err, f.path()))?;
+                        match f.checksum {
+                            // SAFETY: the extent lies inside this chunk's slot.
+                            Some(_) => hashed.extend(unsafe { read_hashing(fd, e, &file.placement) }.map_err(|err| in_file(err, f.path()))?),
+                            // SAFETY: extents lie inside this chunk's slot (planner invariant).
+                            None => unsafe { posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off) }
+                                .map_err(|err| in_file(err, f.path()))?,
+                        }
                     }
                 }
             }
             Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
             if let Some(sums) = &f.checksum {
-                for e in extents {
-                    let (off, addr, len) = e.payload;
-                    // SAFETY: the payload lies inside this chunk's slot, just read.
-                    for (block, regions) in unsafe { checksum::hash_regions(&file.placement, off, addr, len) } {
-                        sums.verify(block, &regions)?;
+                if ring.is_some() {
+                    for e in extents {
+                        let (off, addr, len) = e.payload;
+                        // SAFETY: the payload lies inside this chunk's slot, just read.
+                        hashed.extend(unsafe { checksum::hash_regions(&file.placement, off, addr, len) });
                     }
+                }
+                for (block, regions) in hashed {
+                    sums.verify(block, &regions)?;
                 }
             }
             Ok(())
@@ -200,6 +208,45 @@ fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<
         }
         Op::DeviceCopy { .. } => unreachable!("device copies run on the copy thread"),
     }
+}
+
+/// Bytes read per system call when the data is also hashed: small enough that each
+/// piece is still in the CPU cache when its regions are hashed, so checksumming does not
+/// read the slot from memory a second time.
+const HASH_PIECE: u64 = 256 << 10;
+
+/// Reads extent `e` piece by piece and hashes each region of its payload as soon as all
+/// of it has arrived; the hashes grouped per block as `checksum::hash_regions` gives them.
+///
+/// # Safety
+/// The extent must lie inside slot memory owned by the caller.
+unsafe fn read_hashing(
+    fd: std::os::fd::BorrowedFd<'_>,
+    e: &Extent,
+    pl: &crate::layout::Placement,
+) -> Result<Vec<(u64, Vec<(u64, u64)>)>> {
+    let (p_off, p_addr, p_len) = e.payload;
+    let region = pl.geom.region_bytes;
+    let piece = HASH_PIECE.max(region.next_multiple_of(4096));
+    let (end, mut upto, mut next) = (e.file_off + e.len, e.file_off, p_off);
+    let mut out: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+    while upto < end {
+        let n = piece.min(end - upto);
+        posix::read_exact_at(fd, (e.addr + (upto - e.file_off)) as *mut u8, n, upto)?;
+        upto += n;
+        // Whole payload regions that have arrived.
+        let ready = upto.min(p_off + p_len).saturating_sub(next) / region * region;
+        if ready > 0 {
+            for (block, regions) in checksum::hash_regions(pl, next, p_addr + (next - p_off), ready) {
+                match out.last_mut() {
+                    Some((b, v)) if *b == block => v.extend(regions),
+                    _ => out.push((block, regions)),
+                }
+            }
+            next += ready;
+        }
+    }
+    Ok(out)
 }
 
 fn in_file(err: Error, path: &std::path::Path) -> Error {
