@@ -4,18 +4,18 @@ use super::{CopyKind, CopyOp, Fence, Gpu};
 use crate::error::{bail, Result};
 use crate::memory::host::{map_anonymous, unmap};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::RwLock;
 
 /// Device allocations by start address, so copies are checked the way the CUDA driver
 /// checks them: a copy may not run past the end of the allocation it starts in.
 #[derive(Debug, Default)]
 pub struct Emulated {
-    allocations: Mutex<BTreeMap<u64, u64>>,
+    allocations: RwLock<BTreeMap<u64, u64>>,
 }
 
 impl Emulated {
     fn check_in_one_allocation(&self, addr: u64, len: u64) -> Result<()> {
-        let allocs = self.allocations.lock().unwrap();
+        let allocs = self.allocations.read().unwrap();
         if let Some((&start, &size)) = allocs.range(..=addr).next_back() {
             if addr < start + size && addr + len > start + size {
                 bail!(Cuda, "copy of {len} bytes at {addr:#x} runs past the end of its device allocation (a GPU would refuse it)");
@@ -36,12 +36,12 @@ impl Gpu for Emulated {
 
     fn alloc_device(&self, bytes: u64) -> Result<u64> {
         let addr = map_anonymous(bytes)? as u64;
-        self.allocations.lock().unwrap().insert(addr, bytes);
+        self.allocations.write().unwrap().insert(addr, bytes);
         Ok(addr)
     }
 
     unsafe fn free_device(&self, addr: u64, bytes: u64) {
-        self.allocations.lock().unwrap().remove(&addr);
+        self.allocations.write().unwrap().remove(&addr);
         unmap(addr as *mut u8, bytes)
     }
 
