@@ -94,10 +94,8 @@ impl LayoutConfig {
             .ok_or_else(|| overflow("num_layers"))?;
         // The largest allocation any layout of this geometry needs: the padded disk file.
         let padded = align_up(block_bytes, MAX_IO_ALIGN).ok_or_else(|| overflow("num_layers"))?;
-        padded.checked_mul(self.num_blocks).ok_or_else(|| overflow("num_blocks"))?;
-        if padded.checked_mul(self.num_blocks).is_some_and(|total| total > isize::MAX as u64) {
-            return Err(overflow("num_blocks"));
-        }
+        // Allocations are also addressed as isize, so the total must fit that too.
+        padded.checked_mul(self.num_blocks).filter(|&total| total <= isize::MAX as u64).ok_or_else(|| overflow("num_blocks"))?;
         Ok(Geometry { cfg: *self, region_bytes, block_bytes })
     }
 }

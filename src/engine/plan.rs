@@ -275,13 +275,13 @@ impl Planner {
 
     fn direct_op(&self, pieces: &[Piece]) -> Op {
         let ops = coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))));
-        let device = |kind| Op::DeviceCopy { kind, ops: ops.clone(), host_is_bounce: false, after: self.after };
-        match (self.src.kind(), self.dst.kind()) {
-            (StorageKind::Device, StorageKind::Device) => device(CopyKind::DeviceToDevice),
-            (StorageKind::Device, _) => device(CopyKind::DeviceToHost),
-            (_, StorageKind::Device) => device(CopyKind::HostToDevice),
-            _ => Op::HostCopy(ops),
-        }
+        let kind = match (self.src.kind(), self.dst.kind()) {
+            (StorageKind::Device, StorageKind::Device) => CopyKind::DeviceToDevice,
+            (StorageKind::Device, _) => CopyKind::DeviceToHost,
+            (_, StorageKind::Device) => CopyKind::HostToDevice,
+            _ => return Op::HostCopy(ops),
+        };
+        Op::DeviceCopy { kind, ops, host_is_bounce: false, after: self.after }
     }
 
     /// Source → slot.

@@ -224,12 +224,12 @@ unsafe fn read_hashing(
     fd: std::os::fd::BorrowedFd<'_>,
     e: &Extent,
     pl: &crate::layout::Placement,
-) -> Result<Vec<(u64, Vec<(u64, u64)>)>> {
+) -> Result<Vec<checksum::BlockHashes>> {
     let (p_off, p_addr, p_len) = e.payload;
     let region = pl.geom.region_bytes;
     let piece = HASH_PIECE.max(region.next_multiple_of(4096));
     let (end, mut upto, mut next) = (e.file_off + e.len, e.file_off, p_off);
-    let mut out: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+    let mut out: Vec<checksum::BlockHashes> = Vec::new();
     while upto < end {
         let n = piece.min(end - upto);
         posix::read_exact_at(fd, (e.addr + (upto - e.file_off)) as *mut u8, n, upto)?;

@@ -157,14 +157,17 @@ impl Sidecar {
     }
 }
 
+/// One block's region hashes: (block, [(region index, hash)]).
+pub type BlockHashes = (u64, Vec<(u64, u64)>);
+
 /// Hashes of the whole regions in `[file_off, file_off + len)` of a disk placement, whose
 /// bytes are at `addr`, grouped per block as (block, [(region index, hash)]).
 ///
 /// # Safety
 /// `[addr, addr + len)` must be readable.
-pub unsafe fn hash_regions(pl: &crate::layout::Placement, file_off: u64, addr: u64, len: u64) -> Vec<(u64, Vec<(u64, u64)>)> {
+pub unsafe fn hash_regions(pl: &crate::layout::Placement, file_off: u64, addr: u64, len: u64) -> Vec<BlockHashes> {
     let (stride, r) = (pl.block_stride, pl.geom.region_bytes);
-    let mut out: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+    let mut out: Vec<BlockHashes> = Vec::new();
     let mut x = file_off;
     while x + r <= file_off + len {
         let (block, idx) = (x / stride, x % stride / r);
