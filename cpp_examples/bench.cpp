@@ -61,6 +61,16 @@ struct Options {
   std::exit(code);
 }
 
+const char *io_backend_name(uint32_t b) {
+  switch (b) {
+    case KVX_IO_POSIX: return "pread/pwrite";
+    case KVX_IO_URING: return "io_uring";
+    case KVX_IO_NIXL: return "NIXL POSIX plugin";
+    case KVX_IO_GDS: return "cuFile (GDS)";
+    default: return "?";
+  }
+}
+
 uint32_t io_backend_of(const std::string &s) {
   if (s == "auto") return KVX_IO_AUTO;
   if (s == "posix") return KVX_IO_POSIX;
@@ -346,7 +356,9 @@ int run(const Options &o) {
               block_bytes / 1e6, (unsigned long long)o.num_layers, (unsigned long long)o.outer_dim,
               (unsigned long long)o.page_size, (unsigned long long)o.inner_dim, (unsigned long long)o.dtype_bytes,
               raw.region_bytes / 1024.0, (unsigned long long)o.blocks_per_batch, o.iterations);
-  if (want_disk) std::printf(", file %s (%s%s)", path.c_str(), o.buffered ? "buffered" : "O_DIRECT", o.checksum ? ", checksummed" : "");
+  if (want_disk)
+    std::printf(", file %s (%s%s), disk I/O by %s", path.c_str(), o.buffered ? "buffered" : "O_DIRECT", o.checksum ? ", checksummed" : "",
+                io_backend_name(e.io_backend()));
   std::printf("\n%-16s %10s %9s %9s %12s %11s  %s\n", "direction", "GB/s", "p50 ms", "p99 ms", "limit GB/s", "% of limit",
               "limit measured as");
 
@@ -421,10 +433,10 @@ int run(const Options &o) {
                 util(before.device_copy_ns, after.device_copy_ns), util(before.slot_wait_ns, after.slot_wait_ns));
     if (o.json)
       std::printf("{\"system\": \"kvxfer\", \"direction\": \"%s\", \"layout\": \"%s\", \"blocks_per_batch\": %llu, "
-                  "\"num_blocks\": %llu, \"block_bytes\": %llu, \"gbps\": %.3f, \"limit_gbps\": %.3f, \"p50_ms\": %.3f, "
+                  "\"num_blocks\": %llu, \"block_bytes\": %llu, \"io_backend\": \"%s\", \"gbps\": %.3f, \"limit_gbps\": %.3f, \"p50_ms\": %.3f, "
                   "\"p99_ms\": %.3f, \"loop_gbps\": %.3f}\n",
                   d.name, o.layout.c_str(), (unsigned long long)o.blocks_per_batch, (unsigned long long)o.num_blocks,
-                  (unsigned long long)block_bytes, kvx, limit, percentile(lat, 0.5), percentile(lat, 0.99),
+                  (unsigned long long)block_bytes, io_backend_name(e.io_backend()), kvx, limit, percentile(lat, 0.5), percentile(lat, 0.99),
                   loop_s > 0 ? gbps(bytes, loop_s) : 0.0);
     if (loop_s > 0)
       std::printf("%-16s %10.2f %9s %9s %12s %11s  naive: one %s per %.1f KiB region (kvxfer: %.2fx)\n", "  per-region loop",

@@ -111,6 +111,12 @@ class Engine {
     check(kvx_engine_device(h_.get(), &d));
     return d;
   }
+  /// The disk I/O backend in use (KVX_IO_POSIX, _URING, _NIXL or _GDS).
+  uint32_t io_backend() const {
+    uint32_t b = 0;
+    check(kvx_engine_io_backend(h_.get(), &b));
+    return b;
+  }
   kvx_stats stats() const {
     kvx_stats s{};
     s.struct_size = sizeof s;

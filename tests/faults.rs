@@ -32,7 +32,19 @@ fn setup() -> Setup {
     // Device copies can be made to fail on the emulated device only, so these tests run
     // there even where KVX_TEST_DEVICE names a GPU (the helpers then read host memory).
     std::env::set_var("KVX_TEST_DEVICE", "-1");
-    let e = engine_with(|c| c.io_threads = 2);
+    // Faults are injected at the pread/pwrite and io_uring calls; NIXL and cuFile make
+    // their own, so under those the walk runs on POSIX (and says so).
+    let backend = match test_io_backend() {
+        b @ (kvxfer::engine::IO_POSIX | kvxfer::engine::IO_URING) => b,
+        _ => {
+            let _ = writeln!(std::io::stderr(), "faults: KVX_TEST_IO_BACKEND has no injection points; walking the POSIX path");
+            kvxfer::engine::IO_POSIX
+        }
+    };
+    let e = engine_with(|c| {
+        c.io_threads = 2;
+        c.io_backend = backend;
+    });
     let c = cfg(16, 3, 2, 16, 128, 2); // 24 KiB blocks: 6 chunks of 64 KiB
     let disk = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
     let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);

@@ -255,39 +255,3 @@ fn a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back() {
     let auto = engine_with(|c| c.device = kvxfer::gpu::DEVICE_AUTO);
     assert_eq!(auto.device(), -1, "KVX_DEVICE_AUTO runs on the emulated device without a driver");
 }
-
-#[test]
-fn io_uring_moves_the_same_bytes_or_says_why_not() {
-    let e = match kvxfer::Engine::new(&kvxfer::EngineConfig {
-        device: test_device(),
-        io_backend: kvxfer::engine::IO_URING,
-        bounce_bytes: 1 << 20,
-        slot_bytes: 64 << 10,
-        ..Default::default()
-    }) {
-        Ok(e) => e,
-        Err(err) => {
-            // io_uring refused here, or KVX_TEST_DEVICE names a GPU this machine lacks.
-            assert!(err.status == Status::Unsupported || err.status == Status::NoDevice, "{err}");
-            assert!(err.status == Status::NoDevice || err.message.contains("KVX_IO_POSIX"), "{}", err.message);
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "io_uring_moves_the_same_bytes: skipped: {}", err.message);
-            return;
-        }
-    };
-    assert_eq!(e.io_backend(), kvxfer::engine::IO_URING);
-    let c = cfg(8, 3, 2, 5, 7, 2); // unaligned regions: aligned and buffered extents
-    let ids: Vec<u64> = (0..8).collect();
-    let pairs: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
-    let host = make_layout(&e, &c, FC, StorageKind::Host);
-    let disk = make_layout(&e, &c, FC, StorageKind::Disk);
-    let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
-    fill(&host, 12);
-    fill(&dev, 13);
-    assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
-    let opts = TransferOptions { layer_begin: 1, layer_end: 2, ..Default::default() };
-    assert_eq!(transfer(&e, &disk, &ids, &dev, &ids, &opts), Status::Ok);
-    check(&dev, 13, 12, &pairs, 1..2, "io_uring");
-    let auto = engine_with(|c| c.io_backend = kvxfer::engine::IO_AUTO);
-    assert_eq!(auto.io_backend(), kvxfer::engine::IO_POSIX);
-}

@@ -2,8 +2,12 @@
 //! `TransferOptions`, and the choice of disk I/O backend.
 
 use super::request::Callback;
-use crate::error::{bail, Error, Result, Status};
-use crate::gpu;
+use crate::error::{bail, Result};
+use crate::gpu::{self, Gpu};
+use crate::io::gds::Gds;
+use crate::io::uring::Ring;
+use crate::io::{nixl, Port};
+use std::sync::Arc;
 
 /// `KVX_IO_*`: how disk bytes move.
 pub const IO_AUTO: u32 = 0;
@@ -59,16 +63,8 @@ impl EngineConfig {
         if c.flags != 0 {
             bail!(InvalidArg, "engine config: unknown flags {:#x}", c.flags);
         }
-        match c.io_backend {
-            IO_AUTO | IO_POSIX | IO_URING => {}
-            IO_NIXL | IO_GDS => {
-                bail!(
-                    Unsupported,
-                    "engine config: io_backend {} (NIXL/GDS) is not available in this build; use KVX_IO_AUTO, KVX_IO_POSIX or KVX_IO_URING",
-                    c.io_backend
-                )
-            }
-            b => bail!(InvalidArg, "engine config: io_backend {b} is not a KVX_IO_* value"),
+        if c.io_backend > IO_GDS {
+            bail!(InvalidArg, "engine config: io_backend {} is not a KVX_IO_* value", c.io_backend);
         }
         if c.io_threads == 0 {
             c.io_threads = default_io_threads();
@@ -114,25 +110,75 @@ pub struct TransferOptions {
 /// Queue depth of each I/O worker's io_uring: a chunk's extents are submitted at once.
 const URING_DEPTH: u32 = 64;
 
-/// Resolves the I/O backend: POSIX as asked; io_uring as asked (one ring per worker) or
-/// `KVX_ERR_UNSUPPORTED` with the kernel's reason; AUTO takes POSIX and says whether
-/// io_uring would have been available (it is not yet measured faster on every host).
-pub(super) fn io_rings(asked: u32, workers: u32, bounce: (u64, u64)) -> Result<(u32, Vec<crate::io::uring::Ring>)> {
-    use crate::io::uring::Ring;
+/// The disk I/O an engine uses: what `kvx_engine_io_backend` reports, one port per I/O
+/// worker, and cuFile when disk <-> device bytes bypass the bounce slots.
+pub(super) struct IoChoice {
+    pub backend: u32,
+    pub ports: Vec<Port>,
+    pub gds: Option<Arc<Gds>>,
+}
+
+fn uring_ports(workers: u32, slots: (u64, u64)) -> std::io::Result<Vec<Port>> {
+    (0..workers).map(|_| Ring::new(URING_DEPTH, Some(slots)).map(Port::Uring)).collect()
+}
+
+fn posix_ports(workers: u32) -> Vec<Port> {
+    (0..workers).map(|_| Port::Posix).collect()
+}
+
+/// Opens the backend the caller named, or `KVX_ERR_UNSUPPORTED` saying why it cannot work
+/// here; for `KVX_IO_AUTO`, probes each and takes the fastest that works (see the README's
+/// backend table), logging the choice and why the others were not taken. `slots` is the
+/// bounce ring (address, bytes); the engine's threads have not started.
+pub(super) fn choose_io(asked: u32, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u64, u64)) -> Result<IoChoice> {
+    let choice = |backend, ports, gds| Ok(IoChoice { backend, ports, gds });
     match asked {
-        IO_URING => {
-            let rings = (0..workers).map(|_| Ring::new(URING_DEPTH, Some(bounce))).collect::<std::io::Result<Vec<_>>>().map_err(|e| {
-                Error::new(Status::Unsupported, format!("KVX_IO_URING: this kernel or its seccomp policy refuses io_uring ({e}); use KVX_IO_POSIX"))
-            })?;
-            Ok((IO_URING, rings))
+        IO_POSIX => choice(IO_POSIX, posix_ports(workers), None),
+        IO_URING => match uring_ports(workers, slots) {
+            Ok(ports) => choice(IO_URING, ports, None),
+            Err(e) => bail!(Unsupported, "KVX_IO_URING: this kernel or its seccomp policy refuses io_uring ({e}); use KVX_IO_POSIX"),
+        },
+        IO_NIXL => {
+            let ports = (0..workers).map(|_| nixl::Port::new(slots).map(Port::Nixl)).collect::<Result<Vec<_>>>()?;
+            log::info!("I/O backend: NIXL POSIX plugin, one agent per I/O worker");
+            choice(IO_NIXL, ports, None)
         }
-        IO_AUTO => {
-            match Ring::new(2, None) {
-                Ok(_) => log::info!("I/O backend: pread/pwrite (KVX_IO_AUTO); io_uring is available as KVX_IO_URING"),
-                Err(e) => log::info!("I/O backend: pread/pwrite (KVX_IO_AUTO); io_uring is not available here ({e})"),
+        IO_GDS => {
+            let gds = Gds::open(gpu, slots)?;
+            log::info!("I/O backend: {}; checksummed files and host <-> disk transfers use the bounce slots", gds.mode());
+            choice(IO_GDS, posix_ports(workers), Some(Arc::new(gds)))
+        }
+        _ => {
+            let mut not_taken = Vec::new();
+            // cuFile only pays when it skips the host: without nvidia-fs it reads through
+            // its own bounce buffers, the same two hops as ours, one copy at a time.
+            if gpu.ordinal() < 0 {
+                not_taken.push("GDS: no CUDA device".to_string());
+            } else if !std::path::Path::new("/proc/driver/nvidia-fs/version").exists() {
+                not_taken.push("GDS: no nvidia-fs kernel module, so cuFile would run in compatibility mode (two hops, like the bounce ring)".into());
+            } else {
+                match Gds::open(gpu, slots) {
+                    Ok(gds) => {
+                        log::info!("I/O backend: {} (KVX_IO_AUTO)", gds.mode());
+                        return choice(IO_GDS, posix_ports(workers), Some(Arc::new(gds)));
+                    }
+                    Err(e) => not_taken.push(format!("GDS: {}", e.message)),
+                }
             }
-            Ok((IO_POSIX, Vec::new()))
+            not_taken.push(match nixl::missing() {
+                Some(why) => format!("NIXL: {why}"),
+                None => "NIXL: found, but its POSIX plugin adds a transfer request per chunk over the same kernel I/O; ask for KVX_IO_NIXL".into(),
+            });
+            let (backend, ports) = match uring_ports(workers, slots) {
+                Ok(ports) => (IO_URING, ports),
+                Err(e) => {
+                    not_taken.push(format!("io_uring: refused here ({e})"));
+                    (IO_POSIX, posix_ports(workers))
+                }
+            };
+            let name = if backend == IO_URING { "io_uring" } else { "pread/pwrite" };
+            log::info!("I/O backend: {name} (KVX_IO_AUTO); not taken: {}", not_taken.join("; "));
+            choice(backend, ports, None)
         }
-        _ => Ok((IO_POSIX, Vec::new())),
     }
 }

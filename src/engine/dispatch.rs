@@ -32,7 +32,7 @@ pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Optio
 fn run(router: &Router, ring: &BounceRing, req: &Arc<Request>) {
     let Some(p) = req.plan_inputs() else { return };
     let segs = segments(&p.src.placement, &p.dst.placement, &p.pairs, p.layers);
-    let mut planner = Planner::new(p.src, p.dst, segs, ring.slot_bytes(), p.after);
+    let mut planner = Planner::new(p.src, p.dst, segs, ring.slot_bytes(), p.after, router.gds.is_some());
     loop {
         let waiting = std::time::Instant::now();
         let slot = ring.acquire();

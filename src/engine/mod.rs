@@ -36,6 +36,16 @@ use std::thread::JoinHandle;
 use worker::{Job, Router};
 
 
+/// For logs.
+fn backend_name(b: u32) -> &'static str {
+    match b {
+        IO_URING => "io_uring",
+        IO_NIXL => "NIXL",
+        IO_GDS => "cuFile",
+        _ => "pread/pwrite",
+    }
+}
+
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Submission side of the request queue. `accepting` is checked and the request sent
@@ -78,7 +88,8 @@ impl Engine {
         let slots = (cfg.bounce_bytes / cfg.slot_bytes) as u32;
         let ring = Arc::new(BounceRing::new(gpu.clone(), slots, cfg.slot_bytes)?);
         gpu.prepare_slots(slots, cfg.slot_bytes)?;
-        let (io_backend, mut rings) = config::io_rings(cfg.io_backend, cfg.io_threads, ring.memory())?;
+        let io = config::choose_io(cfg.io_backend, cfg.io_threads, &gpu, ring.memory())?;
+        let io_backend = io.backend;
         let counters = Arc::new(Counters::default());
         let (io_tx, io_rx) = crossbeam_channel::unbounded();
         let (copy_tx, copy_rx) = crossbeam_channel::unbounded();
@@ -91,6 +102,7 @@ impl Engine {
             copy_tx,
             fence_tx,
             shutdown: Default::default(),
+            gds: io.gds,
         });
         let id = NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed);
         let engine = Engine {
@@ -106,9 +118,9 @@ impl Engine {
         // If a spawn fails, dropping `engine` stops the threads already started.
         {
             let mut threads = engine.threads.lock().unwrap();
-            for i in 0..cfg.io_threads {
-                let (r, rx, uring) = (router.clone(), io_rx.clone(), rings.pop());
-                threads.push(spawn(format!("kvx-io-{i}"), move || worker::io_worker(r, rx, uring))?);
+            for (i, port) in io.ports.into_iter().enumerate() {
+                let (r, g, rx) = (router.clone(), gpu.clone(), io_rx.clone());
+                threads.push(spawn(format!("kvx-io-{i}"), move || worker::io_worker(r, g, rx, port))?);
             }
             let (r, g) = (router.clone(), gpu.clone());
             threads.push(spawn("kvx-copy".into(), move || worker::copy_thread(r, g, copy_rx))?);
@@ -123,7 +135,7 @@ impl Engine {
             "engine {id}: {}, {} I/O threads ({}), {} bounce slots of {} KiB",
             gpu.describe(),
             cfg.io_threads,
-            if io_backend == IO_URING { "io_uring" } else { "pread/pwrite" },
+            backend_name(io_backend),
             slots,
             cfg.slot_bytes >> 10
         );
@@ -135,7 +147,7 @@ impl Engine {
         self.gpu.ordinal()
     }
 
-    /// The disk I/O backend in use: `IO_POSIX` or `IO_URING`.
+    /// The disk I/O backend in use: `IO_POSIX`, `IO_URING`, `IO_NIXL` or `IO_GDS`.
     pub fn io_backend(&self) -> u32 {
         self.cfg.io_backend
     }

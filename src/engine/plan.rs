@@ -4,12 +4,15 @@
 //! The strategy depends only on the (source, destination) storage pair, never on whether
 //! the device is real or emulated, so CI exercises the same paths a GPU machine runs:
 //! - memory ↔ memory where the hardware can: one direct stage (device copy or memcpy);
-//! - disk, or pageable host ↔ device: two stages through a bounce slot (fill, drain).
+//! - disk, or pageable host ↔ device: two stages through a bounce slot (fill, drain);
+//! - disk ↔ device with cuFile (`KVX_IO_GDS`, unchecksummed files): one stage, no slot
+//!   memory (the chunk still holds a slot, which bounds the I/Os in flight).
 //!
 //! Disk bytes are placed in a slot at the same offset modulo the I/O alignment as in the
 //! file, so reads can be widened to aligned `O_DIRECT` reads and writes stay aligned.
 
 use crate::gpu::{CopyKind, CopyOp};
+use crate::io::Io;
 use crate::layout::{align_down, align_up, Loc, Segment};
 use crate::memory::{Layout, StorageKind};
 use std::sync::Arc;
@@ -38,6 +41,9 @@ pub enum Op {
     /// On the copy thread. `host_is_bounce`: the host side is the chunk's bounce slot.
     /// `after`: a captured caller event the copies wait for.
     DeviceCopy { kind: CopyKind, ops: Vec<CopyOp>, host_is_bounce: bool, after: Option<u64> },
+    /// cuFile between the file and device memory, on an I/O worker (`Io::addr` is a
+    /// device address).
+    DiskDevice { file: Arc<Layout>, write: bool, ios: Vec<Io> },
 }
 
 impl Op {
@@ -56,6 +62,8 @@ enum Strategy {
     Direct,
     /// Fill a slot from the source, drain it into the destination.
     Bounce,
+    /// cuFile moves file bytes straight to or from device memory.
+    DiskDevice,
 }
 
 fn strategy(src: StorageKind, dst: StorageKind) -> Strategy {
@@ -133,7 +141,9 @@ pub struct Planner {
 }
 
 impl Planner {
-    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<u64>) -> Planner {
+    /// `gds`: the engine opened cuFile, so unchecksummed disk <-> device transfers skip
+    /// the bounce slots (checksums are computed and verified on host bytes).
+    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<u64>, gds: bool) -> Planner {
         let mut strategy = strategy(src.kind(), dst.kind());
         let pinned_device = match (src.kind(), dst.kind()) {
             (StorageKind::Pinned, StorageKind::Device) => Some(true),
@@ -149,10 +159,18 @@ impl Planner {
             (None, None) => MEMORY_SLOT_ALIGN,
         };
         debug_assert!(slot_bytes % align == 0 && slot_bytes >= 2 * align);
+        let checksummed = |l: &Layout| l.disk().is_some_and(|f| f.checksum.is_some());
+        let disk_device = matches!((src.kind(), dst.kind()), (StorageKind::Disk, StorageKind::Device) | (StorageKind::Device, StorageKind::Disk));
+        if gds && disk_device && !checksummed(&src) && !checksummed(&dst) {
+            strategy = Strategy::DiskDevice;
+        }
+        // cuFile chunks stay slot-sized, so several I/O workers share even one block.
         let device = src.kind() == StorageKind::Device || dst.kind() == StorageKind::Device;
         let avg = segs.iter().map(|s| s.len).sum::<u64>() / segs.len().max(1) as u64;
-        let direct_chunk = if device && avg >= LARGE_SEGMENT { DIRECT_DEVICE_CHUNK.max(slot_bytes) } else { slot_bytes };
-        let checksummed = |l: &Layout| l.disk().is_some_and(|f| f.checksum.is_some());
+        let direct_chunk = match strategy {
+            Strategy::Direct if device && avg >= LARGE_SEGMENT => DIRECT_DEVICE_CHUNK.max(slot_bytes),
+            _ => slot_bytes,
+        };
         let region_cut = (checksummed(&src) || checksummed(&dst)).then(|| if primary_is_src { src.placement } else { dst.placement });
         Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after, region_cut }
     }
@@ -170,7 +188,7 @@ impl Planner {
             return None;
         }
         let pieces = match self.strategy {
-            Strategy::Direct => self.take_direct(),
+            Strategy::Direct | Strategy::DiskDevice => self.take_direct(),
             Strategy::Bounce if self.src.kind() == StorageKind::Disk || self.dst.kind() == StorageKind::Disk => self.take_disk(),
             Strategy::Bounce => self.take_packed(),
         };
@@ -178,6 +196,7 @@ impl Planner {
         Some(match self.strategy {
             Strategy::Direct => [Some(self.direct_op(&pieces)), None],
             Strategy::Bounce => [Some(self.fill_op(&pieces, slot_addr)), Some(self.drain_op(&pieces, slot_addr))],
+            Strategy::DiskDevice => [Some(self.disk_device_op(&pieces)), None],
         })
     }
 
@@ -282,6 +301,26 @@ impl Planner {
             _ => return Op::HostCopy(ops),
         };
         Op::DeviceCopy { kind, ops, host_is_bounce: false, after: self.after }
+    }
+
+    /// File ↔ device through cuFile: aligned runs on the `O_DIRECT` descriptor (which
+    /// GPUDirect Storage needs), the rest on the buffered one.
+    fn disk_device_op(&self, pieces: &[Piece]) -> Op {
+        let write = self.dst.kind() == StorageKind::Disk;
+        let file = if write { &self.dst } else { &self.src };
+        let f = file.disk().expect("disk layout");
+        let a = f.align();
+        let runs = coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))));
+        let ios = runs
+            .iter()
+            .map(|r| {
+                let (off, addr) = if write { (r.dst, r.src) } else { (r.src, r.dst) };
+                let aligned = off % a == 0 && r.len % a == 0 && addr % a == 0;
+                let fd = if aligned { f.aligned_fd() } else { f.buffered_fd() };
+                Io { fd: std::os::fd::AsRawFd::as_raw_fd(&fd), addr, len: r.len, off }
+            })
+            .collect();
+        Op::DiskDevice { file: file.clone(), write, ios }
     }
 
     /// Source → slot.
@@ -401,7 +440,7 @@ mod tests {
         let pairs: Vec<(u64, u64)> = (0..4).map(|b| (b, b)).collect();
         let segs = segments(&src.placement, &dst.placement, &pairs, 0..2);
         assert_eq!(segs.len(), 2, "one segment per layer");
-        let mut planner = Planner::new(src, dst, segs, 1 << 20, None);
+        let mut planner = Planner::new(src, dst, segs, 1 << 20, None, false);
         let Some([Some(Op::DeviceCopy { ops, .. }), None]) = planner.next_chunk(0) else { panic!("one direct device copy") };
         assert_eq!(ops.len(), 2, "{ops:?}");
         assert!(ops.iter().all(|o| o.len == per_layer));

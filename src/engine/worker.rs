@@ -14,8 +14,8 @@ use super::stats::Counters;
 use super::bounce::BounceRing;
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
-use crate::io::posix;
-use crate::io::uring::{self, Ring};
+use crate::io::gds::Gds;
+use crate::io::{posix, Io, Port};
 use crate::memory::checksum;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +47,8 @@ pub struct Router {
     pub fence_tx: Vec<Sender<Option<(Fence, Chunk)>>>,
     /// Raised by `Engine::shutdown` before the dispatcher's stop message is queued.
     pub shutdown: AtomicBool,
+    /// `KVX_IO_GDS`: cuFile moves disk <-> device bytes (`Op::DiskDevice`).
+    pub gds: Option<Arc<Gds>>,
 }
 
 impl Router {
@@ -95,17 +97,28 @@ impl Router {
     }
 }
 
-/// I/O worker: disk I/O and host memcpy.
-pub fn io_worker(router: Arc<Router>, rx: Receiver<Job>, mut ring: Option<Ring>) {
+/// I/O worker: disk I/O and host memcpy. With cuFile it talks to the device, so it
+/// binds the device's context first.
+pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut port: Port) {
+    let bound = match router.gds {
+        Some(_) => gpu.bind_thread(),
+        None => Ok(()),
+    };
     while let Ok(Job::Run(mut chunk)) = rx.recv() {
         let op = Router::take_op(&mut chunk);
         let start = std::time::Instant::now();
-        let result = run_host_op(&op, &router.counters, &mut ring);
+        let result = match (&op, &router.gds) {
+            (Op::DiskDevice { file, write, ios }, Some(gds)) => bound.clone().and_then(|_| gds.run(*write, file, ios)).map(|()| {
+                let bytes = ios.iter().map(|io| io.len).sum();
+                Counters::add(if *write { &router.counters.bytes_disk_written } else { &router.counters.bytes_disk_read }, bytes)
+            }),
+            _ => run_host_op(&op, &router.counters, &mut port),
+        };
         let c = &router.counters;
         Counters::add_since(
             match op {
-                Op::ReadDisk { .. } => &c.disk_read_ns,
-                Op::WriteDisk { .. } => &c.disk_write_ns,
+                Op::ReadDisk { .. } | Op::DiskDevice { write: false, .. } => &c.disk_read_ns,
+                Op::WriteDisk { .. } | Op::DiskDevice { write: true, .. } => &c.disk_write_ns,
                 _ => &c.host_copy_ns,
             },
             start,
@@ -120,27 +133,28 @@ pub fn io_worker(router: Arc<Router>, rx: Receiver<Job>, mut ring: Option<Ring>)
     }
 }
 
-/// The extents as io_uring I/Os, each on the descriptor its alignment allows.
-fn ring_ios(f: &crate::memory::disk::DiskFile, extents: &[Extent]) -> Vec<uring::Io> {
+/// The extents as I/Os for a queue-based port, each on the descriptor its alignment allows.
+fn ios_of(f: &crate::memory::disk::DiskFile, extents: &[Extent]) -> Vec<Io> {
     use std::os::fd::AsRawFd;
     extents
         .iter()
         .map(|e| {
             let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
-            uring::Io { fd: fd.as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }
+            Io { fd: fd.as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }
         })
         .collect()
 }
 
-fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<()> {
+fn run_host_op(op: &Op, counters: &Counters, port: &mut Port) -> Result<()> {
     match op {
         Op::ReadDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
             let mut hashed = Vec::new();
-            match ring {
+            match port {
                 // SAFETY: extents lie inside this chunk's slot, which this stage owns.
-                Some(ring) => unsafe { ring.run(false, &ring_ios(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
-                None => {
+                Port::Uring(ring) => unsafe { ring.run(false, &ios_of(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
+                Port::Nixl(nixl) => nixl.run(false, file, &ios_of(f, extents)).map_err(|err| in_file(err, f.path()))?,
+                Port::Posix => {
                     for e in extents {
                         let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
                         match f.checksum {
@@ -155,7 +169,8 @@ fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<
             }
             Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
             if let Some(sums) = &f.checksum {
-                if ring.is_some() {
+                // POSIX reads hashed each piece as it arrived; the other ports hash now.
+                if !matches!(port, Port::Posix) {
                     for e in extents {
                         let (off, addr, len) = e.payload;
                         // SAFETY: the payload lies inside this chunk's slot, just read.
@@ -181,10 +196,11 @@ fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<
                 // SAFETY: the tail lies inside this chunk's slot, reserved for this run.
                 unsafe { std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize) };
             }
-            match ring {
+            match port {
                 // SAFETY: extents lie inside this chunk's slot, which this stage owns.
-                Some(ring) => unsafe { ring.run(true, &ring_ios(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
-                None => {
+                Port::Uring(ring) => unsafe { ring.run(true, &ios_of(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
+                Port::Nixl(nixl) => nixl.run(true, file, &ios_of(f, extents)).map_err(|err| in_file(err, f.path()))?,
+                Port::Posix => {
                     for e in extents {
                         let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
                         // SAFETY: the extent lies inside this chunk's slot.
@@ -207,6 +223,7 @@ fn run_host_op(op: &Op, counters: &Counters, ring: &mut Option<Ring>) -> Result<
             Ok(())
         }
         Op::DeviceCopy { .. } => unreachable!("device copies run on the copy thread"),
+        Op::DiskDevice { .. } => unreachable!("cuFile chunks are planned only when the engine opened cuFile"),
     }
 }
 

@@ -4,18 +4,10 @@
 //! as the POSIX path retries them.
 
 use super::fault::{self, Fault, Site};
+use super::Io;
 use crate::error::{Error, Result, Status};
 use io_uring::{opcode, types, IoUring};
-use std::os::fd::RawFd;
 
-/// One I/O: file descriptor, memory address, length, file offset.
-#[derive(Clone, Copy, Debug)]
-pub struct Io {
-    pub fd: RawFd,
-    pub addr: u64,
-    pub len: u64,
-    pub off: u64,
-}
 
 pub struct Ring {
     ring: IoUring,

@@ -28,14 +28,24 @@ pub fn test_device() -> i32 {
     std::env::var("KVX_TEST_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(kvxfer::gpu::DEVICE_EMULATED)
 }
 
+/// `KVX_TEST_IO_BACKEND=posix|uring|nixl|gds|auto` runs the suites on that backend;
+/// POSIX by default, so the plain run always covers the pread/pwrite path.
+pub fn test_io_backend() -> u32 {
+    use kvxfer::engine::*;
+    match std::env::var("KVX_TEST_IO_BACKEND").as_deref() {
+        Ok("uring") => IO_URING,
+        Ok("nixl") => IO_NIXL,
+        Ok("gds") => IO_GDS,
+        Ok("auto") => IO_AUTO,
+        Ok("posix") | Err(_) => IO_POSIX,
+        Ok(other) => panic!("KVX_TEST_IO_BACKEND={other}: expected posix, uring, nixl, gds or auto"),
+    }
+}
+
 pub fn engine_with(f: impl FnOnce(&mut EngineConfig)) -> Engine {
     let mut c = EngineConfig {
         device: test_device(),
-        // KVX_TEST_IO_BACKEND=uring runs the suites on io_uring.
-        io_backend: match std::env::var("KVX_TEST_IO_BACKEND").as_deref() {
-            Ok("uring") => kvxfer::engine::IO_URING,
-            _ => kvxfer::engine::IO_AUTO,
-        },
+        io_backend: test_io_backend(),
         io_threads: 4,
         bounce_bytes: 2 << 20,
         slot_bytes: 64 << 10,

@@ -1,0 +1,157 @@
+//! NIXL's POSIX backend as one I/O worker's disk path (`KVX_IO_NIXL`).
+//!
+//! NIXL is found at run time: nixl-sys is built with `stub-api`, so `libnixl_capi.so`
+//! comes from the library path when the first engine asks for it, and
+//! `nixl_sys::is_stub()` says it was not found. Each I/O worker owns one agent with the
+//! POSIX backend; the bounce ring is registered as DRAM once, each disk file's
+//! descriptors as FILE the first time the worker touches them. A chunk's extents go out
+//! as one NIXL transfer (file offsets against slot addresses), which the worker waits on.
+
+use super::Io;
+use crate::error::{Error, Result, Status};
+use crate::memory::Layout;
+use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, RegistrationHandle, XferDescList, XferOp, XferStatus};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// A span NIXL registers: memory (address, bytes) or a file (offset 0, bytes, fd).
+#[derive(Debug)]
+struct Span {
+    addr: u64,
+    len: u64,
+    mem: MemType,
+    dev: u64,
+}
+
+impl MemoryRegion for Span {
+    unsafe fn as_ptr(&self) -> *const u8 {
+        self.addr as *const u8
+    }
+    fn size(&self) -> usize {
+        self.len as usize
+    }
+}
+
+impl NixlDescriptor for Span {
+    fn mem_type(&self) -> MemType {
+        self.mem
+    }
+    fn device_id(&self) -> u64 {
+        self.dev
+    }
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(Status::Io, format!("NIXL: {what} failed ({e})"))
+}
+
+/// Why NIXL cannot be used here, or `None` when `libnixl_capi.so` was found.
+pub fn missing() -> Option<String> {
+    nixl_sys::is_stub().then(|| {
+        "libnixl_capi.so was not found on the library path; put NIXL's libraries (e.g. the nixl-cu13 wheel's \
+         .nixl_cu13.mesonpy.libs folder) on LD_LIBRARY_PATH, or use KVX_IO_POSIX"
+            .to_string()
+    })
+}
+
+static NEXT_AGENT: AtomicU64 = AtomicU64::new(0);
+
+/// Registered files: layout id -> (the layout, while it lives; its FILE registrations).
+type Files = HashMap<u64, (Weak<Layout>, Vec<(u64, RegistrationHandle)>)>;
+
+pub struct Port {
+    agent: Agent,
+    name: String,
+    opts: OptArgs,
+    files: Files,
+    // Dropped after `files`, before the agent: the DRAM registration of the bounce ring.
+    _slots: RegistrationHandle,
+}
+
+// SAFETY: a port is used by the one I/O worker that owns it; NIXL's agent handles are
+// thread-safe to move between threads (nixl-sys makes `Agent` Send + Sync).
+unsafe impl Send for Port {}
+
+impl Port {
+    /// An agent with the POSIX backend and `slots` (address, bytes) registered as DRAM.
+    pub fn new(slots: (u64, u64)) -> Result<Port> {
+        if let Some(why) = missing() {
+            return Err(Error::new(Status::Unsupported, format!("KVX_IO_NIXL: {why}")));
+        }
+        let name = format!("kvxfer-{}-{}", std::process::id(), NEXT_AGENT.fetch_add(1, Ordering::Relaxed));
+        // No progress or listener threads: the worker drives its own transfers, locally.
+        let cfg = AgentConfig { enable_prog_thread: false, enable_listen_thread: false, ..AgentConfig::default() };
+        let unsupported = |what: &str, e: nixl_sys::NixlError| {
+            Error::new(Status::Unsupported, format!("KVX_IO_NIXL: {what} ({e}); check NIXL_PLUGIN_DIR, or use KVX_IO_POSIX"))
+        };
+        let agent = Agent::new_configured(&name, &cfg).map_err(|e| unsupported("creating an agent failed", e))?;
+        let (_mems, params) = agent.get_plugin_params("POSIX").map_err(|e| unsupported("the POSIX plugin was not found", e))?;
+        let backend = agent.create_backend("POSIX", &params).map_err(|e| unsupported("the POSIX backend did not start", e))?;
+        let mut opts = OptArgs::new().map_err(|e| failed("creating options", e))?;
+        opts.add_backend(&backend).map_err(|e| failed("choosing the POSIX backend", e))?;
+        let span = Span { addr: slots.0, len: slots.1, mem: MemType::Dram, dev: 0 };
+        let _slots = agent.register_memory(&span, Some(&opts)).map_err(|e| unsupported("registering the bounce slots failed", e))?;
+        Ok(Port { agent, name, opts, files: HashMap::new(), _slots })
+    }
+
+    /// Registers `file`'s descriptors that `ios` use, once per layout; forgets layouts
+    /// that are gone first, so a reused descriptor number is never registered twice.
+    fn register(&mut self, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
+        let (agent, opts) = (&self.agent, &self.opts);
+        let known = self.files.contains_key(&file.id);
+        if !known {
+            self.files.retain(|_, (layout, _)| layout.strong_count() > 0);
+        }
+        let (_, regs) = self.files.entry(file.id).or_insert_with(|| (Arc::downgrade(file), Vec::new()));
+        for io in ios {
+            let fd = io.fd as u64;
+            if regs.iter().any(|(f, _)| *f == fd) {
+                continue;
+            }
+            let span = Span { addr: 0, len: file.placement.base_bytes(), mem: MemType::File, dev: fd };
+            regs.push((fd, agent.register_memory(&span, Some(opts)).map_err(|e| failed("registering the file", e))?));
+        }
+        Ok(())
+    }
+
+    /// Moves every byte of `ios` (all reads or all writes) between `file` and the slots.
+    pub fn run(&mut self, write: bool, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
+        self.register(file, ios)?;
+        let mut local = XferDescList::new(MemType::Dram).map_err(|e| failed("building a transfer", e))?;
+        let mut remote = XferDescList::new(MemType::File).map_err(|e| failed("building a transfer", e))?;
+        for io in ios {
+            local.add_desc(io.addr as usize, io.len as usize, 0);
+            remote.add_desc(io.off as usize, io.len as usize, io.fd as u64);
+        }
+        let op = if write { XferOp::Write } else { XferOp::Read };
+        let what = if write { "writing" } else { "reading" };
+        let req = self
+            .agent
+            .create_xfer_req(op, &local, &remote, &self.name, Some(&self.opts))
+            .map_err(|e| failed(&format!("preparing a {what} transfer"), e))?;
+        let mut pending = self.agent.post_xfer_req(&req, Some(&self.opts)).map_err(|e| failed(what, e))?;
+        // Until NIXL says the bytes are there. A transfer is never abandoned: NIXL could
+        // still write into the slot after it had been handed to another chunk.
+        let (start, mut spins, mut warned) = (Instant::now(), 0u32, Duration::from_secs(10));
+        while pending {
+            match self.agent.get_xfer_status(&req).map_err(|e| failed(what, e))? {
+                XferStatus::Success => pending = false,
+                XferStatus::InProgress => {
+                    spins += 1;
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(20));
+                    }
+                    if start.elapsed() > warned {
+                        log::warn!("NIXL {what} transfer still running after {warned:?}");
+                        warned *= 2;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,133 @@
+//! The disk I/O backends: each one named moves the same bytes as POSIX or is refused with
+//! `KVX_ERR_UNSUPPORTED` and a reason that names the way out; `KVX_IO_AUTO` takes one that
+//! works. A backend this machine lacks prints that its data test skipped.
+mod common;
+use common::*;
+use kvxfer::engine::{IO_AUTO, IO_GDS, IO_NIXL, IO_POSIX, IO_URING};
+use kvxfer::{Engine, EngineConfig, LayoutKind, Status, StorageKind, TransferOptions};
+
+const FC: LayoutKind = LayoutKind::FullyContiguous;
+
+fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{test}: skipped: {why}");
+}
+
+/// An engine on `backend`, or the refusal (which must be `Unsupported` naming a fallback,
+/// or `NoDevice` when `KVX_TEST_DEVICE` names a GPU this machine lacks).
+fn engine_on(backend: u32) -> Result<Engine, kvxfer::Error> {
+    let r = Engine::new(&EngineConfig {
+        device: test_device(),
+        io_backend: backend,
+        io_threads: 4,
+        bounce_bytes: 1 << 20,
+        slot_bytes: 64 << 10,
+        ..Default::default()
+    });
+    if let Err(err) = &r {
+        assert!(err.status == Status::Unsupported || err.status == Status::NoDevice, "{err}");
+        assert!(err.status == Status::NoDevice || err.message.contains("KVX_IO_POSIX"), "no way out named: {}", err.message);
+    }
+    r
+}
+
+/// Host -> disk -> device and device -> disk -> host with unaligned regions (so both the
+/// aligned and the buffered descriptor are used) and a layer range, checked without the
+/// engine; a checksummed file too.
+fn moves_the_same_bytes(e: &Engine, what: &str) {
+    let c = cfg(8, 3, 2, 5, 7, 2);
+    let ids: Vec<u64> = (0..8).collect();
+    let pairs: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
+    let host = make_layout(e, &c, FC, StorageKind::Host);
+    let disk = make_layout(e, &c, FC, StorageKind::Disk);
+    let dev = make_layout(e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
+    fill(&host, 12);
+    fill(&dev, 13);
+    assert_eq!(transfer(e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+    let opts = TransferOptions { layer_begin: 1, layer_end: 2, ..Default::default() };
+    assert_eq!(transfer(e, &disk, &ids, &dev, &ids, &opts), Status::Ok);
+    check(&dev, 13, 12, &pairs, 1..2, what);
+
+    // Device -> disk (aligned regions) -> a second device layout.
+    let c = cfg(6, 2, 2, 16, 64, 2);
+    let ids: Vec<u64> = (0..6).collect();
+    let pairs: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
+    let src = make_layout(e, &c, LayoutKind::LayerSeparate { block_first: true }, StorageKind::Device);
+    let disk = make_layout(e, &c, FC, StorageKind::Disk);
+    let back = make_layout(e, &c, FC, StorageKind::Device);
+    fill(&src, 21);
+    fill(&back, 22);
+    assert_eq!(transfer(e, &src, &ids, &disk, &ids, &Default::default()), Status::Ok);
+    assert_eq!(transfer(e, &disk, &ids, &back, &ids, &Default::default()), Status::Ok);
+    check(&back, 22, 21, &pairs, 0..2, what);
+
+    // A checksummed file verifies on host bytes, whatever the backend.
+    let sum = e.create_disk_layout(&c, &temp_path("sum"), kvxfer::engine::DISK_CREATE | kvxfer::engine::DISK_CHECKSUM).expect("disk layout");
+    fill(&back, 23);
+    assert_eq!(transfer(e, &src, &ids, &sum, &ids, &Default::default()), Status::Ok);
+    assert_eq!(transfer(e, &sum, &ids, &back, &ids, &Default::default()), Status::Ok);
+    check(&back, 23, 21, &pairs, 0..2, what);
+}
+
+#[test]
+fn io_uring_moves_the_same_bytes_or_says_why_not() {
+    match engine_on(IO_URING) {
+        Ok(e) => {
+            assert_eq!(e.io_backend(), IO_URING);
+            moves_the_same_bytes(&e, "io_uring");
+        }
+        Err(err) => skipped("io_uring", &err.message),
+    }
+}
+
+#[test]
+fn nixl_moves_the_same_bytes_or_says_why_not() {
+    match engine_on(IO_NIXL) {
+        Ok(e) => {
+            assert_eq!(e.io_backend(), IO_NIXL);
+            moves_the_same_bytes(&e, "NIXL");
+        }
+        Err(err) => {
+            if kvxfer::io::nixl::missing().is_some() {
+                assert!(err.message.contains("libnixl_capi.so"), "the refusal names the missing library: {}", err.message);
+            }
+            skipped("nixl", &err.message)
+        }
+    }
+}
+
+#[test]
+fn gds_moves_the_same_bytes_or_says_why_not() {
+    match engine_on(IO_GDS) {
+        Ok(e) => {
+            assert_eq!(e.io_backend(), IO_GDS);
+            moves_the_same_bytes(&e, "cuFile");
+        }
+        Err(err) => {
+            if test_device() < 0 {
+                assert!(err.message.contains("emulated device"), "{}", err.message);
+            }
+            skipped("gds", &err.message)
+        }
+    }
+}
+
+#[test]
+fn auto_takes_a_backend_that_works_and_never_an_unproven_one() {
+    let e = engine_on(IO_AUTO).expect("KVX_IO_AUTO always finds a backend");
+    let b = e.io_backend();
+    assert!([IO_POSIX, IO_URING, IO_GDS].contains(&b), "AUTO chose {b}");
+    // io_uring is taken whenever the kernel allows it; GDS only with nvidia-fs.
+    assert_eq!(b == IO_URING, engine_on(IO_URING).is_ok() && b != IO_GDS);
+    if b == IO_GDS {
+        assert!(std::path::Path::new("/proc/driver/nvidia-fs/version").exists());
+    }
+    moves_the_same_bytes(&e, "auto");
+}
+
+#[test]
+fn an_unknown_backend_is_an_invalid_argument() {
+    let err = Engine::new(&EngineConfig { io_backend: 5, ..Default::default() }).err().expect("refused");
+    assert_eq!(err.status, Status::InvalidArg);
+    assert!(err.message.contains("KVX_IO_"), "{}", err.message);
+}
