@@ -14,18 +14,19 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
 ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
 
-.PHONY: all build bench test rust-test c-test valgrind-test asan-test stress-test soak tsan abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
-# Tools the build needs beyond cargo. As root we install what is missing; otherwise we
-# stop with the exact command to run.
+# Tools the build needs beyond cargo (libclang: nixl-sys generates its bindings with
+# bindgen). As root we install what is missing; otherwise we stop with the exact command.
 tools:
 	@missing=""; \
 	for t in $(CC):gcc $(CXX):g++ nm:binutils make:make valgrind:valgrind cmake:cmake pkg-config:pkg-config; do \
 	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t##*:}"; \
 	done; \
 	command -v $(CARGO) >/dev/null 2>&1 || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }; \
+	ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' || missing="$$missing libclang-dev"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing; \
 	  else echo "missing:$$missing — run: sudo apt-get install -y$$missing"; exit 1; fi; \
@@ -46,9 +47,25 @@ header:
 test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke
 	@echo "make test: all passed"
 
-rust-test: $(TEST_DIR)
+rust-test: $(TEST_DIR) nixl-libs
 	$(CARGO) test --release
 	KVX_TEST_IO_BACKEND=uring $(CARGO) test --release --test roundtrip --test faults --test integrity
+	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
+	  echo "NIXL suites, with $(NIXL_LIBS)"; \
+	  LD_LIBRARY_PATH=$(NIXL_LIBS) KVX_TEST_IO_BACKEND=nixl $(CARGO) test --release --test roundtrip --test integrity --test backends; \
+	else echo "NIXL suites skipped: NIXL's libraries could not be fetched (see above)"; fi
+
+# NIXL's libraries from the nixl-cu13 wheel (PyPI), so the NIXL backend is tested here
+# too; kvxfer itself never needs them to build. Without pip or a network this says so.
+NIXL_WHEEL := nixl-cu13==1.5.1
+NIXL_DIR := $(CURDIR)/target/nixl
+NIXL_LIBS := $(NIXL_DIR)/.nixl_cu13.mesonpy.libs
+nixl-libs:
+	@[ -f $(NIXL_LIBS)/libnixl_capi.so ] || { \
+	  mkdir -p $(NIXL_DIR) && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	    --implementation cp --platform manylinux_2_28_x86_64 -d $(NIXL_DIR) '$(NIXL_WHEEL)' && \
+	  cd $(NIXL_DIR) && python3 -m zipfile -e nixl_cu13-*.whl . && rm -rf nixl_cu13-*.whl nixl_ep_cu13; \
+	} || echo "nixl-libs: could not fetch $(NIXL_WHEEL) with pip; the NIXL suites will be skipped"
 
 $(TEST_DIR):
 	mkdir -p $@

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """kvxfer against its peers on the same disk->device workload, in one run.
 
-Runs on a GPU machine: ./cpp_examples/bench (kvxfer), KvikIO (`kvikio-cu13`, compat mode,
-1/16/64 threads, each block -- or each region for layer-separate layouts -- read straight
-into its place in a device array) and a naive baseline (pread into pinned memory, one
-cudaMemcpy per block), for several blocks-per-batch values. Writes a Markdown table and a
-PNG plot (GB/s against blocks per batch, one line per system).
+Runs on a GPU machine: ./cpp_examples/bench (kvxfer, on each --io-backends entry, e.g.
+its own choice and NIXL's POSIX plugin), KvikIO (`kvikio-cu13`, compat mode, 1/16/64
+threads, each block -- or each region for layer-separate layouts -- read straight into its
+place in a device array), NIXL on its own as Dynamo's block manager uses it (POSIX plugin
+reads a block into one of two pinned buffers while the other is copied to the device,
+lock-step; needs libnixl_capi.so on LD_LIBRARY_PATH) and a naive baseline (pread into
+pinned memory, one cudaMemcpy per block), for several blocks-per-batch values. Writes a
+Markdown table and a PNG plot (GB/s against blocks per batch, one line per system).
 
   python3 cpp_examples/compare.py --dir /dev/shm --out results   # file on tmpfs (hot)
 """
@@ -33,6 +36,7 @@ def parse():
     p.add_argument("--kvikio-threads", default="1,16,64")
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--device", default="0")
+    p.add_argument("--io-backends", default="auto,nixl", help="kvxfer's --io-backend values to run")
     return p.parse_args()
 
 
@@ -46,15 +50,98 @@ def timed(fn, iterations):
 
 def kvxfer_runs(a, batches):
     rows = []
+    for backend in a.io_backends.split(","):
+        for b in batches:
+            cmd = [a.bench, "--device", a.device, "--direction", "disk-to-device", "--dir", a.dir, "--buffered",
+                   "--num-blocks", str(a.num_blocks), "--blocks-per-batch", str(b), "--num-layers", str(a.num_layers),
+                   "--inner-dim", str(a.inner_dim), "--page-size", str(a.page_size), "--layout", a.layout,
+                   "--iterations", str(a.iterations), "--io-backend", backend, "--json", "--no-verify"]
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode != 0:
+                print(f"kvxfer on {backend}: not run: {run.stderr.strip()}", flush=True)
+                break
+            r = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")][0]
+            name = "kvxfer" if backend == "auto" else f"kvxfer over {r['io_backend']}"
+            rows.append((name, "-", b, r["gbps"], r["limit_gbps"]))
+            print(f"{name:24} batch {b:3}: {r['gbps']:6.2f} GB/s (limit {r['limit_gbps']:.2f})", flush=True)
+    return rows
+
+
+def nixl_ab_bounce(a, path, total, block, pieces, dev, batches):
+    """NIXL's POSIX plugin reads block i into pinned buffer i % 2 while the other buffer's
+    block is copied to the device (one cudaMemcpyAsync per block or region), lock-step."""
+    import ctypes
+    import cupy as cp
+    try:
+        lib = ctypes.CDLL("libnixl_capi.so")
+    except OSError as e:
+        print(f"NIXL A/B bounce: not run: {e}", flush=True)
+        return []
+    vp, P = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+    lib.nixl_capi_reg_dlist_add_desc.argtypes = [vp, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, vp, ctypes.c_size_t]
+    lib.nixl_capi_xfer_dlist_add_desc.argtypes = [vp, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64]
+    lib.nixl_capi_create_xfer_req.argtypes = [vp, ctypes.c_int, vp, vp, ctypes.c_char_p, P, vp]
+    for f in ("register_mem", "post_xfer_req"):
+        getattr(lib, f"nixl_capi_{f}").argtypes = [vp, vp, vp]
+    for f in ("get_xfer_status", "release_xfer_req", "opt_args_add_backend"):
+        getattr(lib, f"nixl_capi_{f}").argtypes = [vp, vp]
+    for f in ("destroy_xfer_req", "destroy_xfer_dlist", "destroy_reg_dlist"):
+        getattr(lib, f"nixl_capi_{f}").argtypes = [vp]
+
+    def ok(status, what):
+        if status not in (0, 1):
+            raise RuntimeError(f"NIXL {what}: status {status}")
+
+    agent, mems, params, backend, opt = vp(), vp(), vp(), vp(), vp()
+    ok(lib.nixl_capi_create_agent(b"kvx-compare", ctypes.byref(agent)), "create agent")
+    ok(lib.nixl_capi_get_plugin_params(agent, b"POSIX", ctypes.byref(mems), ctypes.byref(params)), "POSIX plugin")
+    ok(lib.nixl_capi_create_backend(agent, b"POSIX", params, ctypes.byref(backend)), "POSIX backend")
+    ok(lib.nixl_capi_create_opt_args(ctypes.byref(opt)), "opt args")
+    ok(lib.nixl_capi_opt_args_add_backend(opt, backend), "opt args backend")
+    bufs = [cp.cuda.alloc_pinned_memory(block) for _ in range(2)]
+    fd = os.open(path, os.O_RDONLY)
+    for mem, descs in ((0, [(b.ptr, block, 0) for b in bufs]), (4, [(0, total, fd)])):
+        dl = vp()
+        ok(lib.nixl_capi_create_reg_dlist(mem, ctypes.byref(dl)), "reg list")
+        for d in descs:
+            ok(lib.nixl_capi_reg_dlist_add_desc(dl, *d, None, 0), "reg desc")
+        ok(lib.nixl_capi_register_mem(agent, dl, opt), "register")
+        lib.nixl_capi_destroy_reg_dlist(dl)
+
+    def read(bi, buf):
+        loc, rem, req = vp(), vp(), vp()
+        ok(lib.nixl_capi_create_xfer_dlist(0, ctypes.byref(loc)), "xfer list")
+        ok(lib.nixl_capi_create_xfer_dlist(4, ctypes.byref(rem)), "xfer list")
+        ok(lib.nixl_capi_xfer_dlist_add_desc(loc, buf.ptr, block, 0), "xfer desc")
+        ok(lib.nixl_capi_xfer_dlist_add_desc(rem, bi * block, block, fd), "xfer desc")
+        ok(lib.nixl_capi_create_xfer_req(agent, 0, loc, rem, b"kvx-compare", ctypes.byref(req), opt), "create read")
+        st = lib.nixl_capi_post_xfer_req(agent, req, opt)
+        while st == 1:
+            st = lib.nixl_capi_get_xfer_status(agent, req)
+        ok(st, "read")
+        lib.nixl_capi_release_xfer_req(agent, req)
+        lib.nixl_capi_destroy_xfer_req(req)
+        lib.nixl_capi_destroy_xfer_dlist(loc)
+        lib.nixl_capi_destroy_xfer_dlist(rem)
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    done = [cp.cuda.Event(), cp.cuda.Event()]
+    rows = []
     for b in batches:
-        cmd = [a.bench, "--device", a.device, "--direction", "disk-to-device", "--dir", a.dir, "--buffered",
-               "--num-blocks", str(a.num_blocks), "--blocks-per-batch", str(b), "--num-layers", str(a.num_layers),
-               "--inner-dim", str(a.inner_dim), "--page-size", str(a.page_size), "--layout", a.layout,
-               "--iterations", str(a.iterations), "--json", "--no-verify"]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        r = [json.loads(l) for l in out.splitlines() if l.startswith("{")][0]
-        rows.append(("kvxfer", "-", b, r["gbps"], r["limit_gbps"]))
-        print(f"kvxfer            batch {b:3}: {r['gbps']:6.2f} GB/s (limit {r['limit_gbps']:.2f})", flush=True)
+        def run():
+            for start in range(0, a.num_blocks, b):
+                for bi in range(start, min(a.num_blocks, start + b)):
+                    k = bi % 2
+                    done[k].synchronize()  # the copy out of this buffer finished
+                    read(bi, bufs[k])
+                    for (off, d, n) in pieces[bi]:
+                        cp.cuda.runtime.memcpyAsync(dev.data.ptr + d, bufs[k].ptr + off - bi * block, n, 1, stream.ptr)
+                    done[k].record(stream)
+                stream.synchronize()
+        g = total / timed(run, a.iterations) / 1e9
+        rows.append(("NIXL POSIX, A/B bounce", "1", b, g, None))
+        print(f"NIXL A/B bounce   batch {b:3}: {g:6.2f} GB/s", flush=True)
+    os.close(fd)
     return rows
 
 
@@ -98,6 +185,7 @@ def peer_runs(a, batches):
                     g = total / timed(run, a.iterations) / 1e9
                     rows.append(("KvikIO", str(threads), b, g, None))
                     print(f"KvikIO {threads:2} threads batch {b:3}: {g:6.2f} GB/s", flush=True)
+        rows += nixl_ab_bounce(a, path, total, block, pieces, dev, batches)
         pinned = cp.cuda.alloc_pinned_memory(block)
         host = np.frombuffer(pinned, dtype=np.uint8, count=block)
         fd = os.open(path, os.O_RDONLY)
