@@ -326,8 +326,10 @@ int run(const Options &o) {
     }
     ::close(fd);
   }
-  const uint32_t threads = o.io_threads ? o.io_threads : std::min(16u, std::max(4u, std::thread::hardware_concurrency()));
-  const uint64_t chunk = o.slot_bytes ? o.slot_bytes : (4u << 20);
+  // The disk baseline uses the engine's own thread count and I/O size.
+  const kvx_engine_config eff = e.config();
+  const uint32_t threads = eff.io_threads;
+  const uint64_t chunk = eff.slot_bytes;
 
   // Known bytes in every block: fill pinned host memory, move it to the device.
   RawCopy raw;

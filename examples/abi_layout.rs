@@ -27,5 +27,5 @@ fn main() {
         engine_config_init, engine_create, engine_destroy, engine_device, layout_config_init, layout_create_device,
         layout_create_host, layout_create_disk, layout_register_device, layout_register_host, layout_block_bytes,
         layout_base, layout_destroy, transfer_options_init, transfer_submit, request_wait, request_poll,
-        request_cancel, request_error, request_release, engine_stats, set_logger, engine_io_backend);
+        request_cancel, request_error, request_release, engine_stats, set_logger, engine_io_backend, engine_config_get);
 }

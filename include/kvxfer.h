@@ -85,13 +85,13 @@ typedef struct kvx_engine_config {
   uint32_t struct_size;
   // CUDA ordinal, `KVX_DEVICE_AUTO` or `KVX_DEVICE_EMULATED`.
   int32_t device;
-  // I/O worker threads; 0 = default (the CPU count, clamped to 4..16).
+  // I/O worker threads; 0 = default (three quarters of the CPUs, clamped to 4..16).
   uint32_t io_threads;
   // `KVX_IO_*`.
   uint32_t io_backend;
-  // Pinned bounce memory in total; 0 = default (128 MiB). A multiple of `slot_bytes`.
+  // Pinned bounce memory in total; 0 = default (64 MiB). A multiple of `slot_bytes`.
   uint64_t bounce_bytes;
-  // One bounce slot; 0 = default (4 MiB). A power of two ≥ 64 KiB.
+  // One bounce slot; 0 = default (2 MiB). A power of two ≥ 64 KiB.
   uint64_t slot_bytes;
   // Requests admitted at once before submit says `KVX_ERR_BUSY`; 0 = default (1024).
   uint32_t max_inflight;
@@ -229,6 +229,8 @@ typedef struct kvx_api {
   kvx_status (*set_logger)(kvx_log_fn, void*, uint32_t);
   // ABI 1.1.
   kvx_status (*engine_io_backend)(const struct kvx_engine*, uint32_t*);
+  // ABI 1.1.
+  kvx_status (*engine_config_get)(const struct kvx_engine*, struct kvx_engine_config*);
 } kvx_api;
 
 #define KVX_OK 0
@@ -294,9 +296,15 @@ void kvx_engine_destroy(struct kvx_engine *e);
 // The device the engine resolved: a CUDA ordinal, or -1 for the emulated device.
 kvx_status kvx_engine_device(const struct kvx_engine *e, int32_t *device_out);
 
-// ABI 1.1. The disk I/O backend the engine uses: `KVX_IO_POSIX` or `KVX_IO_URING`
-// (`KVX_IO_AUTO` resolves to one of them; the log says why).
+// ABI 1.1. The disk I/O backend the engine uses: `KVX_IO_POSIX`, `KVX_IO_URING`,
+// `KVX_IO_NIXL` or `KVX_IO_GDS` (`KVX_IO_AUTO` resolves to one of them; the log says
+// which and why the others were not taken).
 kvx_status kvx_engine_io_backend(const struct kvx_engine *e, uint32_t *backend_out);
+
+// ABI 1.1. The settings the engine runs with, defaults filled in and `io_backend`
+// resolved (what `KVX_IO_AUTO` chose), so a caller can size its own work (a benchmark's
+// baselines, say) to match. Set `out->struct_size` first (to `sizeof(kvx_engine_config)`).
+kvx_status kvx_engine_config_get(const struct kvx_engine *e, struct kvx_engine_config *out);
 
 // Copies the engine's counters into `*out`. Set `out->struct_size` first (to
 // `sizeof(kvx_stats)`); fields beyond it are not written.

@@ -117,6 +117,13 @@ class Engine {
     check(kvx_engine_io_backend(h_.get(), &b));
     return b;
   }
+  /// The settings in effect: defaults filled in, io_backend resolved.
+  kvx_engine_config config() const {
+    kvx_engine_config c{};
+    c.struct_size = sizeof c;
+    check(kvx_engine_config_get(h_.get(), &c));
+    return c;
+  }
   kvx_stats stats() const {
     kvx_stats s{};
     s.struct_size = sizeof s;

@@ -16,8 +16,12 @@ pub const IO_URING: u32 = 2;
 pub const IO_NIXL: u32 = 3;
 pub const IO_GDS: u32 = 4;
 
-pub const DEFAULT_SLOT_BYTES: u64 = 4 << 20;
-pub const DEFAULT_BOUNCE_BYTES: u64 = 128 << 20;
+/// 2 MiB slots, 32 of them: measured on an H200 host with a hot file, a 64 MiB ring
+/// beat 128 MiB of 4 MiB slots (44 vs 27-38 GB/s at 12 threads): a slot written by an I/O
+/// worker is still in the CPU's last-level cache when the DMA engine reads it, so the
+/// page-cache copies and the PCIe reads do not both go to DRAM.
+pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
+pub const DEFAULT_BOUNCE_BYTES: u64 = 64 << 20;
 pub const DEFAULT_MAX_INFLIGHT: u32 = 1024;
 /// Smallest slot: large enough for an aligned run on any filesystem we accept.
 pub const MIN_SLOT_BYTES: u64 = 64 << 10;
@@ -48,11 +52,13 @@ impl Default for EngineConfig {
     }
 }
 
-/// The I/O thread count when the caller leaves it to us: enough parallel requests to keep
-/// an NVMe queue or the page cache busy, bounded so small machines are not swamped.
+/// The I/O thread count when the caller leaves it to us: three quarters of the cores
+/// (the copy, fence and dispatch threads and the caller need the rest; on an H200 host
+/// with 16 cores, 12 workers moved a hot file 15-60 % faster than 16), at least 4 so an
+/// NVMe queue stays busy, at most 16.
 fn default_io_threads() -> u32 {
     let n = std::thread::available_parallelism().map_or(4, |n| n.get() as u32);
-    n.clamp(4, 16)
+    (n * 3 / 4).clamp(4, 16)
 }
 
 impl EngineConfig {

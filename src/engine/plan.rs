@@ -445,4 +445,67 @@ mod tests {
         assert_eq!(ops.len(), 2, "{ops:?}");
         assert!(ops.iter().all(|o| o.len == per_layer));
     }
+
+    /// With cuFile, a disk <-> device transfer is planned as one stage per chunk whose
+    /// I/Os pair each file byte with the device byte the segments say, aligned runs on
+    /// the O_DIRECT descriptor; a checksummed file still goes through the slots.
+    #[test]
+    fn gds_chunks_map_every_file_byte_to_its_device_byte() {
+        use crate::memory::disk::{DISK_CHECKSUM, DISK_CREATE};
+        let gpu: Arc<dyn Gpu> = Arc::new(Emulated::default());
+        let cfg = LayoutConfig { num_blocks: 6, num_layers: 3, outer_dim: 2, page_size: 16, inner_dim: 64, dtype_bytes: 2 };
+        let g = cfg.validate().unwrap();
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("kvx-plan-gds-{}", std::process::id()));
+        let disk = Arc::new(Layout::create_disk(1, g, &path, DISK_CREATE).unwrap());
+        let dev = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
+        let pairs: Vec<(u64, u64)> = (0..6).map(|b| (b, 5 - b)).collect();
+        for (src, dst) in [(disk.clone(), dev.clone()), (dev.clone(), disk.clone())] {
+            let write = dst.kind() == StorageKind::Disk;
+            let segs = segments(&src.placement, &dst.placement, &pairs, 1..3);
+            // Expected (file offset, device address) for every byte run, from the segments.
+            let mut want: Vec<(u64, u64, u64)> = segs
+                .iter()
+                .map(|s| {
+                    let (f, d) = if write { (s.dst, s.src) } else { (s.src, s.dst) };
+                    (f.offset, dev.bases().unwrap()[d.base as usize] + d.offset, s.len)
+                })
+                .collect();
+            let slot = 8 << 10;
+            let mut planner = Planner::new(src.clone(), dst.clone(), segs, slot, None, true);
+            let mut got = Vec::new();
+            while let Some(stages) = planner.next_chunk(0) {
+                let [Some(Op::DiskDevice { write: w, ios, .. }), None] = stages else { panic!("one cuFile stage per chunk") };
+                assert_eq!(w, write);
+                assert!(ios.iter().map(|io| io.len).sum::<u64>() <= slot, "a chunk stays slot-sized");
+                let f = disk.disk().unwrap();
+                for io in ios {
+                    let aligned = io.off % f.align() == 0 && io.len % f.align() == 0;
+                    let fd = if aligned { f.aligned_fd() } else { f.buffered_fd() };
+                    assert_eq!(io.fd, std::os::fd::AsRawFd::as_raw_fd(&fd));
+                    got.push((io.off, io.addr, io.len));
+                }
+            }
+            // Same bytes to the same places: both lists with contiguous runs merged.
+            let expand = |v: &mut Vec<(u64, u64, u64)>| {
+                v.sort();
+                let mut out: Vec<(u64, u64, u64)> = Vec::new();
+                for &(o, a, l) in v.iter() {
+                    match out.last_mut() {
+                        Some(p) if p.0 + p.2 == o && p.1 + p.2 == a => p.2 += l,
+                        _ => out.push((o, a, l)),
+                    }
+                }
+                out
+            };
+            assert_eq!(expand(&mut got), expand(&mut want), "write {write}");
+        }
+        // A checksummed file: two stages through a slot.
+        let sum_path = dir.join(format!("kvx-plan-gds-sum-{}", std::process::id()));
+        let sum = Arc::new(Layout::create_disk(1, g, &sum_path, DISK_CREATE | DISK_CHECKSUM).unwrap());
+        let segs = segments(&sum.placement, &dev.placement, &pairs, 0..3);
+        let mut planner = Planner::new(sum, dev, segs, 64 << 10, None, true);
+        assert!(matches!(planner.next_chunk(0), Some([Some(Op::ReadDisk { .. }), Some(Op::DeviceCopy { .. })])));
+        let _ = (std::fs::remove_file(&path), std::fs::remove_file(&sum_path));
+    }
 }

@@ -98,6 +98,8 @@ pub struct kvx_api {
     pub set_logger: unsafe extern "C" fn(kvx_log_fn, *mut c_void, u32) -> kvx_status,
     /// ABI 1.1.
     pub engine_io_backend: unsafe extern "C" fn(*const kvx_engine, *mut u32) -> kvx_status,
+    /// ABI 1.1.
+    pub engine_config_get: unsafe extern "C" fn(*const kvx_engine, *mut kvx_engine_config) -> kvx_status,
 }
 
 static API: kvx_api = kvx_api {
@@ -131,6 +133,7 @@ static API: kvx_api = kvx_api {
     engine_stats: kvx_engine_stats,
     set_logger: kvx_set_logger,
     engine_io_backend: kvx_engine_io_backend,
+    engine_config_get: kvx_engine_config_get,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

@@ -108,11 +108,35 @@ pub unsafe extern "C" fn kvx_engine_device(e: *const kvx_engine, device_out: *mu
     guard(|| Ok((Out::new(device_out, "device_out")?, engine(e)?.device())), |(o, d)| o.write(d))
 }
 
-/// ABI 1.1. The disk I/O backend the engine uses: `KVX_IO_POSIX` or `KVX_IO_URING`
-/// (`KVX_IO_AUTO` resolves to one of them; the log says why).
+/// ABI 1.1. The disk I/O backend the engine uses: `KVX_IO_POSIX`, `KVX_IO_URING`,
+/// `KVX_IO_NIXL` or `KVX_IO_GDS` (`KVX_IO_AUTO` resolves to one of them; the log says
+/// which and why the others were not taken).
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_io_backend(e: *const kvx_engine, backend_out: *mut u32) -> kvx_status {
     guard(|| Ok((Out::new(backend_out, "backend_out")?, engine(e)?.io_backend())), |(o, b)| o.write(b))
+}
+
+/// ABI 1.1. The settings the engine runs with, defaults filled in and `io_backend`
+/// resolved (what `KVX_IO_AUTO` chose), so a caller can size its own work (a benchmark's
+/// baselines, say) to match. Set `out->struct_size` first (to `sizeof(kvx_engine_config)`).
+#[no_mangle]
+pub unsafe extern "C" fn kvx_engine_config_get(e: *const kvx_engine, out: *mut kvx_engine_config) -> kvx_status {
+    status(|| {
+        let c = engine(e)?.config();
+        write_versioned(
+            out,
+            kvx_engine_config {
+                struct_size: 0,
+                device: engine(e)?.device(),
+                io_threads: c.io_threads,
+                io_backend: c.io_backend,
+                bounce_bytes: c.bounce_bytes,
+                slot_bytes: c.slot_bytes,
+                max_inflight: c.max_inflight,
+                flags: c.flags,
+            },
+        )
+    })
 }
 
 /// Copies the engine's counters into `*out`. Set `out->struct_size` first (to

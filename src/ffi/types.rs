@@ -96,13 +96,13 @@ pub struct kvx_engine_config {
     pub struct_size: u32,
     /// CUDA ordinal, `KVX_DEVICE_AUTO` or `KVX_DEVICE_EMULATED`.
     pub device: i32,
-    /// I/O worker threads; 0 = default (the CPU count, clamped to 4..16).
+    /// I/O worker threads; 0 = default (three quarters of the CPUs, clamped to 4..16).
     pub io_threads: u32,
     /// `KVX_IO_*`.
     pub io_backend: u32,
-    /// Pinned bounce memory in total; 0 = default (128 MiB). A multiple of `slot_bytes`.
+    /// Pinned bounce memory in total; 0 = default (64 MiB). A multiple of `slot_bytes`.
     pub bounce_bytes: u64,
-    /// One bounce slot; 0 = default (4 MiB). A power of two ≥ 64 KiB.
+    /// One bounce slot; 0 = default (2 MiB). A power of two ≥ 64 KiB.
     pub slot_bytes: u64,
     /// Requests admitted at once before submit says `KVX_ERR_BUSY`; 0 = default (1024).
     pub max_inflight: u32,

@@ -31,9 +31,13 @@ impl Drop for Handle {
 }
 
 fn register(fd: i32) -> std::result::Result<Handle, String> {
-    let mut descr: sys::CUfileDescr_t = unsafe { std::mem::zeroed() };
-    descr.type_ = sys::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD;
-    descr.handle.fd = fd;
+    // Built field by field: the handle-type enum has no zero value, so a zeroed
+    // descriptor would not be a valid Rust value.
+    let mut descr = sys::CUfileDescr_t {
+        type_: sys::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
+        handle: sys::CUfileDescr_t__bindgen_ty_1 { fd },
+        fs_ops: std::ptr::null(),
+    };
     let mut fh = std::mem::MaybeUninit::uninit();
     // SAFETY: `descr` is initialised; cuFile writes the handle on success.
     let err = unsafe { sys::cuFileHandleRegister(fh.as_mut_ptr(), &mut descr) };
@@ -104,7 +108,14 @@ impl Gds {
         let pattern: Vec<u8> = (0..n).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
         let path = std::env::temp_dir().join(format!("kvxfer-gds-probe-{}-{:p}", std::process::id(), self));
         std::fs::write(&path, &pattern).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        let file = std::fs::File::open(&path).map_err(|e| format!("opening {}: {e}", path.display()));
+        // O_DIRECT where the filesystem allows it: GPUDirect Storage reads need it.
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .or_else(|_| std::fs::File::open(&path))
+            .map_err(|e| format!("opening {}: {e}", path.display()));
         let _ = std::fs::remove_file(&path);
         let file = file?;
         let dev = gpu.alloc_device(n).map_err(|e| e.message)?;

@@ -142,6 +142,11 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   kvx_engine_config_init(&ec);
   ec.io_backend = 77;
   expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_INVALID_ARG, "io_backend 77");
+  kvx_engine_config_init(&ec);
+  ec.device = KVX_DEVICE_EMULATED;
+  ec.io_backend = KVX_IO_GDS;
+  expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_UNSUPPORTED, "GDS on the emulated device");
+  EXPECT(strstr(kvx_last_error(), "KVX_IO_POSIX") != NULL, "the GDS refusal names the way out: %s", kvx_last_error());
 
   kvx_layout_config_init(&z);
   expect_fail(kvx_layout_create_host(e, &z, 0, &out), KVX_ERR_INVALID_ARG, "zero-sized layout config");
@@ -248,8 +253,21 @@ int main(void) {
   EXPECT(dev == -1, "emulated device reports %d", dev);
   uint32_t backend = 99;
   OK(kvx_engine_io_backend(e, &backend));
-  EXPECT(backend == KVX_IO_POSIX, "KVX_IO_AUTO resolves to %u", backend);
+  EXPECT(backend == KVX_IO_POSIX || backend == KVX_IO_URING, "KVX_IO_AUTO resolves to %u", backend);
   EXPECT(kvx_get_api(1)->engine_io_backend == kvx_engine_io_backend, "table entry");
+  kvx_engine_config got;
+  memset(&got, 0, sizeof got);
+  got.struct_size = sizeof got;
+  OK(kvx_engine_config_get(e, &got));
+  EXPECT(got.struct_size == sizeof got && got.device == -1 && got.io_backend == backend, "effective config: device %d, backend %u",
+         got.device, got.io_backend);
+  EXPECT(got.io_threads >= 4 && got.io_threads <= 16, "effective io_threads %u", got.io_threads);
+  EXPECT(got.slot_bytes == (64 << 10) && got.bounce_bytes == (1 << 20) && got.max_inflight == 1024, "effective sizes %llu/%llu/%u",
+         (unsigned long long)got.slot_bytes, (unsigned long long)got.bounce_bytes, got.max_inflight);
+  got.struct_size = 4;
+  expect_fail(kvx_engine_config_get(e, &got), KVX_ERR_INVALID_ARG, "config_get struct_size too small");
+  expect_fail(kvx_engine_config_get(e, NULL), KVX_ERR_INVALID_ARG, "config_get NULL");
+  EXPECT(kvx_get_api(1)->engine_config_get == kvx_engine_config_get, "table entry config_get");
   versions_and_table();
   round_trip(e, dir);
   bad_calls_suite(e, dir);
