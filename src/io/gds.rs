@@ -90,7 +90,8 @@ impl Gds {
         }
         let compat = !std::path::Path::new("/proc/driver/nvidia-fs/version").exists();
         let gds = Gds { compat, handles: Mutex::new(HashMap::new()) };
-        gds.probe(gpu, scratch).map_err(|why| unsupported(format_args!("the start-up probe failed: {why}")))?;
+        let mode = if compat { " (cuFile is in compatibility mode here: no nvidia-fs kernel module)" } else { "" };
+        gds.probe(gpu, scratch).map_err(|why| unsupported(format_args!("the start-up probe failed{mode}: {why}")))?;
         Ok(gds)
     }
 
