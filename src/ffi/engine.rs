@@ -57,6 +57,21 @@ impl From<&kvx_engine_config> for EngineConfig {
     }
 }
 
+impl From<&EngineConfig> for kvx_engine_config {
+    fn from(c: &EngineConfig) -> kvx_engine_config {
+        kvx_engine_config {
+            struct_size: std::mem::size_of::<kvx_engine_config>() as u32,
+            device: c.device,
+            io_threads: c.io_threads,
+            io_backend: c.io_backend,
+            bounce_bytes: c.bounce_bytes,
+            slot_bytes: c.slot_bytes,
+            max_inflight: c.max_inflight,
+            flags: c.flags,
+        }
+    }
+}
+
 /// The engine behind a handle.
 ///
 /// # Safety
@@ -122,20 +137,10 @@ pub unsafe extern "C" fn kvx_engine_io_backend(e: *const kvx_engine, backend_out
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_config_get(e: *const kvx_engine, out: *mut kvx_engine_config) -> kvx_status {
     status(|| {
-        let c = engine(e)?.config();
-        write_versioned(
-            out,
-            kvx_engine_config {
-                struct_size: 0,
-                device: engine(e)?.device(),
-                io_threads: c.io_threads,
-                io_backend: c.io_backend,
-                bounce_bytes: c.bounce_bytes,
-                slot_bytes: c.slot_bytes,
-                max_inflight: c.max_inflight,
-                flags: c.flags,
-            },
-        )
+        let e = engine(e)?;
+        // The resolved device, not the AUTO the caller may have asked for.
+        let c = EngineConfig { device: e.device(), ..*e.config() };
+        write_versioned(out, kvx_engine_config::from(&c))
     })
 }
 
