@@ -131,3 +131,24 @@ fn an_unknown_backend_is_an_invalid_argument() {
     assert_eq!(err.status, Status::InvalidArg);
     assert!(err.message.contains("KVX_IO_"), "{}", err.message);
 }
+
+/// A file cut short under a layout: the read fails with `KVX_ERR_IO` on every backend that
+/// runs here — never old slot bytes served as the block.
+#[test]
+fn a_file_cut_short_is_an_io_error_on_every_backend() {
+    for backend in [IO_POSIX, IO_URING, IO_NIXL] {
+        let Ok(e) = engine_on(backend) else { continue };
+        let c = cfg(4, 2, 2, 16, 64, 2);
+        let ids: Vec<u64> = (0..4).collect();
+        let path = temp_path("cut");
+        let disk = e.create_disk_layout(&c, &path, kvxfer::engine::DISK_CREATE).expect("disk layout");
+        let host = make_layout(&e, &c, FC, StorageKind::Host);
+        fill(&host, 5);
+        assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
+        let back = make_layout(&e, &c, FC, StorageKind::Host);
+        let r = e.submit(&disk, &ids, &back, &ids, &Default::default()).expect("submit");
+        let status = r.wait(Some(std::time::Duration::from_secs(60)));
+        assert_eq!(status, Status::Io, "backend {backend}: {}", r.error_message().to_string_lossy());
+    }
+}

@@ -70,8 +70,9 @@ pub struct Port {
     _slots: RegistrationHandle,
 }
 
-// SAFETY: a port is used by the one I/O worker that owns it; NIXL's agent handles are
-// thread-safe to move between threads (nixl-sys makes `Agent` Send + Sync).
+// SAFETY: a port is built on the engine's thread and then used only by the one I/O worker
+// it is moved to; its option list (a raw NIXL handle, hence not `Send` by itself) is never
+// shared, and NIXL allows a handle to be used from another thread than its creator's.
 unsafe impl Send for Port {}
 
 impl Port {
