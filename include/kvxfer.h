@@ -27,15 +27,20 @@
 // `kvx_engine_config.device`: host memory stands in for the GPU (same pipeline, memcpy copies).
 #define KVX_DEVICE_EMULATED -1
 
-// `kvx_engine_config.io_backend` values.
+// `kvx_engine_config.io_backend`: probe and take the fastest that works here (GDS with
+// nvidia-fs, else io_uring, else POSIX); the log says the choice and why not the others.
 #define KVX_IO_AUTO 0
 
+// pread/pwrite on the I/O workers.
 #define KVX_IO_POSIX 1
 
+// One io_uring per I/O worker, the bounce slots registered as fixed buffers.
 #define KVX_IO_URING 2
 
+// NIXL's POSIX plugin; `libnixl_capi.so` must be on the library path at run time.
 #define KVX_IO_NIXL 3
 
+// cuFile (GPUDirect Storage) between file and device memory, after a start-up probe.
 #define KVX_IO_GDS 4
 
 // `kvx_layout_config.kind` values.

@@ -17,7 +17,7 @@ pub const IO_NIXL: u32 = 3;
 pub const IO_GDS: u32 = 4;
 
 /// 2 MiB slots, 32 of them: measured on an H200 host with a hot file, a 64 MiB ring
-/// beat 128 MiB of 4 MiB slots (44 vs 27-38 GB/s at 12 threads): a slot written by an I/O
+/// beat 128 MiB of 4 MiB slots (44 vs 30-32 GB/s at 12 workers): a slot written by an I/O
 /// worker is still in the CPU's last-level cache when the DMA engine reads it, so the
 /// page-cache copies and the PCIe reads do not both go to DRAM.
 pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;

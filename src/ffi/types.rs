@@ -40,11 +40,16 @@ pub const KVX_DEVICE_AUTO: i32 = -2;
 /// `kvx_engine_config.device`: host memory stands in for the GPU (same pipeline, memcpy copies).
 pub const KVX_DEVICE_EMULATED: i32 = -1;
 
-/// `kvx_engine_config.io_backend` values.
+/// `kvx_engine_config.io_backend`: probe and take the fastest that works here (GDS with
+/// nvidia-fs, else io_uring, else POSIX); the log says the choice and why not the others.
 pub const KVX_IO_AUTO: u32 = 0;
+/// pread/pwrite on the I/O workers.
 pub const KVX_IO_POSIX: u32 = 1;
+/// One io_uring per I/O worker, the bounce slots registered as fixed buffers.
 pub const KVX_IO_URING: u32 = 2;
+/// NIXL's POSIX plugin; `libnixl_capi.so` must be on the library path at run time.
 pub const KVX_IO_NIXL: u32 = 3;
+/// cuFile (GPUDirect Storage) between file and device memory, after a start-up probe.
 pub const KVX_IO_GDS: u32 = 4;
 
 /// `kvx_layout_config.kind` values.
