@@ -104,6 +104,12 @@ fn the_sidecar_must_match() {
     let err = e.create_disk_layout(&cfg(4, 1, 2, 16, 64, 2), &path, DISK_CHECKSUM).unwrap_err();
     assert!(err.message.contains("another geometry"), "{}", err.message);
     assert!(e.create_disk_layout(&c, &path, DISK_CHECKSUM).is_ok());
+    // A sidecar of version 1 (xxh3 region hashes) is refused by name, not misread.
+    let sidecar = kvxfer::memory::checksum::Sidecar::path_for(&path);
+    std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&sidecar).unwrap(), b"KVXSUM01", 0).unwrap();
+    let err = e.create_disk_layout(&c, &path, DISK_CHECKSUM).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+    assert!(err.message.contains("another version (KVXSUM01)") && err.message.contains("KVX_DISK_CREATE"), "{}", err.message);
     std::fs::remove_file(&path).unwrap();
     std::fs::remove_file(kvxfer::memory::checksum::Sidecar::path_for(&path)).unwrap();
     // Regions that do not fit a slot cannot be hashed in one piece.
