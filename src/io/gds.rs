@@ -14,7 +14,7 @@ use crate::memory::Layout;
 use cudarc::cufile::sys;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, RwLock, Weak};
 
 /// One registered file descriptor.
 struct Handle(sys::CUfileHandle_t);
@@ -62,7 +62,8 @@ type Handles = HashMap<(u64, i32), (Weak<Layout>, Arc<Handle>)>;
 pub struct Gds {
     /// cuFile runs without nvidia-fs (POSIX I/O inside cuFile).
     pub compat: bool,
-    handles: Mutex<Handles>,
+    /// Read-locked on every I/O, write-locked only to register a file's descriptor.
+    handles: RwLock<Handles>,
 }
 
 fn unsupported(why: impl std::fmt::Display) -> Error {
@@ -89,7 +90,7 @@ impl Gds {
             return Err(unsupported(format_args!("cuFileDriverOpen: {:?}", opened.err)));
         }
         let compat = !std::path::Path::new("/proc/driver/nvidia-fs/version").exists();
-        let gds = Gds { compat, handles: Mutex::new(HashMap::new()) };
+        let gds = Gds { compat, handles: RwLock::new(HashMap::new()) };
         let mode = if compat { " (cuFile is in compatibility mode here: no nvidia-fs kernel module)" } else { "" };
         gds.probe(gpu, scratch).map_err(|why| unsupported(format_args!("the start-up probe failed{mode}: {why}")))?;
         Ok(gds)
@@ -144,9 +145,12 @@ impl Gds {
     /// The handle for `fd` of `file`, registered on first use. Layouts that are gone are
     /// forgotten first, so a reused descriptor number is never served a stale handle.
     fn handle(&self, file: &Arc<Layout>, fd: i32) -> Result<Arc<Handle>> {
-        let mut handles = self.handles.lock().unwrap();
-        if let Some((_, h)) = handles.get(&(file.id, fd)) {
+        if let Some((_, h)) = self.handles.read().unwrap().get(&(file.id, fd)) {
             return Ok(h.clone());
+        }
+        let mut handles = self.handles.write().unwrap();
+        if let Some((_, h)) = handles.get(&(file.id, fd)) {
+            return Ok(h.clone()); // another worker registered it meanwhile
         }
         handles.retain(|_, (layout, _)| layout.strong_count() > 0);
         let h = Arc::new(register(fd).map_err(|e| Error::new(Status::Io, e))?);
