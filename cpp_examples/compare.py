@@ -11,6 +11,8 @@ pinned memory, one cudaMemcpy per block), for several blocks-per-batch values. W
 Markdown table and a PNG plot (GB/s against blocks per batch, one line per system).
 
   python3 cpp_examples/compare.py --dir /dev/shm --out results   # file on tmpfs (hot)
+  python3 cpp_examples/compare.py --write ...   # device -> disk instead: kvxfer, KvikIO
+                                                # pwrite, naive cudaMemcpy + pwrite
 """
 import argparse
 import json
@@ -37,6 +39,7 @@ def parse():
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--device", default="0")
     p.add_argument("--io-backends", default="auto,nixl", help="kvxfer's --io-backend values to run")
+    p.add_argument("--write", action="store_true", help="device -> disk instead of disk -> device")
     return p.parse_args()
 
 
@@ -48,11 +51,15 @@ def timed(fn, iterations):
     return (time.perf_counter() - t0) / iterations
 
 
+def direction(a):
+    return "device-to-disk" if a.write else "disk-to-device"
+
+
 def kvxfer_runs(a, batches):
     rows = []
     for backend in a.io_backends.split(","):
         for b in batches:
-            cmd = [a.bench, "--device", a.device, "--direction", "disk-to-device", "--dir", a.dir, "--buffered",
+            cmd = [a.bench, "--device", a.device, "--direction", direction(a), "--dir", a.dir, "--buffered",
                    "--num-blocks", str(a.num_blocks), "--blocks-per-batch", str(b), "--num-layers", str(a.num_layers),
                    "--inner-dim", str(a.inner_dim), "--page-size", str(a.page_size), "--layout", a.layout,
                    "--iterations", str(a.iterations), "--io-backend", backend, "--json", "--no-verify"]
@@ -174,30 +181,40 @@ def peer_runs(a, batches):
                 kvikio.defaults.set("num_threads", threads)
             except (AttributeError, TypeError):
                 kvikio.defaults.num_threads_reset(threads)
-            with kvikio.CuFile(path, "r") as f:
+            with kvikio.CuFile(path, "r+" if a.write else "r") as f:
+                io = f.pwrite if a.write else f.pread
                 for b in batches:
                     def run():
                         for start in range(0, a.num_blocks, b):
-                            futs = [f.pread(dev[d:d + n], n, off) for bi in range(start, min(a.num_blocks, start + b))
+                            futs = [io(dev[d:d + n], n, off) for bi in range(start, min(a.num_blocks, start + b))
                                     for (off, d, n) in pieces[bi]]
                             for fu in futs:
                                 fu.get()
                     g = total / timed(run, a.iterations) / 1e9
                     rows.append(("KvikIO", str(threads), b, g, None))
                     print(f"KvikIO {threads:2} threads batch {b:3}: {g:6.2f} GB/s", flush=True)
-        rows += nixl_ab_bounce(a, path, total, block, pieces, dev, batches)
+        if a.write:
+            print("NIXL A/B bounce: reads only", flush=True)
+        else:
+            rows += nixl_ab_bounce(a, path, total, block, pieces, dev, batches)
         pinned = cp.cuda.alloc_pinned_memory(block)
         host = np.frombuffer(pinned, dtype=np.uint8, count=block)
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDWR)
         for b in batches:
             def naive():
                 for bi in range(a.num_blocks):
-                    os.preadv(fd, [host], bi * block)
+                    if not a.write:
+                        os.preadv(fd, [host], bi * block)
                     for (off, d, n) in pieces[bi]:
-                        lo = off - bi * block
-                        cp.cuda.runtime.memcpy(dev.data.ptr + d, host.ctypes.data + lo, n, 1)  # cudaMemcpyHostToDevice
+                        h = host.ctypes.data + off - bi * block
+                        if a.write:
+                            cp.cuda.runtime.memcpy(h, dev.data.ptr + d, n, 2)  # cudaMemcpyDeviceToHost
+                        else:
+                            cp.cuda.runtime.memcpy(dev.data.ptr + d, h, n, 1)  # cudaMemcpyHostToDevice
+                    if a.write:
+                        os.pwritev(fd, [host], bi * block)
             g = total / timed(naive, a.iterations) / 1e9
-            rows.append(("naive pread + cudaMemcpy", "1", b, g, None))
+            rows.append(("naive cudaMemcpy + pwrite" if a.write else "naive pread + cudaMemcpy", "1", b, g, None))
             print(f"naive             batch {b:3}: {g:6.2f} GB/s", flush=True)
         os.close(fd)
     finally:
@@ -211,7 +228,8 @@ def report(a, rows):
     for s, t, b, g, _ in rows:
         if s == "KvikIO":
             best_kvikio[b] = max(best_kvikio.get(b, 0), g)
-    md = [f"# disk -> device, {a.layout}, {a.num_blocks} blocks x {a.num_layers * 2 * a.page_size * a.inner_dim * 2 / 1e6:.2f} MB, "
+    what = "device -> disk" if a.write else "disk -> device"
+    md = [f"# {what}, {a.layout}, {a.num_blocks} blocks x {a.num_layers * 2 * a.page_size * a.inner_dim * 2 / 1e6:.2f} MB, "
           f"file in {a.dir} (hot)", "", "| system | threads | blocks/batch | GB/s | x best KvikIO | limit GB/s |",
           "|---|---|---|---|---|---|"]
     for s, t, b, g, lim in rows:
@@ -231,7 +249,7 @@ def report(a, rows):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("blocks per batch")
     ax.set_ylabel("GB/s (1e9 B/s)")
-    ax.set_title(f"disk -> device, {a.layout} layout, hot file")
+    ax.set_title(f"{what}, {a.layout} layout, hot file")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
