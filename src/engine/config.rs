@@ -160,7 +160,7 @@ pub(super) fn choose_io(asked: u32, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u6
             // its own bounce buffers, the same two hops as ours, one copy at a time.
             if gpu.ordinal() < 0 {
                 not_taken.push("GDS: no CUDA device".to_string());
-            } else if !std::path::Path::new("/proc/driver/nvidia-fs/version").exists() {
+            } else if !crate::io::gds::nvidia_fs_loaded() {
                 not_taken.push("GDS: no nvidia-fs kernel module, so cuFile would run in compatibility mode (two hops, like the bounce ring)".into());
             } else {
                 match Gds::open(gpu, slots) {

@@ -316,8 +316,7 @@ impl Planner {
             .map(|r| {
                 let (off, addr) = if write { (r.dst, r.src) } else { (r.src, r.dst) };
                 let aligned = off % a == 0 && r.len % a == 0 && addr % a == 0;
-                let fd = if aligned { f.aligned_fd() } else { f.buffered_fd() };
-                Io { fd: std::os::fd::AsRawFd::as_raw_fd(&fd), addr, len: r.len, off }
+                Io { fd: std::os::fd::AsRawFd::as_raw_fd(&f.fd_for(aligned)), addr, len: r.len, off }
             })
             .collect();
         Op::DiskDevice { file: file.clone(), write, ios }
@@ -481,8 +480,7 @@ mod tests {
                 let f = disk.disk().unwrap();
                 for io in ios {
                     let aligned = io.off % f.align() == 0 && io.len % f.align() == 0;
-                    let fd = if aligned { f.aligned_fd() } else { f.buffered_fd() };
-                    assert_eq!(io.fd, std::os::fd::AsRawFd::as_raw_fd(&fd));
+                    assert_eq!(io.fd, std::os::fd::AsRawFd::as_raw_fd(&f.fd_for(aligned)));
                     got.push((io.off, io.addr, io.len));
                 }
             }

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::gds::Gds;
 use crate::io::{posix, Io, Port};
-use crate::memory::checksum;
+use crate::memory::{checksum, Layout};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -107,13 +107,7 @@ pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut 
     while let Ok(Job::Run(mut chunk)) = rx.recv() {
         let op = Router::take_op(&mut chunk);
         let start = std::time::Instant::now();
-        let result = match (&op, &router.gds) {
-            (Op::DiskDevice { file, write, ios }, Some(gds)) => bound.clone().and_then(|_| gds.run(*write, file, ios)).map(|()| {
-                let bytes = ios.iter().map(|io| io.len).sum();
-                Counters::add(if *write { &router.counters.bytes_disk_written } else { &router.counters.bytes_disk_read }, bytes)
-            }),
-            _ => run_host_op(&op, &router.counters, &mut port),
-        };
+        let result = run_host_op(&op, &router, &mut port, &bound);
         let c = &router.counters;
         Counters::add_since(
             match op {
@@ -139,44 +133,26 @@ fn ios_of(f: &crate::memory::disk::DiskFile, extents: &[Extent]) -> Vec<Io> {
     extents
         .iter()
         .map(|e| {
-            let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
-            Io { fd: fd.as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }
+            Io { fd: f.fd_for(e.aligned).as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }
         })
         .collect()
 }
 
-fn run_host_op(op: &Op, counters: &Counters, port: &mut Port) -> Result<()> {
+/// Runs an I/O worker's stage; `bound`: whether this thread could bind the device (for
+/// cuFile).
+fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) -> Result<()> {
+    let counters = &router.counters;
     match op {
         Op::ReadDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
-            let mut hashed = Vec::new();
-            match port {
-                // SAFETY: extents lie inside this chunk's slot, which this stage owns.
-                Port::Uring(ring) => unsafe { ring.run(false, &ios_of(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
-                Port::Nixl(nixl) => nixl.run(false, file, &ios_of(f, extents)).map_err(|err| in_file(err, f.path()))?,
-                Port::Posix => {
-                    for e in extents {
-                        let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
-                        match f.checksum {
-                            // SAFETY: the extent lies inside this chunk's slot.
-                            Some(_) => hashed.extend(unsafe { read_hashing(fd, e, &file.placement) }.map_err(|err| in_file(err, f.path()))?),
-                            // SAFETY: extents lie inside this chunk's slot (planner invariant).
-                            None => unsafe { posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off) }
-                                .map_err(|err| in_file(err, f.path()))?,
-                        }
-                    }
-                }
-            }
+            let hashed_on_arrival = move_extents(port, false, file, extents).map_err(|err| in_file(err, f.path()))?;
             Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
             if let Some(sums) = &f.checksum {
-                // POSIX reads hashed each piece as it arrived; the other ports hash now.
-                if !matches!(port, Port::Posix) {
-                    for e in extents {
-                        let (off, addr, len) = e.payload;
-                        // SAFETY: the payload lies inside this chunk's slot, just read.
-                        hashed.extend(unsafe { checksum::hash_regions(&file.placement, off, addr, len) });
-                    }
-                }
+                let hashed = hashed_on_arrival.unwrap_or_else(|| {
+                    let payloads = extents.iter().map(|e| e.payload);
+                    // SAFETY: the payloads lie inside this chunk's slot, just read.
+                    payloads.flat_map(|(off, addr, len)| unsafe { checksum::hash_regions(&file.placement, off, addr, len) }).collect()
+                });
                 for (block, regions) in hashed {
                     sums.verify(block, &regions)?;
                 }
@@ -196,19 +172,7 @@ fn run_host_op(op: &Op, counters: &Counters, port: &mut Port) -> Result<()> {
                 // SAFETY: the tail lies inside this chunk's slot, reserved for this run.
                 unsafe { std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize) };
             }
-            match port {
-                // SAFETY: extents lie inside this chunk's slot, which this stage owns.
-                Port::Uring(ring) => unsafe { ring.run(true, &ios_of(f, extents)) }.map_err(|err| in_file(err, f.path()))?,
-                Port::Nixl(nixl) => nixl.run(true, file, &ios_of(f, extents)).map_err(|err| in_file(err, f.path()))?,
-                Port::Posix => {
-                    for e in extents {
-                        let fd = if e.aligned { f.aligned_fd() } else { f.buffered_fd() };
-                        // SAFETY: the extent lies inside this chunk's slot.
-                        unsafe { posix::write_all_at(fd, e.addr as *const u8, e.len, e.file_off) }
-                            .map_err(|err| in_file(err, f.path()))?;
-                    }
-                }
-            }
+            move_extents(port, true, file, extents).map_err(|err| in_file(err, f.path()))?;
             Counters::add(&counters.bytes_disk_written, extents.iter().map(|e| e.len).sum());
             if let Some(sums) = &f.checksum {
                 for (block, regions) in hashes.into_iter().flatten() {
@@ -223,7 +187,42 @@ fn run_host_op(op: &Op, counters: &Counters, port: &mut Port) -> Result<()> {
             Ok(())
         }
         Op::DeviceCopy { .. } => unreachable!("device copies run on the copy thread"),
-        Op::DiskDevice { .. } => unreachable!("cuFile chunks are planned only when the engine opened cuFile"),
+        Op::DiskDevice { file, write, ios } => {
+            let gds = router.gds.as_ref().expect("cuFile chunks are planned only when the engine opened cuFile");
+            bound.clone()?;
+            gds.run(*write, file, ios)?;
+            let bytes = ios.iter().map(|io| io.len).sum();
+            Counters::add(if *write { &counters.bytes_disk_written } else { &counters.bytes_disk_read }, bytes);
+            Ok(())
+        }
+    }
+}
+
+/// Moves `extents` between `file` and this chunk's slot on the worker's port. POSIX reads
+/// of a checksummed file hash each piece as it arrives and return those hashes; `None`
+/// means nothing was hashed yet.
+fn move_extents(port: &mut Port, write: bool, file: &Arc<Layout>, extents: &[Extent]) -> Result<Option<Vec<checksum::BlockHashes>>> {
+    let f = file.disk().expect("disk layout");
+    match port {
+        // SAFETY: extents lie inside this chunk's slot, which this stage owns.
+        Port::Uring(ring) => unsafe { ring.run(write, &ios_of(f, extents)) }.map(|()| None),
+        Port::Nixl(nixl) => nixl.run(write, file, &ios_of(f, extents)).map(|()| None),
+        Port::Posix => {
+            let hashing = !write && f.checksum.is_some();
+            let mut hashed = Vec::new();
+            for e in extents {
+                let fd = f.fd_for(e.aligned);
+                // SAFETY: the extent lies inside this chunk's slot (planner invariant).
+                unsafe {
+                    match (write, hashing) {
+                        (true, _) => posix::write_all_at(fd, e.addr as *const u8, e.len, e.file_off)?,
+                        (false, true) => hashed.extend(read_hashing(fd, e, &file.placement)?),
+                        (false, false) => posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off)?,
+                    }
+                }
+            }
+            Ok(hashing.then_some(hashed))
+        }
     }
 }
 

@@ -66,6 +66,12 @@ pub struct Gds {
     handles: RwLock<Handles>,
 }
 
+/// Whether the nvidia-fs kernel module is loaded: without it cuFile can only run in
+/// compatibility mode.
+pub fn nvidia_fs_loaded() -> bool {
+    std::path::Path::new("/proc/driver/nvidia-fs/version").exists()
+}
+
 fn unsupported(why: impl std::fmt::Display) -> Error {
     Error::new(Status::Unsupported, format!("KVX_IO_GDS: {why}; use KVX_IO_POSIX or KVX_IO_AUTO"))
 }
@@ -89,7 +95,7 @@ impl Gds {
         if opened.err != sys::CUfileOpError::CU_FILE_SUCCESS {
             return Err(unsupported(format_args!("cuFileDriverOpen: {:?}", opened.err)));
         }
-        let compat = !std::path::Path::new("/proc/driver/nvidia-fs/version").exists();
+        let compat = !nvidia_fs_loaded();
         let gds = Gds { compat, handles: RwLock::new(HashMap::new()) };
         let mode = if compat { " (cuFile is in compatibility mode here: no nvidia-fs kernel module)" } else { "" };
         gds.probe(gpu, scratch).map_err(|why| unsupported(format_args!("the start-up probe failed{mode}: {why}")))?;
@@ -160,8 +166,14 @@ impl Gds {
 
     /// Moves every byte of `ios` (`addr`: device address) between `file` and the device.
     pub fn run(&self, write: bool, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
+        let mut h: Option<(i32, Arc<Handle>)> = None;
         for io in ios {
-            let h = self.handle(file, io.fd)?;
+            // A chunk's I/Os mostly share one descriptor: look its handle up once.
+            let h = match h.take() {
+                Some((fd, handle)) if fd == io.fd => h.insert((fd, handle)),
+                _ => h.insert((io.fd, self.handle(file, io.fd)?)),
+            };
+            let h = &h.1;
             let mut done = 0u64;
             while done < io.len {
                 let (dev, len, off) = ((io.addr + done) as *mut std::ffi::c_void, (io.len - done) as usize, (io.off + done) as i64);

@@ -101,8 +101,7 @@ impl Port {
     /// that are gone first, so a reused descriptor number is never registered twice.
     fn register(&mut self, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
         let (agent, opts) = (&self.agent, &self.opts);
-        let known = self.files.contains_key(&file.id);
-        if !known {
+        if !self.files.contains_key(&file.id) {
             self.files.retain(|_, (layout, _)| layout.strong_count() > 0);
         }
         let (_, regs) = self.files.entry(file.id).or_insert_with(|| (Arc::downgrade(file), Vec::new()));

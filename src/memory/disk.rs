@@ -163,6 +163,16 @@ impl DiskFile {
         self.buffered.as_fd()
     }
 
+    /// The descriptor for an I/O that is (`aligned`) or is not aligned in file, memory and
+    /// length.
+    pub fn fd_for(&self, aligned: bool) -> BorrowedFd<'_> {
+        if aligned {
+            self.aligned_fd()
+        } else {
+            self.buffered_fd()
+        }
+    }
+
     /// Makes everything written so far durable (both descriptors share the inode), and
     /// the checksums with it.
     pub fn sync_data(&self) -> Result<()> {
