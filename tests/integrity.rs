@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use kvxfer::engine::{DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_SYNC};
+use kvxfer::engine::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_SYNC};
 use kvxfer::io::fault::{self, Fault, Site};
 use kvxfer::{LayoutKind, Status, StorageKind};
 use std::os::unix::fs::FileExt;
@@ -52,27 +52,35 @@ fn checksummed_round_trips_are_exact_with_layer_ranges_and_odd_regions() {
     }
 }
 
+/// Both ways a read is hashed: page-cache reads piece by piece as they arrive
+/// (`DISK_BUFFERED`), direct-I/O reads after the disk's DMA (where the file system has it).
 #[test]
 fn corrupted_torn_and_unwritten_blocks_are_integrity_errors_naming_the_block() {
     let _serial = serial();
     let e = engine();
+    for buffered in [0, DISK_BUFFERED] {
+        corrupted_torn_and_unwritten(&e, buffered);
+    }
+}
+
+fn corrupted_torn_and_unwritten(e: &kvxfer::Engine, buffered: u32) {
     let c = cfg(6, 3, 2, 16, 128, 2); // 8 KiB regions, 48 KiB blocks
     let path = temp_path("corrupt");
-    let disk = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_CHECKSUM).unwrap();
-    let dev = make_layout(&e, &c, FC, StorageKind::Device);
+    let disk = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_CHECKSUM | buffered).unwrap();
+    let dev = make_layout(e, &c, FC, StorageKind::Device);
     fill(&dev, 5);
     // Never written at all.
-    let (s, m) = read_one(&e, &disk, &dev, 4);
+    let (s, m) = read_one(e, &disk, &dev, 4);
     assert_eq!(s, Status::Integrity, "{m}");
     assert!(m.contains("block 4") && m.contains("never written"), "{m}");
     let ids: Vec<u64> = (0..4).collect();
-    assert_eq!(transfer(&e, &dev, &ids, &disk, &ids, &Default::default()), Status::Ok);
-    assert_eq!(read_one(&e, &disk, &dev, 2).0, Status::Ok);
+    assert_eq!(transfer(e, &dev, &ids, &disk, &ids, &Default::default()), Status::Ok);
+    assert_eq!(read_one(e, &disk, &dev, 2).0, Status::Ok);
     // One byte changed behind kvxfer's back.
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     let off = disk.placement.region(2, 1, 1).offset + 100;
     f.write_all_at(&[0xEE], off).unwrap();
-    let (s, m) = read_one(&e, &disk, &dev, 2);
+    let (s, m) = read_one(e, &disk, &dev, 2);
     assert_eq!(s, Status::Integrity, "{m}");
     assert!(m.contains("block 2 (layer 1, outer 1)"), "{m}");
     // A write torn in the middle: the second of block 3's pwrites fails, so its first
@@ -82,11 +90,11 @@ fn corrupted_torn_and_unwritten_blocks_are_integrity_errors_naming_the_block() {
     let r = e.submit(&dev, &[3], &disk, &[3], &Default::default()).unwrap();
     assert_eq!(r.wait(None), Status::Io);
     fault::clear();
-    let (s, m) = read_one(&e, &disk, &dev, 3);
+    let (s, m) = read_one(e, &disk, &dev, 3);
     assert_eq!(s, Status::Integrity, "{m}");
     assert!(m.contains("block 3"), "{m}");
     // Untouched blocks still read fine.
-    assert_eq!(read_one(&e, &disk, &dev, 0).0, Status::Ok);
+    assert_eq!(read_one(e, &disk, &dev, 0).0, Status::Ok);
 }
 
 #[test]
