@@ -13,6 +13,7 @@ Markdown table and a PNG plot (GB/s against blocks per batch, one line per syste
   python3 cpp_examples/compare.py --dir /dev/shm --out results   # file on tmpfs (hot)
   python3 cpp_examples/compare.py --write ...   # device -> disk instead: kvxfer, KvikIO
                                                 # pwrite, naive cudaMemcpy + pwrite
+  python3 cpp_examples/compare.py --direct --dir /mnt/nvme ...   # every system on O_DIRECT
 """
 import argparse
 import json
@@ -40,7 +41,13 @@ def parse():
     p.add_argument("--device", default="0")
     p.add_argument("--io-backends", default="auto,nixl", help="kvxfer's --io-backend values to run")
     p.add_argument("--write", action="store_true", help="device -> disk instead of disk -> device")
+    p.add_argument("--direct", action="store_true",
+                   help="O_DIRECT for every system (a real disk), instead of page-cache I/O on a hot file")
     return p.parse_args()
+
+
+def io_mode(a):
+    return "O_DIRECT" if a.direct else "hot"
 
 
 def timed(fn, iterations):
@@ -59,7 +66,8 @@ def kvxfer_runs(a, batches):
     rows = []
     for backend in a.io_backends.split(","):
         for b in batches:
-            cmd = [a.bench, "--device", a.device, "--direction", direction(a), "--dir", a.dir, "--buffered",
+            cmd = [a.bench, "--device", a.device, "--direction", direction(a), "--dir", a.dir,
+                   *([] if a.direct else ["--buffered"]),
                    "--num-blocks", str(a.num_blocks), "--blocks-per-batch", str(b), "--num-layers", str(a.num_layers),
                    "--inner-dim", str(a.inner_dim), "--page-size", str(a.page_size), "--layout", a.layout,
                    "--iterations", str(a.iterations), "--io-backend", backend, "--json", "--no-verify"]
@@ -106,7 +114,7 @@ def nixl_ab_bounce(a, path, total, block, pieces, dev, batches):
     ok(lib.nixl_capi_create_opt_args(ctypes.byref(opt)), "opt args")
     ok(lib.nixl_capi_opt_args_add_backend(opt, backend), "opt args backend")
     bufs = [cp.cuda.alloc_pinned_memory(block) for _ in range(2)]
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if a.direct else 0))
     for mem, descs in ((0, [(b.ptr, block, 0) for b in bufs]), (4, [(0, total, fd)])):
         dl = vp()
         ok(lib.nixl_capi_create_reg_dlist(mem, ctypes.byref(dl)), "reg list")
@@ -157,6 +165,13 @@ def peer_runs(a, batches):
     os.environ["KVIKIO_COMPAT_MODE"] = "ON"
     import kvikio
     import kvikio.defaults
+    if a.direct:
+        # KvikIO's own switches for direct I/O in POSIX (compat) mode; say so when absent.
+        for key in ("auto_direct_io_read", "auto_direct_io_write"):
+            try:
+                kvikio.defaults.set(key, True)
+            except (AttributeError, KeyError, TypeError, ValueError) as e:
+                print(f"KvikIO: cannot set {key} ({e}); its I/O may go through the page cache", flush=True)
 
     region = a.page_size * a.inner_dim * 2
     block = a.num_layers * 2 * region
@@ -199,7 +214,7 @@ def peer_runs(a, batches):
             rows += nixl_ab_bounce(a, path, total, block, pieces, dev, batches)
         pinned = cp.cuda.alloc_pinned_memory(block)
         host = np.frombuffer(pinned, dtype=np.uint8, count=block)
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | (os.O_DIRECT if a.direct else 0))  # pinned memory is page-aligned
         for b in batches:
             def naive():
                 for bi in range(a.num_blocks):
@@ -230,7 +245,7 @@ def report(a, rows):
             best_kvikio[b] = max(best_kvikio.get(b, 0), g)
     what = "device -> disk" if a.write else "disk -> device"
     md = [f"# {what}, {a.layout}, {a.num_blocks} blocks x {a.num_layers * 2 * a.page_size * a.inner_dim * 2 / 1e6:.2f} MB, "
-          f"file in {a.dir} (hot)", "", "| system | threads | blocks/batch | GB/s | x best KvikIO | limit GB/s |",
+          f"file in {a.dir} ({io_mode(a)})", "", "| system | threads | blocks/batch | GB/s | x best KvikIO | limit GB/s |",
           "|---|---|---|---|---|---|"]
     for s, t, b, g, lim in rows:
         ratio = f"{g / best_kvikio[b]:.2f}" if b in best_kvikio else ""
@@ -249,7 +264,7 @@ def report(a, rows):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("blocks per batch")
     ax.set_ylabel("GB/s (1e9 B/s)")
-    ax.set_title(f"{what}, {a.layout} layout, hot file")
+    ax.set_title(f"{what}, {a.layout} layout, {io_mode(a)} file")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
