@@ -169,6 +169,9 @@ exports-test: build
 # The benchmark runs and its byte check passes (small, not timed).
 bench-smoke: build $(TEST_DIR)
 	./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR)
+	@if [ "$$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then \
+	  ./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir /dev/shm --mapped; \
+	else echo "bench-smoke: --mapped skipped: /dev/shm is not tmpfs here"; fi
 
 clean:
 	$(CARGO) clean

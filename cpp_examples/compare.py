@@ -39,7 +39,8 @@ def parse():
     p.add_argument("--kvikio-threads", default="1,16,64")
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--device", default="0")
-    p.add_argument("--io-backends", default="auto,nixl", help="kvxfer's --io-backend values to run")
+    p.add_argument("--io-backends", default="auto,nixl",
+                   help="kvxfer's --io-backend values to run; 'mapped' runs the bench with --mapped (KVX_DISK_MAPPED)")
     p.add_argument("--write", action="store_true", help="device -> disk instead of disk -> device")
     p.add_argument("--direct", action="store_true",
                    help="O_DIRECT for every system (a real disk), instead of page-cache I/O on a hot file")
@@ -70,13 +71,14 @@ def kvxfer_runs(a, batches):
                    *([] if a.direct else ["--buffered"]),
                    "--num-blocks", str(a.num_blocks), "--blocks-per-batch", str(b), "--num-layers", str(a.num_layers),
                    "--inner-dim", str(a.inner_dim), "--page-size", str(a.page_size), "--layout", a.layout,
-                   "--iterations", str(a.iterations), "--io-backend", backend, "--json", "--no-verify"]
+                   "--iterations", str(a.iterations), "--json", "--no-verify",
+                   *(["--mapped"] if backend == "mapped" else ["--io-backend", backend])]
             run = subprocess.run(cmd, capture_output=True, text=True)
             if run.returncode != 0:
                 print(f"kvxfer on {backend}: not run: {run.stderr.strip()}", flush=True)
                 break
             r = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")][0]
-            name = "kvxfer" if backend == "auto" else f"kvxfer over {r['io_backend']}"
+            name = {"auto": "kvxfer", "mapped": "kvxfer, KVX_DISK_MAPPED"}.get(backend, f"kvxfer over {r['io_backend']}")
             rows.append((name, "-", b, r["gbps"], r["limit_gbps"]))
             print(f"{name:24} batch {b:3}: {r['gbps']:6.2f} GB/s (limit {r['limit_gbps']:.2f})", flush=True)
     return rows

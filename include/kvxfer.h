@@ -19,7 +19,7 @@
 #define KVX_ABI_MAJOR 1
 
 // 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`.
-#define KVX_ABI_MINOR 1
+#define KVX_ABI_MINOR 2
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 #define KVX_DEVICE_AUTO -2
@@ -74,6 +74,15 @@
 // layers were never all written is an integrity error too. Needs `slot_bytes` larger
 // than a region plus 8 KiB.
 #define KVX_DISK_CHECKSUM 16
+
+// Disk layout flag (ABI 1.2): map the file and page-lock it for the device while the
+// layout lives, so blocks move by DMA straight between the file's pages and device
+// memory (no bounce slot, one pass over host memory). For a file on tmpfs or hugetlbfs
+// (e.g. `/dev/shm`), holding all of it in memory; elsewhere, or with
+// `KVX_DISK_CHECKSUM`, layout creation fails and says why. The file format is the same
+// as without it, so the same file can be opened either way. The file must not be
+// truncated while the layout lives.
+#define KVX_DISK_MAPPED 32
 
 // An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 // free with `kvx_engine_destroy`.
@@ -365,8 +374,9 @@ kvx_status kvx_layout_register_host(struct kvx_engine *e,
 kvx_status kvx_layout_block_bytes(const struct kvx_layout *l, uint64_t *out);
 
 // Base address of one layer's allocation (layer 0 for fully contiguous): a device
-// pointer, or a host pointer for host and emulated-device layouts. Disk layouts have
-// none (`KVX_ERR_UNSUPPORTED`).
+// pointer, or a host pointer for host and emulated-device layouts, and for a
+// `KVX_DISK_MAPPED` layout the file's mapping (blocks at the file's offsets). Other disk
+// layouts have none (`KVX_ERR_UNSUPPORTED`).
 kvx_status kvx_layout_base(const struct kvx_layout *l, uint64_t layer, uint64_t *addr_out);
 
 // Drops the caller's reference. Memory kvxfer allocated (and a file it created without

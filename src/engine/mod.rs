@@ -177,7 +177,7 @@ impl Engine {
 
     pub fn create_disk_layout(&self, cfg: &LayoutConfig, path: &Path, flags: u32) -> Result<Arc<Layout>> {
         let geom = cfg.validate()?;
-        let layout = Layout::create_disk(self.id, geom, path, flags)?;
+        let layout = Layout::create_disk(self.id, &self.gpu, geom, path, flags)?;
         let align = layout.disk().map_or(0, |f| f.align());
         if self.cfg.slot_bytes < 2 * align {
             bail!(Unsupported, "{} needs {align}-byte aligned I/O; raise slot_bytes to at least {}", path.display(), 2 * align);
@@ -343,4 +343,4 @@ impl Drop for Engine {
     }
 }
 
-pub use memory::disk::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_SYNC};
+pub use memory::disk::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_MAPPED, DISK_SYNC};

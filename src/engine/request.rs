@@ -198,7 +198,7 @@ impl Request {
     /// After every chunk of a write to disk succeeded: seal the blocks written
     /// (`KVX_DISK_CHECKSUM`), then make everything durable (`KVX_DISK_SYNC`).
     fn complete_disk_writes(t: &Transfer) -> crate::error::Result<()> {
-        let Some(f) = t.dst.disk() else { return Ok(()) };
+        let Some(f) = t.dst.file() else { return Ok(()) };
         if let Some(sums) = &f.checksum {
             for &(_, block) in &t.pairs {
                 sums.seal(block)?;

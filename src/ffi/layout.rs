@@ -196,8 +196,9 @@ pub unsafe extern "C" fn kvx_layout_block_bytes(l: *const kvx_layout, out: *mut 
 }
 
 /// Base address of one layer's allocation (layer 0 for fully contiguous): a device
-/// pointer, or a host pointer for host and emulated-device layouts. Disk layouts have
-/// none (`KVX_ERR_UNSUPPORTED`).
+/// pointer, or a host pointer for host and emulated-device layouts, and for a
+/// `KVX_DISK_MAPPED` layout the file's mapping (blocks at the file's offsets). Other disk
+/// layouts have none (`KVX_ERR_UNSUPPORTED`).
 #[no_mangle]
 pub unsafe extern "C" fn kvx_layout_base(l: *const kvx_layout, layer: u64, addr_out: *mut u64) -> kvx_status {
     guard(

@@ -33,7 +33,7 @@ pub const KVX_ERR_INTERNAL: kvx_status = 16;
 
 pub const KVX_ABI_MAJOR: u32 = 1;
 /// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`.
-pub const KVX_ABI_MINOR: u32 = 1;
+pub const KVX_ABI_MINOR: u32 = 2;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 pub const KVX_DEVICE_AUTO: i32 = -2;
@@ -77,6 +77,14 @@ pub const KVX_DISK_SYNC: u32 = 8;
 /// layers were never all written is an integrity error too. Needs `slot_bytes` larger
 /// than a region plus 8 KiB.
 pub const KVX_DISK_CHECKSUM: u32 = 16;
+/// Disk layout flag (ABI 1.2): map the file and page-lock it for the device while the
+/// layout lives, so blocks move by DMA straight between the file's pages and device
+/// memory (no bounce slot, one pass over host memory). For a file on tmpfs or hugetlbfs
+/// (e.g. `/dev/shm`), holding all of it in memory; elsewhere, or with
+/// `KVX_DISK_CHECKSUM`, layout creation fails and says why. The file format is the same
+/// as without it, so the same file can be opened either way. The file must not be
+/// truncated while the layout lives.
+pub const KVX_DISK_MAPPED: u32 = 32;
 
 /// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 /// free with `kvx_engine_destroy`.

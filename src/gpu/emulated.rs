@@ -68,6 +68,12 @@ impl Gpu for Emulated {
         self.check_device_range(addr, bytes)
     }
 
+    fn register_host(&self, _addr: u64, _bytes: u64) -> Result<()> {
+        Ok(()) // the emulated device copies with memcpy: any host memory will do
+    }
+
+    unsafe fn unregister_host(&self, _addr: u64) {}
+
     fn prepare_slots(&self, _slots: u32, _slot_bytes: u64) -> Result<()> {
         Ok(())
     }

@@ -91,6 +91,13 @@ pub trait Gpu: Send + Sync + 'static {
     /// Checks that `[addr, addr + bytes)` is page-locked host memory.
     fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()>;
 
+    /// Page-locks existing host memory (a mapped file) for the device's copies until
+    /// `unregister_host`.
+    fn register_host(&self, addr: u64, bytes: u64) -> Result<()>;
+    /// # Safety
+    /// `addr` was registered by `register_host` of this object and no copy still uses it.
+    unsafe fn unregister_host(&self, addr: u64);
+
     /// Sets up per-slot device resources (events, staging) once the ring exists.
     fn prepare_slots(&self, slots: u32, slot_bytes: u64) -> Result<()>;
 

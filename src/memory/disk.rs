@@ -17,7 +17,8 @@ pub const DISK_KEEP: u32 = 2;
 pub const DISK_BUFFERED: u32 = 4;
 pub const DISK_SYNC: u32 = 8;
 pub const DISK_CHECKSUM: u32 = 16;
-pub const DISK_FLAGS_KNOWN: u32 = DISK_CREATE | DISK_KEEP | DISK_BUFFERED | DISK_SYNC | DISK_CHECKSUM;
+pub const DISK_MAPPED: u32 = 32;
+pub const DISK_FLAGS_KNOWN: u32 = DISK_CREATE | DISK_KEEP | DISK_BUFFERED | DISK_SYNC | DISK_CHECKSUM | DISK_MAPPED;
 
 /// The alignment kvxfer uses for direct I/O unless the filesystem asks for more.
 pub const DEFAULT_IO_ALIGN: u64 = 4096;
@@ -61,7 +62,7 @@ impl DiskFile {
     /// `align()` for the block padding and calls `prepare` with the layout's byte size.
     pub fn open(path: &Path, flags: u32) -> Result<DiskFile> {
         if flags & !DISK_FLAGS_KNOWN != 0 {
-            bail!(InvalidArg, "unknown disk flags {:#x}; known: KVX_DISK_CREATE|KEEP|BUFFERED|SYNC|CHECKSUM", flags & !DISK_FLAGS_KNOWN);
+            bail!(InvalidArg, "unknown disk flags {:#x}; known: KVX_DISK_CREATE|KEEP|BUFFERED|SYNC|CHECKSUM|MAPPED", flags & !DISK_FLAGS_KNOWN);
         }
         let cpath = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::new(crate::error::Status::InvalidArg, "disk path contains a NUL byte"))?;

@@ -4,11 +4,13 @@
 pub mod checksum;
 pub mod disk;
 pub mod host;
+pub mod mapped;
 
 use crate::error::{bail, Result};
 use crate::gpu::Gpu;
 use crate::layout::{Geometry, LayoutKind, Placement};
 use disk::DiskFile;
+use mapped::Mapping;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,6 +64,8 @@ pub enum Storage {
     /// One base address per allocation (1 for fully contiguous, one per layer otherwise).
     Memory { kind: StorageKind, bases: Vec<u64>, _owned: Vec<Owned> },
     Disk(DiskFile),
+    /// `KVX_DISK_MAPPED`: a disk file moved as the pinned memory it is mapped to.
+    Mapped { file: DiskFile, map: Mapping, bases: [u64; 1] },
 }
 
 /// A layout: placement math plus the storage it addresses. Shared (`Arc`) between the
@@ -83,10 +87,12 @@ impl Layout {
         Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed) }
     }
 
+    /// How transfers treat it: a mapped file is pinned memory to the planner.
     pub fn kind(&self) -> StorageKind {
         match &self.storage {
             Storage::Memory { kind, .. } => *kind,
             Storage::Disk(_) => StorageKind::Disk,
+            Storage::Mapped { .. } => StorageKind::Pinned,
         }
     }
 
@@ -94,17 +100,27 @@ impl Layout {
         &self.placement.geom
     }
 
-    /// Memory bases, or `None` for disk.
+    /// Memory bases, or `None` for disk moved by I/O.
     pub fn bases(&self) -> Option<&[u64]> {
         match &self.storage {
             Storage::Memory { bases, .. } => Some(bases),
+            Storage::Mapped { bases, .. } => Some(bases),
             Storage::Disk(_) => None,
         }
     }
 
+    /// The file of a disk layout moved by I/O through the bounce slots.
     pub fn disk(&self) -> Option<&DiskFile> {
         match &self.storage {
             Storage::Disk(f) => Some(f),
+            Storage::Memory { .. } | Storage::Mapped { .. } => None,
+        }
+    }
+
+    /// The file behind a disk layout, moved by I/O or mapped.
+    pub fn file(&self) -> Option<&DiskFile> {
+        match &self.storage {
+            Storage::Disk(f) | Storage::Mapped { file: f, .. } => Some(f),
             Storage::Memory { .. } => None,
         }
     }
@@ -155,7 +171,17 @@ impl Layout {
     }
 
     /// A disk layout in the file at `path` (`disk::DISK_*` flags).
-    pub fn create_disk(engine_id: u64, geom: Geometry, path: &Path, flags: u32) -> Result<Layout> {
+    pub fn create_disk(engine_id: u64, gpu: &Arc<dyn Gpu>, geom: Geometry, path: &Path, flags: u32) -> Result<Layout> {
+        let mapped = flags & disk::DISK_MAPPED != 0;
+        if mapped && flags & disk::DISK_CHECKSUM != 0 {
+            bail!(
+                InvalidArg,
+                "KVX_DISK_MAPPED and KVX_DISK_CHECKSUM together: a mapped file's bytes go straight between its pages and the device, so nothing on the host could verify them; drop one"
+            );
+        }
+        if mapped {
+            Mapping::check_file_system(path)?;
+        }
         let mut file = DiskFile::open(path, flags)?;
         let placement = Placement::disk(geom, file.align());
         let create = flags & disk::DISK_CREATE != 0;
@@ -165,7 +191,14 @@ impl Layout {
         }
         // The probe may have fallen back to buffered I/O with the default alignment;
         // padding chosen for a larger alignment stays valid (it is still a multiple).
-        Ok(Layout::new(engine_id, placement, Storage::Disk(file)))
+        let storage = match mapped {
+            true => {
+                let map = Mapping::new(gpu, &file, placement.base_bytes())?;
+                Storage::Mapped { bases: [map.addr()], file, map }
+            }
+            false => Storage::Disk(file),
+        };
+        Ok(Layout::new(engine_id, placement, storage))
     }
 }
 

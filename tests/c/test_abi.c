@@ -164,6 +164,9 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   expect_fail(kvx_layout_create_host(e, &c, 0x80, &out), KVX_ERR_INVALID_ARG, "unknown host flag");
   expect_fail(kvx_layout_create_disk(e, &c, NULL, KVX_DISK_CREATE, &out), KVX_ERR_INVALID_ARG, "disk path NULL");
   expect_fail(kvx_layout_create_disk(e, &c, "/nonexistent-dir/x.kv", 0, &out), KVX_ERR_IO, "missing file");
+  expect_fail(kvx_layout_create_disk(e, &c, "/nonexistent-dir/x.kv", KVX_DISK_CREATE | KVX_DISK_MAPPED | KVX_DISK_CHECKSUM, &out),
+              KVX_ERR_INVALID_ARG, "KVX_DISK_MAPPED with KVX_DISK_CHECKSUM");
+  expect_fail(kvx_layout_create_disk(e, &c, "/nonexistent-dir/x.kv", 0x40, &out), KVX_ERR_INVALID_ARG, "unknown disk flag");
   void *one_base[1] = {(void *)&c};
   c.kind = KVX_LAYOUT_LAYER_SEPARATE_BLOCK_FIRST;
   expect_fail(kvx_layout_register_host(e, &c, one_base, 1, 0, &out), KVX_ERR_INVALID_ARG, "1 base for 3 layers");

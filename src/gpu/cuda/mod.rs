@@ -218,6 +218,22 @@ impl Gpu for CudaGpu {
         Ok(())
     }
 
+    fn register_host(&self, addr: u64, bytes: u64) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller's mapping of `bytes` at `addr`; PORTABLE so every context sees it.
+        let r = unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, bytes as usize, sys::CU_MEMHOSTREGISTER_PORTABLE) };
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            bail!(NoMemory, "page-locking {bytes} bytes of a mapped file for the device: out of memory");
+        }
+        check(r, "cuMemHostRegister")
+    }
+
+    unsafe fn unregister_host(&self, addr: u64) {
+        if self.bind().is_ok() {
+            let _ = check(sys::cuMemHostUnregister(addr as *mut c_void), "cuMemHostUnregister").map_err(|e| log::error!("{e}"));
+        }
+    }
+
     fn prepare_slots(&self, slots: u32, slot_bytes: u64) -> Result<()> {
         self.bind()?;
         let r = SlotResources::new(slots, slot_bytes, self.kernel.is_some())?;

@@ -1,0 +1,101 @@
+//! KVX_DISK_MAPPED: a file on tmpfs moved as pinned memory. It must hold exactly the
+//! bytes, in exactly the places, that the same file opened without the flag holds, and
+//! be refused (with the reason) where it cannot be honoured.
+
+mod common;
+use common::*;
+use kvxfer::engine::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_MAPPED};
+use kvxfer::{LayoutKind, Status, StorageKind};
+use std::path::PathBuf;
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+fn is_tmpfs(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
+}
+
+/// A path on tmpfs (`KVX_TEST_DIR` when it is tmpfs, else /dev/shm), or `None` with the
+/// skip printed.
+fn tmpfs_path(test: &str, tag: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("KVX_TEST_DIR").map(PathBuf::from).filter(|d| is_tmpfs(d)).unwrap_or_else(|| "/dev/shm".into());
+    if !is_tmpfs(&dir) {
+        println!("{test}: skipped: no tmpfs here (set KVX_TEST_DIR to a tmpfs folder)");
+        return None;
+    }
+    Some(dir.join(format!("kvx-test-{}-{tag}", std::process::id())))
+}
+
+struct Remove(PathBuf);
+impl Drop for Remove {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn a_mapped_file_holds_what_the_same_file_opened_for_io_holds() {
+    let Some(path) = tmpfs_path("a_mapped_file_holds_what_the_same_file_opened_for_io_holds", "mapped") else { return };
+    let _rm = Remove(path.clone());
+    let e = engine();
+    // Odd regions (3 x 7 x 2 B) so blocks are padded in the file; one geometry with large
+    // regions so device copies are large too.
+    for c in [cfg(7, 3, 2, 3, 7, 2), cfg(5, 2, 2, 16, 4096, 2)] {
+        let mapped = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_KEEP | DISK_MAPPED).unwrap();
+        assert_eq!(mapped.kind(), StorageKind::Pinned, "a mapped file moves as pinned memory");
+        let plain = e.create_disk_layout(&c, &path, DISK_BUFFERED).unwrap();
+        let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: true }, StorageKind::Device);
+        let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+        let n = c.num_blocks;
+
+        // Device -> mapped file, blocks reversed; the plain layout reads the file itself.
+        fill(&dev, 1);
+        fill(&plain, 2);
+        let src: Vec<u64> = (0..n).collect();
+        let dst: Vec<u64> = (0..n).rev().collect();
+        assert_eq!(transfer(&e, &dev, &src, &mapped, &dst, &Default::default()), Status::Ok);
+        let pairs: Vec<(u64, u64)> = src.iter().copied().zip(dst.iter().copied()).collect();
+        check(&plain, 2, 1, &pairs, 0..c.num_layers, "device -> mapped, read through the file");
+
+        // Written through I/O, read back through the mapping, one layer range only.
+        fill(&host, 3);
+        assert_eq!(transfer(&e, &host, &src, &plain, &src, &Default::default()), Status::Ok);
+        fill(&dev, 4);
+        let opts = kvxfer::TransferOptions { layer_begin: 1, layer_end: 2, ..Default::default() };
+        let ids = [0, n - 1];
+        assert_eq!(transfer(&e, &mapped, &ids, &dev, &ids, &opts), Status::Ok);
+        let same: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
+        check(&dev, 4, 3, &same, 1..2, "file -> mapped -> device, layer 1");
+
+        // Mapped -> another file through the bounce slots, and back to host memory.
+        let other = e.create_disk_layout(&c, &temp_path("copy"), DISK_CREATE).unwrap();
+        assert_eq!(transfer(&e, &mapped, &src, &other, &src, &Default::default()), Status::Ok);
+        fill(&host, 5);
+        assert_eq!(transfer(&e, &other, &src, &host, &src, &Default::default()), Status::Ok);
+        let all: Vec<(u64, u64)> = src.iter().map(|&b| (b, b)).collect();
+        check(&host, 5, 3, &all, 0..c.num_layers, "mapped -> disk -> host");
+    }
+}
+
+#[test]
+fn mapped_is_refused_with_checksums_and_off_tmpfs() {
+    let e = engine();
+    let c = cfg(4, 2, 2, 16, 128, 2);
+    if let Some(path) = tmpfs_path("mapped_is_refused_with_checksums_and_off_tmpfs", "refused") {
+        let _rm = Remove(path.clone());
+        let err = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_MAPPED | DISK_CHECKSUM).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+        assert!(err.message.contains("KVX_DISK_CHECKSUM"), "{}", err.message);
+    }
+    let path = temp_path("mapped-off-tmpfs");
+    if is_tmpfs(path.parent().unwrap()) {
+        println!("mapped_is_refused_with_checksums_and_off_tmpfs: off-tmpfs part skipped: the test folder is tmpfs");
+        return;
+    }
+    let err = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_MAPPED).unwrap_err();
+    assert_eq!(err.status, Status::Unsupported, "{}", err.message);
+    assert!(err.message.contains("tmpfs") && err.message.contains("drop KVX_DISK_MAPPED"), "{}", err.message);
+    assert!(!path.exists(), "a refused layout leaves no file behind");
+}
