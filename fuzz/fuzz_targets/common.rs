@@ -41,6 +41,10 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| unsafe {
         let mut l = std::ptr::null_mut();
         assert_eq!(kvx_layout_create_disk(e, &c, path.as_ptr() as *const _, KVX_DISK_CREATE | KVX_DISK_CHECKSUM, &mut l), KVX_OK);
         layouts.push(l as usize);
+        // The same geometry mapped (KVX_DISK_MAPPED needs tmpfs: /dev/shm).
+        let path = format!("/dev/shm/kvx-fuzz-{}-{i}-mapped\0", std::process::id());
+        assert_eq!(kvx_layout_create_disk(e, &c, path.as_ptr() as *const _, KVX_DISK_CREATE | KVX_DISK_MAPPED, &mut l), KVX_OK);
+        layouts.push(l as usize);
     }
     Fixture { engine: e as usize, layouts }
 });
