@@ -105,7 +105,7 @@ tsan:
 	RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=target/tsan \
 	  KVX_STRESS=8x200 TSAN_OPTIONS=halt_on_error=1 KVX_TEST_DIR=$(TEST_DIR) \
 	  $(CARGO) +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
-	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends
+	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped
 
 # The long soak (not part of make test).
 soak: stress-test
