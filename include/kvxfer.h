@@ -18,7 +18,9 @@
 
 #define KVX_ABI_MAJOR 1
 
-// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`.
+// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`,
+// `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
+// 1.2: `KVX_DISK_MAPPED`.
 #define KVX_ABI_MINOR 2
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.

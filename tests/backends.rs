@@ -69,47 +69,42 @@ fn moves_the_same_bytes(e: &Engine, what: &str) {
     check(&back, 23, 21, &pairs, 0..2, what);
 }
 
+/// On `backend`, the same bytes as POSIX; or, where it cannot run here, a refusal that
+/// `refused` checks, and a printed skip.
+fn moves_or_says_why(backend: u32, what: &str, test: &str, refused: impl FnOnce(&str)) {
+    match engine_on(backend) {
+        Ok(e) => {
+            assert_eq!(e.io_backend(), backend);
+            moves_the_same_bytes(&e, what);
+        }
+        Err(err) => {
+            refused(&err.message);
+            skipped(test, &err.message)
+        }
+    }
+}
+
 #[test]
 fn io_uring_moves_the_same_bytes_or_says_why_not() {
-    match engine_on(IO_URING) {
-        Ok(e) => {
-            assert_eq!(e.io_backend(), IO_URING);
-            moves_the_same_bytes(&e, "io_uring");
-        }
-        Err(err) => skipped("io_uring", &err.message),
-    }
+    moves_or_says_why(IO_URING, "io_uring", "io_uring", |_| {});
 }
 
 #[test]
 fn nixl_moves_the_same_bytes_or_says_why_not() {
-    match engine_on(IO_NIXL) {
-        Ok(e) => {
-            assert_eq!(e.io_backend(), IO_NIXL);
-            moves_the_same_bytes(&e, "NIXL");
+    moves_or_says_why(IO_NIXL, "NIXL", "nixl", |m| {
+        if kvxfer::io::nixl::missing().is_some() {
+            assert!(m.contains("libnixl_capi.so"), "the refusal names the missing library: {m}");
         }
-        Err(err) => {
-            if kvxfer::io::nixl::missing().is_some() {
-                assert!(err.message.contains("libnixl_capi.so"), "the refusal names the missing library: {}", err.message);
-            }
-            skipped("nixl", &err.message)
-        }
-    }
+    });
 }
 
 #[test]
 fn gds_moves_the_same_bytes_or_says_why_not() {
-    match engine_on(IO_GDS) {
-        Ok(e) => {
-            assert_eq!(e.io_backend(), IO_GDS);
-            moves_the_same_bytes(&e, "cuFile");
+    moves_or_says_why(IO_GDS, "cuFile", "gds", |m| {
+        if test_device() < 0 {
+            assert!(m.contains("emulated device"), "{m}");
         }
-        Err(err) => {
-            if test_device() < 0 {
-                assert!(err.message.contains("emulated device"), "{}", err.message);
-            }
-            skipped("gds", &err.message)
-        }
-    }
+    });
 }
 
 #[test]

@@ -116,6 +116,16 @@ pub struct TransferOptions {
 /// Queue depth of each I/O worker's io_uring: a chunk's extents are submitted at once.
 const URING_DEPTH: u32 = 64;
 
+/// A backend's name, for logs.
+pub(super) fn backend_name(b: u32) -> &'static str {
+    match b {
+        IO_URING => "io_uring",
+        IO_NIXL => "NIXL",
+        IO_GDS => "cuFile",
+        _ => "pread/pwrite",
+    }
+}
+
 /// The disk I/O an engine uses: what `kvx_engine_io_backend` reports, one port per I/O
 /// worker, and cuFile when disk <-> device bytes bypass the bounce slots.
 pub(super) struct IoChoice {
@@ -182,8 +192,7 @@ pub(super) fn choose_io(asked: u32, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u6
                     (IO_POSIX, posix_ports(workers))
                 }
             };
-            let name = if backend == IO_URING { "io_uring" } else { "pread/pwrite" };
-            log::info!("I/O backend: {name} (KVX_IO_AUTO); not taken: {}", not_taken.join("; "));
+            log::info!("I/O backend: {} (KVX_IO_AUTO); not taken: {}", backend_name(backend), not_taken.join("; "));
             choice(backend, ports, None)
         }
     }

@@ -36,16 +36,6 @@ use std::thread::JoinHandle;
 use worker::{Job, Router};
 
 
-/// For logs.
-fn backend_name(b: u32) -> &'static str {
-    match b {
-        IO_URING => "io_uring",
-        IO_NIXL => "NIXL",
-        IO_GDS => "cuFile",
-        _ => "pread/pwrite",
-    }
-}
-
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Submission side of the request queue. `accepting` is checked and the request sent
@@ -135,7 +125,7 @@ impl Engine {
             "engine {id}: {}, {} I/O threads ({}), {} bounce slots of {} KiB",
             gpu.describe(),
             cfg.io_threads,
-            backend_name(io_backend),
+            config::backend_name(io_backend),
             slots,
             cfg.slot_bytes >> 10
         );

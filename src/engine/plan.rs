@@ -292,8 +292,13 @@ impl Planner {
         pieces
     }
 
+    /// The pieces as copies, adjacent ones within one allocation merged.
+    fn runs(pieces: &[Piece]) -> Vec<CopyOp> {
+        coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))))
+    }
+
     fn direct_op(&self, pieces: &[Piece]) -> Op {
-        let ops = coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))));
+        let ops = Self::runs(pieces);
         let kind = match (self.src.kind(), self.dst.kind()) {
             (StorageKind::Device, StorageKind::Device) => CopyKind::DeviceToDevice,
             (StorageKind::Device, _) => CopyKind::DeviceToHost,
@@ -310,8 +315,7 @@ impl Planner {
         let file = if write { &self.dst } else { &self.src };
         let f = file.disk().expect("disk layout");
         let a = f.align();
-        let runs = coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))));
-        let ios = runs
+        let ios = Self::runs(pieces)
             .iter()
             .map(|r| {
                 let (off, addr) = if write { (r.dst, r.src) } else { (r.src, r.dst) };

@@ -209,12 +209,11 @@ fn read_extents(port: &mut Port, file: &Arc<Layout>, extents: &[Extent]) -> Resu
     if f.checksum.is_none() {
         return move_extents(port, false, file, extents).map(|()| Vec::new());
     }
-    let on_port = |e: &&Extent| matches!(port, Port::Nixl(_)) || (e.aligned && f.is_direct());
-    let (ported, cached): (Vec<&Extent>, Vec<&Extent>) = extents.iter().partition(on_port);
-    let ported: Vec<Extent> = ported.into_iter().copied().collect();
+    let nixl = matches!(port, Port::Nixl(_));
+    let (ported, cached): (Vec<Extent>, Vec<Extent>) = extents.iter().copied().partition(|e| nixl || (e.aligned && f.is_direct()));
     move_extents(port, false, file, &ported)?;
     let mut out = Vec::new();
-    for e in cached {
+    for e in &cached {
         // SAFETY: the extent lies inside this chunk's slot (planner invariant).
         out.extend(unsafe { read_hashing(f, e, &file.placement)? });
     }

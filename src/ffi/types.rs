@@ -32,7 +32,9 @@ pub const KVX_ERR_VERSION: kvx_status = 15;
 pub const KVX_ERR_INTERNAL: kvx_status = 16;
 
 pub const KVX_ABI_MAJOR: u32 = 1;
-/// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`.
+/// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`,
+/// `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
+/// 1.2: `KVX_DISK_MAPPED`.
 pub const KVX_ABI_MINOR: u32 = 2;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.

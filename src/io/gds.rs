@@ -166,14 +166,13 @@ impl Gds {
 
     /// Moves every byte of `ios` (`addr`: device address) between `file` and the device.
     pub fn run(&self, write: bool, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
-        let mut h: Option<(i32, Arc<Handle>)> = None;
+        // A chunk's I/Os mostly share one descriptor: look its handle up once per run.
+        let mut cur: Option<(i32, Arc<Handle>)> = None;
         for io in ios {
-            // A chunk's I/Os mostly share one descriptor: look its handle up once.
-            let h = match h.take() {
-                Some((fd, handle)) if fd == io.fd => h.insert((fd, handle)),
-                _ => h.insert((io.fd, self.handle(file, io.fd)?)),
-            };
-            let h = &h.1;
+            if cur.as_ref().map(|(fd, _)| *fd) != Some(io.fd) {
+                cur = Some((io.fd, self.handle(file, io.fd)?));
+            }
+            let h = &cur.as_ref().expect("set above").1;
             let mut done = 0u64;
             while done < io.len {
                 let (dev, len, off) = ((io.addr + done) as *mut std::ffi::c_void, (io.len - done) as usize, (io.off + done) as i64);

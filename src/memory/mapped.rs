@@ -69,8 +69,9 @@ impl Mapping {
         Ok(Mapping { gpu: gpu.clone(), addr, bytes })
     }
 
-    pub fn addr(&self) -> u64 {
-        self.addr
+    /// The mapping as a layout's one base.
+    pub fn bases(&self) -> &[u64] {
+        std::slice::from_ref(&self.addr)
     }
 }
 

@@ -65,7 +65,7 @@ pub enum Storage {
     Memory { kind: StorageKind, bases: Vec<u64>, _owned: Vec<Owned> },
     Disk(DiskFile),
     /// `KVX_DISK_MAPPED`: a disk file moved as the pinned memory it is mapped to.
-    Mapped { file: DiskFile, map: Mapping, bases: [u64; 1] },
+    Mapped { file: DiskFile, map: Mapping },
 }
 
 /// A layout: placement math plus the storage it addresses. Shared (`Arc`) between the
@@ -104,7 +104,7 @@ impl Layout {
     pub fn bases(&self) -> Option<&[u64]> {
         match &self.storage {
             Storage::Memory { bases, .. } => Some(bases),
-            Storage::Mapped { bases, .. } => Some(bases),
+            Storage::Mapped { map, .. } => Some(map.bases()),
             Storage::Disk(_) => None,
         }
     }
@@ -192,10 +192,7 @@ impl Layout {
         // The probe may have fallen back to buffered I/O with the default alignment;
         // padding chosen for a larger alignment stays valid (it is still a multiple).
         let storage = match mapped {
-            true => {
-                let map = Mapping::new(gpu, &file, placement.base_bytes())?;
-                Storage::Mapped { bases: [map.addr()], file, map }
-            }
+            true => Storage::Mapped { map: Mapping::new(gpu, &file, placement.base_bytes())?, file },
             false => Storage::Disk(file),
         };
         Ok(Layout::new(engine_id, placement, storage))
