@@ -14,7 +14,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
 ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
 
-.PHONY: all build bench test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
@@ -106,6 +106,12 @@ tsan:
 	  KVX_STRESS=8x200 TSAN_OPTIONS=halt_on_error=1 KVX_TEST_DIR=$(TEST_DIR) \
 	  $(CARGO) +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
 	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped
+
+# The ABI boundary's pointer code under Miri (undefined behaviour such as a reference
+# over a caller's smaller, older struct); nightly's miri component, not part of make test.
+miri:
+	rustup component add --toolchain nightly miri
+	MIRIFLAGS=-Zmiri-disable-isolation $(CARGO) +nightly miri test --lib ffi::boundary
 
 # The long soak (not part of make test).
 soak: stress-test

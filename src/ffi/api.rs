@@ -24,7 +24,8 @@ pub extern "C" fn kvx_version_string() -> *const c_char {
         let cuda = crate::gpu::cuda::driver_version().map_or("none".to_string(), |v| format!("driver {v}"));
         CString::new(format!("kvxfer {} abi {KVX_ABI_MAJOR}.{KVX_ABI_MINOR} (cuda: {cuda})", env!("CARGO_PKG_VERSION"))).unwrap()
     });
-    S.as_ptr()
+    // The first call builds the string (asking the CUDA driver): inside the boundary.
+    infallible(c"kvxfer".as_ptr(), || S.as_ptr())
 }
 
 /// The constant's name ("KVX_ERR_IO"), or "KVX_UNKNOWN_STATUS". Static; never NULL.

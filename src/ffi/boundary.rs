@@ -52,13 +52,11 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 pub fn guard<T>(f: impl FnOnce() -> Result<T>, on_ok: impl FnOnce(T)) -> kvx_status {
     install_panic_hook();
     IN_KVX.with(|d| d.set(d.get() + 1));
-    let r = catch_unwind(AssertUnwindSafe(f));
+    // Writing the outputs is part of the call, inside the boundary like the body.
+    let r = catch_unwind(AssertUnwindSafe(|| f().map(on_ok)));
     IN_KVX.with(|d| d.set(d.get() - 1));
     match r {
-        Ok(Ok(v)) => {
-            on_ok(v);
-            KVX_OK
-        }
+        Ok(Ok(())) => KVX_OK,
         Ok(Err(e)) => fail(&e),
         Err(p) => fail(&Error::new(
             Status::Internal,
@@ -123,13 +121,16 @@ pub trait Versioned: Copy {
     fn defaults() -> Self;
 }
 
-/// Reads a caller's struct of any size ≥ `V1_SIZE`: the bytes it has, defaults for the rest.
+/// The caller's `struct_size`, read through the raw pointer: no `&T` is ever formed
+/// over a caller's struct, which may be smaller than `T` (an older caller's).
 ///
 /// # Safety
-/// A non-NULL `p` must point to at least `struct_size` readable bytes.
-pub unsafe fn read_versioned<T: Versioned>(p: *const T) -> Result<T> {
-    let p = non_null(p, T::NAME)?;
-    let size = *(p as *const T as *const u32) as usize;
+/// A non-NULL `p` must point to at least 4 readable bytes.
+unsafe fn struct_size<T: Versioned>(p: *const T) -> Result<usize> {
+    if p.is_null() {
+        return Err(null(T::NAME));
+    }
+    let size = std::ptr::read_unaligned(p as *const u32) as usize;
     if size < T::V1_SIZE {
         crate::error::bail!(
             InvalidArg,
@@ -139,9 +140,17 @@ pub unsafe fn read_versioned<T: Versioned>(p: *const T) -> Result<T> {
             T::NAME
         );
     }
+    Ok(size)
+}
+
+/// Reads a caller's struct of any size ≥ `V1_SIZE`: the bytes it has, defaults for the rest.
+///
+/// # Safety
+/// A non-NULL `p` must point to at least `struct_size` readable bytes.
+pub unsafe fn read_versioned<T: Versioned>(p: *const T) -> Result<T> {
+    let n = struct_size(p)?.min(std::mem::size_of::<T>());
     let mut out = T::defaults();
-    let n = size.min(std::mem::size_of::<T>());
-    std::ptr::copy_nonoverlapping(p as *const T as *const u8, &mut out as *mut T as *mut u8, n);
+    std::ptr::copy_nonoverlapping(p as *const u8, &mut out as *mut T as *mut u8, n);
     Ok(out)
 }
 
@@ -151,12 +160,7 @@ pub unsafe fn read_versioned<T: Versioned>(p: *const T) -> Result<T> {
 /// # Safety
 /// A non-NULL `dst` must point to at least its `struct_size` writable bytes.
 pub unsafe fn write_versioned<T: Versioned>(dst: *mut T, mut value: T) -> Result<()> {
-    let d = non_null(dst as *const T, T::NAME)?;
-    let size = *(d as *const T as *const u32) as usize;
-    if size < T::V1_SIZE {
-        crate::error::bail!(InvalidArg, "{}.struct_size is {size}, smaller than the {} bytes of ABI 1.0", T::NAME, T::V1_SIZE);
-    }
-    let n = size.min(std::mem::size_of::<T>());
+    let n = struct_size(dst as *const T)?.min(std::mem::size_of::<T>());
     *(&mut value as *mut T as *mut u32) = n as u32;
     std::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst as *mut u8, n);
     Ok(())
@@ -178,5 +182,50 @@ impl<T> Out<T> {
     pub fn write(self, v: T) {
         // SAFETY: checked non-NULL in `new`; the caller vouched for validity.
         unsafe { self.0.write(v) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ABI 1.0 caller's struct is smaller than ours. Reading and writing it may touch
+    /// only its own bytes and must never form a reference to a whole `T` over them
+    /// (undefined behaviour even when no byte past them is read): `make miri` runs this
+    /// test under Miri, which reports both.
+    #[test]
+    fn a_smaller_struct_is_read_and_written_within_its_own_bytes() {
+        let v1 = kvx_transfer_options::V1_SIZE;
+        assert!(v1 < std::mem::size_of::<kvx_transfer_options>());
+        let mut mem = vec![0u64; v1 / 8]; // exactly the caller's bytes, 8-aligned
+        let p = mem.as_mut_ptr() as *mut u32;
+        // SAFETY: both writes lie inside `mem`: struct_size, then layer_begin.
+        unsafe {
+            p.write(v1 as u32);
+            p.add(1).write(3);
+        }
+        let got = unsafe { read_versioned(p as *const kvx_transfer_options) }.unwrap();
+        assert_eq!(got.layer_begin, 3);
+        assert!(got.wait_event.is_null(), "fields past the caller's struct keep their defaults");
+
+        let v1 = kvx_stats::V1_SIZE;
+        let mut mem = vec![0u64; v1 / 8];
+        mem[0] = v1 as u64; // struct_size (little-endian low half), padding zero
+        let stats = kvx_stats { requests_completed: 5, disk_read_ns: 9, ..kvx_stats::defaults() };
+        unsafe { write_versioned(mem.as_mut_ptr() as *mut kvx_stats, stats) }.unwrap();
+        // SAFETY: struct_size, initialised; the padding after it is not, so not read.
+        let size = unsafe { (mem.as_ptr() as *const u32).read() };
+        assert_eq!(size as usize, v1, "struct_size says how much was written");
+        assert_eq!(mem[1], 5);
+    }
+
+    /// Writing a call's outputs is part of the call: a panic there is a status too, never
+    /// an unwind out of an `extern "C"` function (which aborts the host).
+    #[test]
+    fn a_panic_while_writing_outputs_is_an_internal_error() {
+        let s = guard(|| Ok(7), |_| panic!("the output could not be written"));
+        assert_eq!(s, KVX_ERR_INTERNAL);
+        let msg = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_string_lossy().into_owned();
+        assert!(msg.contains("the output could not be written"), "{msg}");
     }
 }
