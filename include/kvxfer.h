@@ -183,7 +183,8 @@ typedef struct kvx_transfer_options {
 } kvx_transfer_options;
 
 // Log sink: `level` is 1 error, 2 warn, 3 info, 4 debug, 5 trace; `target` and
-// `message` are valid only during the call. Runs on any thread; must not block.
+// `message` are valid only during the call. Runs on any thread; must not block and must
+// not call `kvx_set_logger` (refused); records kvxfer makes during the call are dropped.
 typedef void (*kvx_log_fn)(void *user_data, uint32_t level, const char *target, const char *message);
 
 // Every function of ABI 1, in API.md's order. Append-only: new functions go at the end
@@ -423,7 +424,9 @@ const char *kvx_request_error(const struct kvx_request *r);
 void kvx_request_release(struct kvx_request *r);
 
 // Sends kvxfer's log records at or below `max_level` (1 error … 5 trace; 0 off) to `log_fn`,
-// which runs on any kvxfer thread and must not block. `log_fn` NULL restores the default:
+// which runs on any kvxfer thread and must not block. When this returns, the callback
+// it replaced has returned everywhere and is never called again. It must not be called
+// from the log callback (`KVX_ERR_INVALID_ARG`). `log_fn` NULL restores the default:
 // stderr, filtered by the `KVX_LOG` environment variable (default warn) and `max_level`.
 kvx_status kvx_set_logger(kvx_log_fn log_fn, void *user_data, uint32_t max_level);
 

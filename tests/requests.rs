@@ -47,6 +47,50 @@ fn big(e: &kvxfer::Engine) -> (Arc<kvxfer::Layout>, Arc<kvxfer::Layout>, Vec<u64
     (src, dst, (0..64).collect())
 }
 
+/// Requests cancelled while queued stay in the queue until the dispatcher reaches them,
+/// but no longer count against `max_inflight`: many more of them than the limit, behind
+/// a dispatcher that cannot move, must never make `submit` wait.
+#[test]
+fn submit_never_blocks_behind_requests_cancelled_while_queued() {
+    // The engine's only I/O worker runs this callback and stays in it until released, so
+    // the next request's chunks cannot run and the dispatcher waits for a slot.
+    static RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    unsafe extern "C" fn hold(_: *mut c_void, _: *mut c_void, _: u32) {
+        while !RELEASE.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let e = Arc::new(engine_with(|c| {
+        c.io_threads = 1;
+        c.max_inflight = 3; // the held request, the long one, and one more
+    }));
+    let c = cfg(4, 1, 1, 1, 64, 1);
+    let (h1, h2) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, FC, StorageKind::Host));
+    let held = TransferOptions { on_complete: Some(Callback { func: hold, user_data: std::ptr::null_mut() }), ..Default::default() };
+    let holder = e.submit(&h1, &[0], &h2, &[0], &held).unwrap();
+    let (src, dst, ids) = big(&e);
+    let running = e.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let submitter = {
+        let (e, h1, h2) = (e.clone(), h1.clone(), h2.clone());
+        std::thread::spawn(move || {
+            for _ in 0..64 {
+                let r = e.submit(&h1, &[1], &h2, &[1], &Default::default()).expect("at most two requests in flight, limit 3");
+                r.cancel();
+                tx.send(r.wait(Some(Duration::from_secs(30)))).unwrap();
+            }
+        })
+    };
+    let seen: Vec<_> = (0..64).map_while(|_| rx.recv_timeout(Duration::from_secs(10)).ok()).collect();
+    RELEASE.store(true, Ordering::Release);
+    submitter.join().unwrap();
+    assert_eq!(seen.len(), 64, "submit {} blocked behind requests cancelled while queued", seen.len());
+    assert!(seen.iter().all(|&st| st == Status::Cancelled), "{seen:?}");
+    assert_eq!(holder.wait(Some(Duration::from_secs(30))), Status::Ok);
+    assert_eq!(running.wait(Some(Duration::from_secs(60))), Status::Ok);
+    assert_eq!(e.stats().requests_cancelled, 64);
+}
+
 #[test]
 fn cancel_skips_what_has_not_started_and_says_so() {
     let e = engine_with(|c| c.io_threads = 1);

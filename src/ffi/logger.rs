@@ -1,6 +1,12 @@
 //! Routes the `log` records of kvxfer to the host: its callback, or stderr filtered by
 //! the `KVX_LOG` environment variable (error|warn|info|debug|trace or 1..5; default warn).
 //! Installed on first use of the C API; a Rust host keeps its own logger.
+//!
+//! The callback runs with the sink's read lock held, so `kvx_set_logger`, which takes
+//! the write lock, returns only once no thread is still inside the callback it replaces:
+//! the host may free the old `user_data` then. A thread already inside the callback
+//! neither logs again (its records are dropped) nor swaps the sink (refused), since
+//! either would wait on the lock it holds.
 
 use super::boundary::*;
 use super::types::*;
@@ -24,6 +30,11 @@ struct HostLogger {
 }
 
 static LOGGER: HostLogger = HostLogger { sink: RwLock::new(None) };
+
+thread_local! {
+    /// This thread is running the host's log callback.
+    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 fn level_number(l: Level) -> u32 {
     l as u32 // Error = 1 … Trace = 5, as in the C API
@@ -62,13 +73,19 @@ impl Log for HostLogger {
         if !self.enabled(r.metadata()) {
             return;
         }
-        let sink = *self.sink.read().unwrap_or_else(|e| e.into_inner());
-        match sink {
+        if IN_CALLBACK.with(|c| c.get()) {
+            return;
+        }
+        let sink = self.sink.read().unwrap_or_else(|e| e.into_inner());
+        match *sink {
             Some(s) => {
                 let target = CString::new(r.target()).unwrap_or_default();
                 let msg = CString::new(r.args().to_string().replace('\0', " ")).unwrap_or_default();
-                // SAFETY: the host registered this callback for log records.
+                IN_CALLBACK.with(|c| c.set(true));
+                // SAFETY: the host registered this callback for log records; the read
+                // lock keeps it current until it returns.
                 unsafe { (s.func)(s.user_data, level_number(r.level()), target.as_ptr(), msg.as_ptr()) };
+                IN_CALLBACK.with(|c| c.set(false));
             }
             None => {
                 let _ = writeln!(std::io::stderr(), "[kvxfer {}] {}", r.level(), r.args());
@@ -95,6 +112,9 @@ fn set(log_fn: kvx_log_fn, user_data: *mut c_void, max_level: u32) -> Result<()>
     if max_level > 5 {
         bail!(InvalidArg, "max_level {max_level} is not 0 (off) to 5 (trace)");
     }
+    if IN_CALLBACK.with(|c| c.get()) {
+        bail!(InvalidArg, "kvx_set_logger was called from the log callback; call it from another thread");
+    }
     if !ensure_installed() {
         bail!(Unsupported, "the process already has another `log` logger (a Rust host); kvxfer logs through it");
     }
@@ -104,7 +124,9 @@ fn set(log_fn: kvx_log_fn, user_data: *mut c_void, max_level: u32) -> Result<()>
 }
 
 /// Sends kvxfer's log records at or below `max_level` (1 error … 5 trace; 0 off) to `log_fn`,
-/// which runs on any kvxfer thread and must not block. `log_fn` NULL restores the default:
+/// which runs on any kvxfer thread and must not block. When this returns, the callback
+/// it replaced has returned everywhere and is never called again. It must not be called
+/// from the log callback (`KVX_ERR_INVALID_ARG`). `log_fn` NULL restores the default:
 /// stderr, filtered by the `KVX_LOG` environment variable (default warn) and `max_level`.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_set_logger(log_fn: kvx_log_fn, user_data: *mut c_void, max_level: u32) -> kvx_status {

@@ -196,5 +196,6 @@ pub struct kvx_stats {
 }
 
 /// Log sink: `level` is 1 error, 2 warn, 3 info, 4 debug, 5 trace; `target` and
-/// `message` are valid only during the call. Runs on any thread; must not block.
+/// `message` are valid only during the call. Runs on any thread; must not block and must
+/// not call `kvx_set_logger` (refused); records kvxfer makes during the call are dropped.
 pub type kvx_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: u32, target: *const c_char, message: *const c_char)>;
