@@ -44,6 +44,9 @@ pub struct Sidecar {
     /// Regions per block (`num_layers × outer_dim`).
     per_block: u64,
     outer_dim: u64,
+    /// Held from reading a block's hashes to writing its seal, so a seal computed from
+    /// hashes that another request has since replaced can never be written last.
+    sealing: std::sync::Mutex<()>,
 }
 
 impl Sidecar {
@@ -79,7 +82,7 @@ impl Sidecar {
             ),
             _ => Error::io(format_args!("opening {shown}"), e),
         })?;
-        let s = Sidecar { file, path: path.clone(), per_block, outer_dim: g.cfg.outer_dim };
+        let s = Sidecar { file, path: path.clone(), per_block, outer_dim: g.cfg.outer_dim, sealing: Default::default() };
         let want = Self::header(g);
         if create {
             // Zero entries: every block starts out "never written".
@@ -133,7 +136,10 @@ impl Sidecar {
 
     /// Recomputes `block`'s seal from its region hashes (after a write request completed).
     pub fn seal(&self, block: u64) -> Result<()> {
+        let _one_at_a_time = self.sealing.lock().unwrap_or_else(|p| p.into_inner());
         let v = self.read_block(block)?;
+        #[cfg(test)]
+        tests::pause_in_seal();
         let seal = if v[1..].contains(&0) { 0 } else { seal_of(&v[1..]) };
         unsafe { posix::write_all_at(self.file.as_fd(), &seal as *const u64 as *const u8, 8, self.block_offset(block)) }
             .map_err(|e| self.err(e))
@@ -195,4 +201,50 @@ pub unsafe fn hash_regions(pl: &crate::layout::Placement, file_off: u64, addr: u
         x += r;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    thread_local! {
+        /// How long this thread's next seal pauses between reading the hashes and
+        /// writing the seal, to make the race window wide.
+        pub static SEAL_PAUSE: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+    }
+
+    pub fn pause_in_seal() {
+        std::thread::sleep(SEAL_PAUSE.with(|p| p.replace(Duration::ZERO)));
+    }
+
+    /// Two requests that wrote different layers of one block complete together and both
+    /// seal it. The one that read the hashes first must not write its (stale) seal last,
+    /// or every later read of the block is a false integrity error.
+    #[test]
+    fn concurrent_seals_of_one_block_leave_the_seal_of_its_final_hashes() {
+        let g = crate::layout::LayoutConfig { num_blocks: 1, num_layers: 2, outer_dim: 1, page_size: 1, inner_dim: 8, dtype_bytes: 1 }
+            .validate()
+            .unwrap();
+        let path = std::env::temp_dir().join(format!("kvx-seal-race-{}", std::process::id()));
+        let s = Arc::new(Sidecar::open(&path, &g, true).unwrap());
+        let hash = |layer: u64| (1 << 32) | (7 + layer);
+        let slow = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                SEAL_PAUSE.with(|p| p.set(Duration::from_millis(300)));
+                s.write_regions(0, 0, &[hash(0)]).unwrap();
+                s.seal(0).unwrap();
+            })
+        };
+        // The other request writes its layer and seals while the first one pauses.
+        std::thread::sleep(Duration::from_millis(100));
+        s.write_regions(0, 1, &[hash(1)]).unwrap();
+        s.seal(0).unwrap();
+        slow.join().unwrap();
+        let read = s.verify(0, &[(0, hash(0)), (1, hash(1))]);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(read, Ok(()), "both layers were written and sealed");
+    }
 }
