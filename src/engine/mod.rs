@@ -39,7 +39,8 @@ use worker::{Job, Router};
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Submission side of the request queue. `accepting` is checked and the request sent
-/// under one lock, so no request can slip in behind the dispatcher's stop message.
+/// under one lock, so no request can slip in behind the dispatcher's stop message; the
+/// queue is unbounded, so the send under that lock never waits.
 struct Intake {
     accepting: bool,
     tx: Sender<Option<Arc<Request>>>,
@@ -84,7 +85,10 @@ impl Engine {
         let (io_tx, io_rx) = crossbeam_channel::unbounded();
         let (copy_tx, copy_rx) = crossbeam_channel::unbounded();
         let (fence_tx, fence_rx): (Vec<_>, Vec<_>) = (0..gpu::FENCE_LANES).map(|_| crossbeam_channel::unbounded()).unzip();
-        let (req_tx, req_rx) = crossbeam_channel::bounded(cfg.max_inflight as usize + 1);
+        // Unbounded: admission is the in-flight count, checked in `submit`. A request
+        // cancelled while queued leaves that count but stays in the queue until the
+        // dispatcher reaches it, so a queue bounded by the count could make `send` wait.
+        let (req_tx, req_rx) = crossbeam_channel::unbounded();
         let router = Arc::new(Router {
             ring: ring.clone(),
             counters: counters.clone(),
@@ -205,7 +209,10 @@ impl Engine {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Shutdown, "the engine is shutting down");
         }
-        intake.tx.send(Some(req.clone())).map_err(|_| Error::new(Status::Internal, "request queue closed"))?;
+        if intake.tx.send(Some(req.clone())).is_err() {
+            self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+            bail!(Internal, "the request queue is closed while the engine accepts requests; this is a kvxfer bug, please report it");
+        }
         Ok(req)
     }
 
