@@ -25,7 +25,27 @@ struct Setup {
     e: Engine,
     disk: Arc<Layout>,
     dev: Arc<Layout>,
-    ids: Vec<u64>,
+    /// Every other block of the disk file, so each chunk's disk side is several extents
+    /// (a fault then strikes one I/O while its siblings are in flight).
+    disk_ids: Vec<u64>,
+    dev_ids: Vec<u64>,
+}
+
+impl Setup {
+    /// (src ids, dst ids) for a transfer from `src`.
+    fn ids(&self, src_is_disk: bool) -> (&[u64], &[u64]) {
+        if src_is_disk {
+            (&self.disk_ids, &self.dev_ids)
+        } else {
+            (&self.dev_ids, &self.disk_ids)
+        }
+    }
+
+    /// (src block, dst block) pairs of a transfer from `src`.
+    fn pairs(&self, src_is_disk: bool) -> Vec<(u64, u64)> {
+        let (s, d) = self.ids(src_is_disk);
+        s.iter().copied().zip(d.iter().copied()).collect()
+    }
 }
 
 fn setup() -> Setup {
@@ -45,10 +65,10 @@ fn setup() -> Setup {
         c.io_threads = 2;
         c.io_backend = backend;
     });
-    let c = cfg(16, 3, 2, 16, 128, 2); // 24 KiB blocks: 6 chunks of 64 KiB
-    let disk = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
-    let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
-    Setup { e, disk, dev, ids: (0..16).collect() }
+    // 24 KiB blocks, 16 moved: 64 KiB chunks of two or three extents each.
+    let disk = make_layout(&e, &cfg(32, 3, 2, 16, 128, 2), LayoutKind::FullyContiguous, StorageKind::Disk);
+    let dev = make_layout(&e, &cfg(16, 3, 2, 16, 128, 2), LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
+    Setup { e, disk, dev, disk_ids: (0..16).map(|b| 2 * b).collect(), dev_ids: (0..16).collect() }
 }
 
 fn expect_for(fault: Fault) -> (Status, &'static str) {
@@ -62,9 +82,11 @@ fn expect_for(fault: Fault) -> (Status, &'static str) {
 
 /// Runs `transfer` with the `n`th call at `site` faulted; checks status, message, slots.
 #[allow(clippy::too_many_arguments)]
-fn one(s: &Setup, site: Site, n: u64, fault: Fault, name: &str, src: &Arc<Layout>, dst: &Arc<Layout>, out: &mut String) {
+fn one(s: &Setup, site: Site, n: u64, fault: Fault, name: &str, src_is_disk: bool, out: &mut String) {
+    let (src, dst) = if src_is_disk { (&s.disk, &s.dev) } else { (&s.dev, &s.disk) };
+    let (src_ids, dst_ids) = s.ids(src_is_disk);
     fault::inject(site, n, fault);
-    let r = s.e.submit(src, &s.ids, dst, &s.ids, &Default::default()).unwrap();
+    let r = s.e.submit(src, src_ids, dst, dst_ids, &Default::default()).unwrap();
     let status = r.wait(Some(std::time::Duration::from_secs(30)));
     fault::clear();
     let (want, text) = expect_for(fault);
@@ -84,25 +106,25 @@ fn walk(src_is_disk: bool) {
     fill(&dst, 8);
     let disk_site = if src_is_disk { Site::DiskRead } else { Site::DiskWrite };
     // How many calls a clean transfer makes at each site.
+    let (src_ids, dst_ids) = s.ids(src_is_disk);
     fault::count_only();
-    assert_eq!(transfer(&s.e, &src, &s.ids, &dst, &s.ids, &Default::default()), Status::Ok);
+    assert_eq!(transfer(&s.e, &src, src_ids, &dst, dst_ids, &Default::default()), Status::Ok);
     let (disk_calls, copy_calls) = (fault::calls(disk_site), fault::calls(Site::DeviceCopy));
     fault::clear();
     assert!(disk_calls >= 6 && copy_calls >= 6, "{disk_calls} disk calls, {copy_calls} copies");
     let mut out = format!("{} ({disk_calls} disk calls, {copy_calls} device copies):\n", if src_is_disk { "disk -> device" } else { "device -> disk" });
     for n in 0..disk_calls {
         for (fault, name) in FAULTS {
-            one(&s, disk_site, n, fault, name, &src, &dst, &mut out);
+            one(&s, disk_site, n, fault, name, src_is_disk, &mut out);
         }
     }
     for n in 0..copy_calls {
-        one(&s, Site::DeviceCopy, n, Fault::CopyError, "error", &src, &dst, &mut out);
+        one(&s, Site::DeviceCopy, n, Fault::CopyError, "error", src_is_disk, &mut out);
     }
     // Still serving, and a clean transfer moves every byte.
     fill(&dst, 8);
-    assert_eq!(transfer(&s.e, &src, &s.ids, &dst, &s.ids, &Default::default()), Status::Ok);
-    let pairs: Vec<(u64, u64)> = s.ids.iter().map(|&b| (b, b)).collect();
-    check(&dst, 8, 7, &pairs, 0..3, "after the faults");
+    assert_eq!(transfer(&s.e, &src, src_ids, &dst, dst_ids, &Default::default()), Status::Ok);
+    check(&dst, 8, 7, &s.pairs(src_is_disk), 0..3, "after the faults");
     let _ = std::io::stderr().write_all(out.as_bytes());
 }
 
@@ -124,8 +146,8 @@ fn interrupted_and_short_io_is_invisible() {
     fill(&s.dev, 4);
     for (fault, _) in FAULTS.iter().filter(|(f, _)| matches!(f, Fault::Short | Fault::Errno(libc::EINTR))) {
         fault::inject(Site::DiskRead, 0, *fault);
-        assert_eq!(transfer(&s.e, &s.disk, &s.ids, &s.dev, &s.ids, &Default::default()), Status::Ok);
+        assert_eq!(transfer(&s.e, &s.disk, &s.disk_ids, &s.dev, &s.dev_ids, &Default::default()), Status::Ok);
         fault::clear();
-        check(&s.dev, 4, 3, &s.ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..3, "retried");
+        check(&s.dev, 4, 3, &s.pairs(true), 0..3, "retried");
     }
 }

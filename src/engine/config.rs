@@ -135,7 +135,7 @@ pub(super) struct IoChoice {
 }
 
 fn uring_ports(workers: u32, slots: (u64, u64)) -> std::io::Result<Vec<Port>> {
-    (0..workers).map(|_| Ring::new(URING_DEPTH, Some(slots)).map(Port::Uring)).collect()
+    (0..workers).map(|_| Ring::new(URING_DEPTH, Some(slots)).map(|r| Port::Uring(Box::new(r)))).collect()
 }
 
 fn posix_ports(workers: u32) -> Vec<Port> {

@@ -6,6 +6,8 @@
 //! bytes came back right. Without the `nvidia-fs` kernel module cuFile runs in its
 //! compatibility mode (POSIX reads into its own bounce buffers): that works, but it is
 //! the two-hop path again, so we say so and `KVX_IO_AUTO` does not choose it.
+//! cuFileRead/cuFileWrite are synchronous: nothing is still posted when they return, so
+//! the rule of `posted` holds without a guard.
 
 use super::Io;
 use crate::error::{Error, Result, Status};

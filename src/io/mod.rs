@@ -7,6 +7,7 @@ pub mod fault;
 pub mod gds;
 pub mod nixl;
 pub mod posix;
+mod posted;
 pub mod uring;
 
 /// One I/O: file descriptor, memory address (host, or device for cuFile), length, file
@@ -22,6 +23,7 @@ pub struct Io {
 /// How one I/O worker moves bytes between a file and its bounce slots.
 pub enum Port {
     Posix,
-    Uring(uring::Ring),
+    // Boxed: a ring with its bookkeeping is far larger than the other ports.
+    Uring(Box<uring::Ring>),
     Nixl(nixl::Port),
 }

@@ -5,12 +5,14 @@
 //! `nixl_sys::is_stub()` says it was not found. Each I/O worker owns one agent with the
 //! POSIX backend; the bounce ring is registered as DRAM once, each disk file's
 //! descriptors as FILE the first time the worker touches them. A chunk's extents go out
-//! as one NIXL transfer (file offsets against slot addresses), which the worker waits on.
+//! as one NIXL transfer (file offsets against slot addresses), which the worker waits on
+//! until it has ended, also when it failed (`posted::Posted`).
 
+use super::posted::{Posted, Settle};
 use super::Io;
 use crate::error::{Error, Result, Status};
 use crate::memory::Layout;
-use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, RegistrationHandle, XferDescList, XferOp, XferStatus};
+use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -131,14 +133,15 @@ impl Port {
             .agent
             .create_xfer_req(op, &local, &remote, &self.name, Some(&self.opts))
             .map_err(|e| failed(&format!("preparing a {what} transfer"), e))?;
-        let mut pending = self.agent.post_xfer_req(&req, Some(&self.opts)).map_err(|e| failed(what, e))?;
-        // Until NIXL says the bytes are there. A transfer is never abandoned: NIXL could
-        // still write into the slot after it had been handed to another chunk.
+        let posted = self.agent.post_xfer_req(&req, Some(&self.opts)).map_err(|e| failed(what, e))?;
+        // Until NIXL says the transfer has ended, NIXL may still write into the slot.
+        let mut running = Running { agent: &self.agent, req: &req, pending: posted };
+        let mut xfer = Posted::new(&mut running);
         let (start, mut spins, mut warned) = (Instant::now(), 0u32, Duration::from_secs(10));
-        while pending {
-            match self.agent.get_xfer_status(&req).map_err(|e| failed(what, e))? {
-                XferStatus::Success => pending = false,
-                XferStatus::InProgress => {
+        while xfer.pending {
+            match xfer.agent.get_xfer_status(xfer.req) {
+                Ok(XferStatus::Success) => xfer.pending = false,
+                Ok(XferStatus::InProgress) => {
                     spins += 1;
                     if spins < 64 {
                         std::hint::spin_loop();
@@ -150,8 +153,31 @@ impl Port {
                         warned *= 2;
                     }
                 }
+                // A failed status is final: the backend has given the request up.
+                Err(e) => {
+                    xfer.pending = false;
+                    return Err(failed(what, e));
+                }
             }
         }
         Ok(())
+    }
+}
+
+/// One posted NIXL transfer, settled before its slot can be reused.
+struct Running<'a> {
+    agent: &'a Agent,
+    req: &'a XferRequest,
+    pending: bool,
+}
+
+impl Settle for Running<'_> {
+    fn settle(&mut self) {
+        while self.pending {
+            match self.agent.get_xfer_status(self.req) {
+                Ok(XferStatus::InProgress) => std::thread::sleep(Duration::from_micros(20)),
+                _ => self.pending = false,
+            }
+        }
     }
 }

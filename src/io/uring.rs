@@ -4,6 +4,7 @@
 //! as the POSIX path retries them.
 
 use super::fault::{self, Fault, Site};
+use super::posted::{Posted, Settle};
 use super::Io;
 use crate::error::{Error, Result, Status};
 use io_uring::{opcode, types, IoUring};
@@ -13,6 +14,11 @@ pub struct Ring {
     ring: IoUring,
     /// The registered buffer (address, length): I/Os inside it use the fixed opcodes.
     fixed: Option<(u64, u64)>,
+    /// The current run's I/Os by `user_data`: queued for the kernel, or answered by an
+    /// injected fault (`injected`). Empty between runs.
+    inflight: Vec<Option<Io>>,
+    /// (user_data, -errno) of injected faults, answered with the next completions.
+    injected: Vec<(u64, i32)>,
 }
 
 impl Ring {
@@ -32,7 +38,7 @@ impl Ring {
                 }
             }
         });
-        Ok(Ring { ring, fixed })
+        Ok(Ring { ring, fixed, inflight: Vec::new(), injected: Vec::new() })
     }
 
     fn entry(&self, write: bool, io: &Io, user_data: u64) -> io_uring::squeue::Entry {
@@ -48,28 +54,62 @@ impl Ring {
         e.user_data(user_data)
     }
 
+    fn in_flight(&self) -> bool {
+        self.inflight.iter().any(Option::is_some)
+    }
+
+    /// A free `user_data` for a new I/O.
+    fn free_slot(&mut self) -> usize {
+        self.inflight.iter().position(Option::is_none).unwrap_or_else(|| {
+            self.inflight.push(None);
+            self.inflight.len() - 1
+        })
+    }
+
+    /// Enters the kernel to submit what is queued and wait for at least one completion
+    /// (unless only injected answers are pending).
+    fn enter(&mut self) -> std::io::Result<()> {
+        if self.inflight.iter().flatten().count() == self.injected.len() {
+            return Ok(());
+        }
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Completions seen so far, injected answers included; each frees its `user_data`.
+    fn reap(&mut self) -> Vec<(Io, i32)> {
+        let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).chain(self.injected.drain(..)).collect();
+        done.into_iter().map(|(slot, res)| (self.inflight[slot as usize].take().expect("a completion for a queued I/O"), res)).collect()
+    }
+
     /// Moves every byte of `ios` (all reads or all writes); the first error otherwise.
+    /// Returns only when none of them is still in the kernel, also on error.
     ///
     /// # Safety
     /// Every `Io`'s memory must stay valid (and, for reads, unused by anyone else) until
     /// this returns.
     pub unsafe fn run(&mut self, write: bool, ios: &[Io]) -> Result<()> {
+        Posted::new(self).move_all(write, ios)
+    }
+
+    /// `run`'s work; any early return leaves I/Os for `settle`.
+    unsafe fn move_all(&mut self, write: bool, ios: &[Io]) -> Result<()> {
         let site = if write { Site::DiskWrite } else { Site::DiskRead };
         let what = if write { "pwrite" } else { "pread" };
         let mut todo: Vec<Io> = ios.iter().copied().filter(|io| io.len > 0).collect();
-        let mut inflight: Vec<Option<Io>> = Vec::new();
-        while !todo.is_empty() || inflight.iter().any(Option::is_some) {
+        while !todo.is_empty() || self.in_flight() {
             // Queue what fits; an injected fault stands in for the kernel's answer.
-            let mut injected: Vec<(u64, i32)> = Vec::new();
             while let Some(mut io) = todo.pop() {
-                let slot = inflight.iter().position(Option::is_none).unwrap_or_else(|| {
-                    inflight.push(None);
-                    inflight.len() - 1
-                });
+                let slot = self.free_slot();
                 match fault::check(site) {
                     Some(Fault::Errno(e)) => {
-                        inflight[slot] = Some(io);
-                        injected.push((slot as u64, -e));
+                        self.inflight[slot] = Some(io);
+                        self.injected.push((slot as u64, -e));
                         continue;
                     }
                     Some(Fault::Short) if io.len >= 8192 => {
@@ -85,21 +125,10 @@ impl Ring {
                     todo.push(io);
                     break;
                 }
-                inflight[slot] = Some(io);
+                self.inflight[slot] = Some(io);
             }
-            let queued = inflight.iter().filter(|s| s.is_some()).count() - injected.len();
-            if queued > 0 {
-                loop {
-                    match self.ring.submit_and_wait(1) {
-                        Ok(_) => break,
-                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                        Err(e) => return Err(Error::io("io_uring_enter", e)),
-                    }
-                }
-            }
-            let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).chain(injected).collect();
-            for (slot, res) in done {
-                let io = inflight[slot as usize].take().expect("a completion for a queued I/O");
+            self.enter().map_err(|e| Error::io("io_uring_enter", e))?;
+            for (io, res) in self.reap() {
                 match res {
                     r if r == -libc::EINTR || r == -libc::EAGAIN => todo.push(io),
                     r if r < 0 => {
@@ -124,5 +153,64 @@ impl Ring {
             }
         }
         Ok(())
+    }
+}
+
+impl Settle for Ring {
+    fn settle(&mut self) {
+        let mut failures = 0u32;
+        while self.in_flight() {
+            if let Err(e) = self.enter() {
+                // The kernel still owns the memory of what it accepted: keep waiting.
+                if failures == 0 {
+                    log::error!("io_uring_enter failed ({e}) while I/Os of a failed run are in flight; waiting for them before their slot is reused");
+                }
+                failures = failures.saturating_add(1);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(self.reap());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// One I/O of a run fails at once (a bad descriptor) while another is still in the
+    /// kernel (a read from an empty pipe, filled 200 ms later). `run` may return only
+    /// once that read has completed: its memory is the caller's again only then, and the
+    /// ring's next run must not reap a completion it never queued.
+    #[test]
+    fn a_failed_io_waits_for_the_others_still_in_the_kernel() {
+        let mut ring = Ring::new(8, None).unwrap();
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (rd, wr) = (fds[0], fds[1]);
+        let mut buf = vec![0u8; 4096];
+        let addr = buf.as_mut_ptr() as u64;
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(unsafe { libc::write(wr, b"sixteen bytes!!!".as_ptr() as *const libc::c_void, 16) }, 16);
+        });
+        let ios = [Io { fd: -1, addr: addr + 2048, len: 16, off: 0 }, Io { fd: rd, addr, len: 16, off: 0 }];
+        let failed = unsafe { ring.run(false, &ios) };
+        let seen = buf[..16].to_vec();
+        writer.join().unwrap();
+        assert_eq!(failed.map_err(|e| e.status), Err(Status::Io));
+        assert_eq!(&seen, b"sixteen bytes!!!", "run returned while the pipe read was still in the kernel");
+        // The ring is clean: a new run reaps only its own completions.
+        let file = std::env::temp_dir().join(format!("kvx-uring-settle-{}", std::process::id()));
+        std::fs::write(&file, [7u8; 64]).unwrap();
+        let f = std::fs::File::open(&file).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        let mut back = [0u8; 64];
+        let next = unsafe { ring.run(false, &[Io { fd, addr: back.as_mut_ptr() as u64, len: 64, off: 0 }]) };
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(next, Ok(()));
+        assert_eq!(back, [7u8; 64]);
+        unsafe { libc::close(rd) };
+        unsafe { libc::close(wr) };
     }
 }
