@@ -49,9 +49,6 @@ impl Setup {
 }
 
 fn setup() -> Setup {
-    // Device copies can be made to fail on the emulated device only, so these tests run
-    // there even where KVX_TEST_DEVICE names a GPU (the helpers then read host memory).
-    std::env::set_var("KVX_TEST_DEVICE", "-1");
     // Faults are injected at the pread/pwrite and io_uring calls; NIXL and cuFile make
     // their own, so under those the walk runs on POSIX (and says so).
     let backend = match test_io_backend() {
@@ -62,6 +59,9 @@ fn setup() -> Setup {
         }
     };
     let e = engine_with(|c| {
+        // Device copies can be made to fail on the emulated device only, so these tests
+        // run there even where KVX_TEST_DEVICE names a GPU.
+        c.device = kvxfer::gpu::DEVICE_EMULATED;
         c.io_threads = 2;
         c.io_backend = backend;
     });

@@ -78,13 +78,23 @@ pub struct Layout {
     pub engine_id: u64,
     /// Unique per layout, to detect a transfer whose source and destination are the same.
     pub id: u64,
+    /// The host can dereference its bases: host memory, or any memory of the emulated
+    /// device (which is host memory too).
+    host_addressable: bool,
 }
 
 static NEXT_LAYOUT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Layout {
-    fn new(engine_id: u64, placement: Placement, storage: Storage) -> Layout {
-        Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed) }
+    fn new(engine_id: u64, gpu: &Arc<dyn Gpu>, placement: Placement, storage: Storage) -> Layout {
+        let on_device = matches!(storage, Storage::Memory { kind: StorageKind::Device, .. });
+        let host_addressable = !on_device || gpu.ordinal() < 0;
+        Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable }
+    }
+
+    /// Whether the host may dereference `bases()` (false for memory of a real GPU).
+    pub fn host_addressable(&self) -> bool {
+        self.host_addressable
     }
 
     /// How transfers treat it: a mapped file is pinned memory to the planner.
@@ -132,7 +142,7 @@ impl Layout {
             .map(|_| allocate(gpu, storage, placement.base_bytes()))
             .collect::<Result<Vec<_>>>()?;
         let bases = owned.iter().map(|o| o.addr).collect();
-        Ok(Layout::new(engine_id, placement, Storage::Memory { kind: storage, bases, _owned: owned }))
+        Ok(Layout::new(engine_id, gpu, placement, Storage::Memory { kind: storage, bases, _owned: owned }))
     }
 
     /// Caller-owned memory: `bases` must hold one address per allocation of the kind;
@@ -167,7 +177,7 @@ impl Layout {
             };
             checked.map_err(|e| crate::error::Error::new(e.status, format!("base {i}: {}", e.message)))?;
         }
-        Ok(Layout::new(engine_id, placement, Storage::Memory { kind: storage, bases: bases.to_vec(), _owned: Vec::new() }))
+        Ok(Layout::new(engine_id, gpu, placement, Storage::Memory { kind: storage, bases: bases.to_vec(), _owned: Vec::new() }))
     }
 
     /// A disk layout in the file at `path` (`disk::DISK_*` flags).
@@ -195,7 +205,7 @@ impl Layout {
             true => Storage::Mapped { map: Mapping::new(gpu, &file, placement.base_bytes())?, file },
             false => Storage::Disk(file),
         };
-        Ok(Layout::new(engine_id, placement, storage))
+        Ok(Layout::new(engine_id, gpu, placement, storage))
     }
 }
 

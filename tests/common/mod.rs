@@ -88,7 +88,7 @@ pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
 
 /// Device memory of a real GPU cannot be dereferenced from the host.
 fn on_gpu(l: &Layout) -> bool {
-    l.kind() == StorageKind::Device && test_device() >= 0
+    !l.host_addressable()
 }
 
 fn placement(l: &Layout) -> Placement {
