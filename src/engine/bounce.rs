@@ -65,8 +65,13 @@ impl BounceRing {
         self.free_rx.recv().expect("the ring owns a sender")
     }
 
+    /// Gives a slot back. A release with every slot already free is a bookkeeping bug
+    /// (a chunk gave its slot back twice): it panics at once instead of blocking.
     pub fn release(&self, slot: u32) {
-        self.free_tx.send(slot).expect("more releases than slots");
+        assert!(slot < self.slots(), "bounce slot {slot} released; the ring has {}", self.slots());
+        if self.free_tx.try_send(slot).is_err() {
+            panic!("bounce slot {slot} released while every slot is free: a chunk gave its slot back twice");
+        }
     }
 
     /// Takes every slot back: returns once no chunk is in flight.
@@ -81,5 +86,27 @@ impl Drop for BounceRing {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with the same size; no chunk outlives the engine.
         unsafe { self.gpu.free_pinned(self.base, self.total) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Emulated;
+    use std::time::Duration;
+
+    /// A release with every slot already free is a bookkeeping bug: it must be reported
+    /// at once, not block the thread forever.
+    #[test]
+    fn a_release_beyond_the_slot_count_is_reported_not_blocked_on() {
+        let ring = Arc::new(BounceRing::new(Arc::new(Emulated::default()), 2, 64 << 10).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r = ring.clone();
+        std::thread::spawn(move || {
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.release(0)));
+            let _ = tx.send(res.is_err());
+        });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(true), "the extra release blocked");
+        assert_eq!(ring.free_slots(), 2);
     }
 }
