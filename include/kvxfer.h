@@ -306,8 +306,9 @@ kvx_status kvx_engine_create(const struct kvx_engine_config *cfg, struct kvx_eng
 
 // Cancels requests that have not started, waits for those that have, joins the threads
 // and frees the engine. Layouts and requests made from it must not be used afterwards,
-// except that they may still be destroyed/released. NULL is a no-op. Must not be called
-// from a completion callback.
+// except that they may still be destroyed/released. NULL is a no-op. Should not be
+// called from one of this engine's own completion callbacks: there it cannot wait for
+// its threads, so it returns at once and the shutdown finishes in the background.
 void kvx_engine_destroy(struct kvx_engine *e);
 
 // The device the engine resolved: a CUDA ordinal, or -1 for the emulated device.

@@ -91,6 +91,37 @@ fn submit_never_blocks_behind_requests_cancelled_while_queued() {
     assert_eq!(e.stats().requests_cancelled, 64);
 }
 
+/// Destroying an engine from a callback of *another* engine is an ordinary destroy: it
+/// returns once the requests that had started have ended (only an engine's own threads
+/// must hand the joining off).
+#[test]
+fn destroying_an_engine_from_another_engines_callback_waits_for_its_requests() {
+    struct Victim {
+        engine: std::sync::Mutex<Option<kvxfer::Engine>>,
+        request: std::sync::Mutex<Option<Arc<kvxfer::Request>>>,
+        seen: std::sync::Mutex<Option<Status>>,
+    }
+    unsafe extern "C" fn destroy_victim(user_data: *mut c_void, _: *mut c_void, _: u32) {
+        let v = &*(user_data as *const Victim);
+        drop(v.engine.lock().unwrap().take());
+        let st = v.request.lock().unwrap().as_ref().map(|r| r.poll());
+        *v.seen.lock().unwrap() = st;
+    }
+    let victim = Arc::new(Victim { engine: Default::default(), request: Default::default(), seen: Default::default() });
+    let b = engine_with(|c| c.io_threads = 1);
+    let (src, dst, ids) = big(&b);
+    *victim.request.lock().unwrap() = Some(b.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap());
+    *victim.engine.lock().unwrap() = Some(b);
+    let a = engine();
+    let c = cfg(2, 1, 1, 1, 64, 1);
+    let (h1, h2) = (make_layout(&a, &c, FC, StorageKind::Host), make_layout(&a, &c, FC, StorageKind::Host));
+    let cb = Callback { func: destroy_victim, user_data: Arc::as_ptr(&victim) as *mut c_void };
+    let r = a.submit(&h1, &[0], &h2, &[0], &TransferOptions { on_complete: Some(cb), ..Default::default() }).unwrap();
+    assert_eq!(r.wait(Some(Duration::from_secs(60))), Status::Ok);
+    let seen = *victim.seen.lock().unwrap();
+    assert!(matches!(seen, Some(Status::Ok | Status::Cancelled)), "the victim's request was {seen:?} after its engine was destroyed");
+}
+
 #[test]
 fn cancel_skips_what_has_not_started_and_says_so() {
     let e = engine_with(|c| c.io_threads = 1);

@@ -54,19 +54,27 @@ pub struct Engine {
     ring: Arc<BounceRing>,
     router: Arc<Router>,
     intake: Mutex<Intake>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: Mutex<Threads>,
+}
+
+/// The engine's threads: the dispatcher is joined first (it stops taking requests),
+/// then the stage threads once every slot is back.
+#[derive(Default)]
+struct Threads {
+    dispatcher: Option<JoinHandle<()>>,
+    stages: Vec<JoinHandle<()>>,
 }
 
 thread_local! {
-    /// Set on the engine's own threads, where callbacks run.
-    static ON_ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The id of the engine whose thread this is (0: none), where its callbacks run.
+    static ENGINE_OF_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+fn spawn(engine: u64, name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(name)
         .spawn(move || {
-            ON_ENGINE_THREAD.with(|t| t.set(true));
+            ENGINE_OF_THREAD.with(|t| t.set(engine));
             f()
         })
         .map_err(|e| Error::new(Status::NoMemory, format!("starting an engine thread: {e}")))
@@ -107,23 +115,23 @@ impl Engine {
             ring: ring.clone(),
             router: router.clone(),
             intake: Mutex::new(Intake { accepting: true, tx: req_tx }),
-            threads: Mutex::new(Vec::new()),
+            threads: Mutex::new(Threads::default()),
         };
         // If a spawn fails, dropping `engine` stops the threads already started.
         {
             let mut threads = engine.threads.lock().unwrap();
             for (i, port) in io.ports.into_iter().enumerate() {
                 let (r, g, rx) = (router.clone(), gpu.clone(), io_rx.clone());
-                threads.push(spawn(format!("kvx-io-{i}"), move || worker::io_worker(r, g, rx, port))?);
+                threads.stages.push(spawn(id, format!("kvx-io-{i}"), move || worker::io_worker(r, g, rx, port))?);
             }
             let (r, g) = (router.clone(), gpu.clone());
-            threads.push(spawn("kvx-copy".into(), move || worker::copy_thread(r, g, copy_rx))?);
+            threads.stages.push(spawn(id, "kvx-copy".into(), move || worker::copy_thread(r, g, copy_rx))?);
             for (lane, rx) in fence_rx.into_iter().enumerate() {
                 let (r, g) = (router.clone(), gpu.clone());
-                threads.push(spawn(format!("kvx-fence-{lane}"), move || worker::fence_thread(r, g, rx))?);
+                threads.stages.push(spawn(id, format!("kvx-fence-{lane}"), move || worker::fence_thread(r, g, rx))?);
             }
             let (r, rg) = (router, ring);
-            threads.push(spawn("kvx-dispatch".into(), move || dispatch::dispatcher(r, rg, req_rx))?);
+            threads.dispatcher = Some(spawn(id, "kvx-dispatch".into(), move || dispatch::dispatcher(r, rg, req_rx))?);
         }
         log::info!(
             "engine {id}: {}, {} I/O threads ({}), {} bounce slots of {} KiB",
@@ -291,8 +299,8 @@ impl Engine {
     }
 
     /// Cancels queued requests, waits for chunks in flight, then joins every thread.
-    /// Called by `Drop`; safe to call twice. From a completion callback (an engine
-    /// thread) the joining is handed to a helper thread instead of deadlocking.
+    /// Called by `Drop`; safe to call twice. From a completion callback on this engine's
+    /// own thread the joining is handed to a helper thread instead of deadlocking.
     pub fn shutdown(&self) {
         {
             let mut intake = self.intake.lock().unwrap();
@@ -307,10 +315,7 @@ impl Engine {
         let (router, ring) = (self.router.clone(), self.ring.clone());
         let workers = self.cfg.io_threads;
         let teardown = move || {
-            let me = std::thread::current().id();
-            let (dispatcher, rest): (Vec<_>, Vec<_>) =
-                threads.into_iter().partition(|t| t.thread().name() == Some("kvx-dispatch"));
-            for t in dispatcher {
+            if let Some(t) = threads.dispatcher {
                 let _ = t.join();
             }
             ring.drain_all();
@@ -321,11 +326,13 @@ impl Engine {
             for tx in &router.fence_tx {
                 let _ = tx.send(None);
             }
-            for t in rest.into_iter().filter(|t| t.thread().id() != me) {
+            for t in threads.stages {
                 let _ = t.join();
             }
         };
-        if ON_ENGINE_THREAD.with(|t| t.get()) {
+        // On one of this engine's own threads (a completion callback) the joining would
+        // wait for this very thread: hand it to a helper.
+        if ENGINE_OF_THREAD.with(|t| t.get()) == self.id {
             log::warn!("engine destroyed from one of its own threads (a completion callback); finishing shutdown in the background");
             let _ = std::thread::Builder::new().name("kvx-teardown".into()).spawn(teardown);
         } else {

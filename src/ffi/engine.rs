@@ -108,8 +108,9 @@ pub unsafe extern "C" fn kvx_engine_create(cfg: *const kvx_engine_config, out: *
 
 /// Cancels requests that have not started, waits for those that have, joins the threads
 /// and frees the engine. Layouts and requests made from it must not be used afterwards,
-/// except that they may still be destroyed/released. NULL is a no-op. Must not be called
-/// from a completion callback.
+/// except that they may still be destroyed/released. NULL is a no-op. Should not be
+/// called from one of this engine's own completion callbacks: there it cannot wait for
+/// its threads, so it returns at once and the shutdown finishes in the background.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_destroy(e: *mut kvx_engine) {
     if !e.is_null() {
