@@ -1,17 +1,13 @@
 //! The disk I/O backends: each one named moves the same bytes as POSIX or is refused with
 //! `KVX_ERR_UNSUPPORTED` and a reason that names the way out; `KVX_IO_AUTO` takes one that
-//! works. A backend this machine lacks prints that its data test skipped.
+//! works. The data tests of a backend this machine lacks are skipped (and counted so).
 mod common;
+use common::cases::{case, run};
 use common::*;
 use kvxfer::engine::{IO_AUTO, IO_GDS, IO_NIXL, IO_POSIX, IO_URING};
 use kvxfer::{Engine, EngineConfig, LayoutKind, Status, StorageKind, TransferOptions};
 
 const FC: LayoutKind = LayoutKind::FullyContiguous;
-
-fn skipped(test: &str, why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{test}: skipped: {why}");
-}
 
 /// An engine on `backend`, or the refusal (which must be `Unsupported` naming a fallback,
 /// or `NoDevice` when `KVX_TEST_DEVICE` names a GPU this machine lacks).
@@ -69,45 +65,47 @@ fn moves_the_same_bytes(e: &Engine, what: &str) {
     check(&back, 23, 21, &pairs, 0..2, what);
 }
 
-/// On `backend`, the same bytes as POSIX; or, where it cannot run here, a refusal that
-/// `refused` checks, and a printed skip.
-fn moves_or_says_why(backend: u32, what: &str, test: &str, refused: impl FnOnce(&str)) {
-    match engine_on(backend) {
-        Ok(e) => {
-            assert_eq!(e.io_backend(), backend);
-            moves_the_same_bytes(&e, what);
+fn main() {
+    let refused = |b| engine_on(b).err().map(|e| e.message);
+    let (uring, nixl, gds) = (refused(IO_URING), refused(IO_NIXL), refused(IO_GDS));
+    run(vec![
+        case("io_uring_moves_the_same_bytes", || moves(IO_URING, "io_uring")).unless(uring.clone()),
+        case("nixl_moves_the_same_bytes", || moves(IO_NIXL, "NIXL")).unless(nixl.clone()),
+        case("gds_moves_the_same_bytes", || moves(IO_GDS, "cuFile")).unless(gds),
+        case("a_refused_backend_says_why_and_names_the_way_out", a_refused_backend_says_why_and_names_the_way_out),
+        case("auto_takes_a_backend_that_works_and_never_an_unproven_one", auto_takes_a_backend_that_works_and_never_an_unproven_one),
+        case("an_unknown_backend_is_an_invalid_argument", an_unknown_backend_is_an_invalid_argument),
+        case("posix_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IO_POSIX)),
+        case("io_uring_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IO_URING)).unless(uring),
+        case("nixl_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IO_NIXL)).unless(nixl),
+    ])
+}
+
+/// On `backend`, the same bytes as POSIX.
+fn moves(backend: u32, what: &str) {
+    let e = engine_on(backend).expect("the backend worked when the tests were listed");
+    assert_eq!(e.io_backend(), backend);
+    moves_the_same_bytes(&e, what);
+}
+
+/// Each backend refused here: `Unsupported` naming a way out (checked by `engine_on`)
+/// and the reason that applies.
+fn a_refused_backend_says_why_and_names_the_way_out() {
+    if let Err(err) = engine_on(IO_NIXL) {
+        if kvxfer::io::nixl::missing().is_some() {
+            assert!(err.message.contains("libnixl_capi.so"), "the refusal names the missing library: {}", err.message);
         }
-        Err(err) => {
-            refused(&err.message);
-            skipped(test, &err.message)
+    }
+    if let Err(err) = engine_on(IO_GDS) {
+        if test_device() < 0 {
+            assert!(err.message.contains("emulated device"), "{}", err.message);
         }
+    }
+    if let Err(err) = engine_on(IO_URING) {
+        assert!(err.message.contains("io_uring"), "{}", err.message);
     }
 }
 
-#[test]
-fn io_uring_moves_the_same_bytes_or_says_why_not() {
-    moves_or_says_why(IO_URING, "io_uring", "io_uring", |_| {});
-}
-
-#[test]
-fn nixl_moves_the_same_bytes_or_says_why_not() {
-    moves_or_says_why(IO_NIXL, "NIXL", "nixl", |m| {
-        if kvxfer::io::nixl::missing().is_some() {
-            assert!(m.contains("libnixl_capi.so"), "the refusal names the missing library: {m}");
-        }
-    });
-}
-
-#[test]
-fn gds_moves_the_same_bytes_or_says_why_not() {
-    moves_or_says_why(IO_GDS, "cuFile", "gds", |m| {
-        if test_device() < 0 {
-            assert!(m.contains("emulated device"), "{m}");
-        }
-    });
-}
-
-#[test]
 fn auto_takes_a_backend_that_works_and_never_an_unproven_one() {
     let e = engine_on(IO_AUTO).expect("KVX_IO_AUTO always finds a backend");
     let b = e.io_backend();
@@ -120,30 +118,26 @@ fn auto_takes_a_backend_that_works_and_never_an_unproven_one() {
     moves_the_same_bytes(&e, "auto");
 }
 
-#[test]
 fn an_unknown_backend_is_an_invalid_argument() {
     let err = Engine::new(&EngineConfig { io_backend: 5, ..Default::default() }).err().expect("refused");
     assert_eq!(err.status, Status::InvalidArg);
     assert!(err.message.contains("KVX_IO_"), "{}", err.message);
 }
 
-/// A file cut short under a layout: the read fails with `KVX_ERR_IO` on every backend that
-/// runs here — never old slot bytes served as the block.
-#[test]
-fn a_file_cut_short_is_an_io_error_on_every_backend() {
-    for backend in [IO_POSIX, IO_URING, IO_NIXL] {
-        let Ok(e) = engine_on(backend) else { continue };
-        let c = cfg(4, 2, 2, 16, 64, 2);
-        let ids: Vec<u64> = (0..4).collect();
-        let path = temp_path("cut");
-        let disk = e.create_disk_layout(&c, &path, kvxfer::engine::DISK_CREATE).expect("disk layout");
-        let host = make_layout(&e, &c, FC, StorageKind::Host);
-        fill(&host, 5);
-        assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
-        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
-        let back = make_layout(&e, &c, FC, StorageKind::Host);
-        let r = e.submit(&disk, &ids, &back, &ids, &Default::default()).expect("submit");
-        let status = r.wait(Some(std::time::Duration::from_secs(60)));
-        assert_eq!(status, Status::Io, "backend {backend}: {}", r.error_message().to_string_lossy());
-    }
+/// A file cut short under a layout: the read fails with `KVX_ERR_IO` on `backend` —
+/// never old slot bytes served as the block.
+fn a_file_cut_short_is_an_io_error(backend: u32) {
+    let e = engine_on(backend).expect("the backend worked when the tests were listed");
+    let c = cfg(4, 2, 2, 16, 64, 2);
+    let ids: Vec<u64> = (0..4).collect();
+    let path = temp_path("cut");
+    let disk = e.create_disk_layout(&c, &path, kvxfer::engine::DISK_CREATE).expect("disk layout");
+    let host = make_layout(&e, &c, FC, StorageKind::Host);
+    fill(&host, 5);
+    assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
+    let back = make_layout(&e, &c, FC, StorageKind::Host);
+    let r = e.submit(&disk, &ids, &back, &ids, &Default::default()).expect("submit");
+    let status = r.wait(Some(std::time::Duration::from_secs(60)));
+    assert_eq!(status, Status::Io, "backend {backend}: {}", r.error_message().to_string_lossy());
 }

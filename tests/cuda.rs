@@ -1,24 +1,39 @@
 //! GPU-only behaviour: registration of caller memory (right and wrong pointers), the
 //! batched small-region path on every layout kind, and ordering after a caller's event.
-//! Without a CUDA device every test prints that it skipped.
+//! Without a CUDA device those tests are skipped (and counted so); one test runs only
+//! where no driver is.
 
 mod common;
+use common::cases::{case, run};
 use common::*;
 use kvxfer::gpu::cuda::driver::sys;
 use kvxfer::{Engine, EngineConfig, LayoutKind, Status, StorageKind, TransferOptions};
 
-/// An engine on the CUDA device of `KVX_TEST_DEVICE` (default 0), or `None` after saying why.
-fn gpu_engine(test: &str) -> Option<Engine> {
+fn gpu_config() -> EngineConfig {
     let dev = std::env::var("KVX_TEST_DEVICE").ok().and_then(|v| v.parse().ok()).filter(|d: &i32| *d >= 0).unwrap_or(0);
-    match Engine::new(&EngineConfig { device: dev, ..Default::default() }) {
-        Ok(e) => Some(e),
-        Err(e) => {
-            // Straight to stderr: the test harness captures eprintln! of passing tests.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "{test}: skipped: no CUDA device ({})", e.message);
-            None
-        }
-    }
+    EngineConfig { device: dev, ..Default::default() }
+}
+
+/// An engine on the CUDA device of `KVX_TEST_DEVICE` (default 0).
+fn gpu_engine() -> Engine {
+    Engine::new(&gpu_config()).expect("the CUDA device was there when the tests were listed")
+}
+
+fn main() {
+    let no_gpu = Engine::new(&gpu_config()).err().map(|e| format!("no CUDA device ({})", e.message));
+    let driver = kvxfer::gpu::cuda::present().then(|| "a CUDA driver is present".to_string());
+    run(vec![
+        case("registered_cumemalloc_memory_round_trips_for_every_kind", registered_cumemalloc_memory_round_trips_for_every_kind)
+            .unless(no_gpu.clone()),
+        case("registering_a_wrong_pointer_is_an_error_not_corruption", registering_a_wrong_pointer_is_an_error_not_corruption)
+            .unless(no_gpu.clone()),
+        case("small_regions_are_bit_exact_through_the_batched_path", small_regions_are_bit_exact_through_the_batched_path)
+            .unless(no_gpu.clone()),
+        case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu),
+        case("wait_event_on_the_emulated_device_is_refused", wait_event_on_the_emulated_device_is_refused),
+        case("a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back", a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back)
+            .unless(driver),
+    ])
 }
 
 fn dev_alloc(bytes: usize) -> u64 {
@@ -33,9 +48,8 @@ fn dev_free(p: u64) {
     unsafe { sys::cuMemFree_v2(p) };
 }
 
-#[test]
 fn registered_cumemalloc_memory_round_trips_for_every_kind() {
-    let Some(e) = gpu_engine("registered_cumemalloc_memory_round_trips_for_every_kind") else { return };
+    let e = gpu_engine();
     let c = cfg(8, 3, 2, 16, 128, 2);
     let g = c.validate().unwrap();
     for kind in KINDS {
@@ -66,9 +80,8 @@ fn registered_cumemalloc_memory_round_trips_for_every_kind() {
     }
 }
 
-#[test]
 fn registering_a_wrong_pointer_is_an_error_not_corruption() {
-    let Some(e) = gpu_engine("registering_a_wrong_pointer_is_an_error_not_corruption") else { return };
+    let e = gpu_engine();
     let c = cfg(4, 2, 2, 16, 128, 2); // 64 KiB blocks, 256 KiB in all
     let need = 4 * 2 * 2 * 16 * 128 * 2;
     let host = vec![0u8; need];
@@ -95,9 +108,8 @@ fn registering_a_wrong_pointer_is_an_error_not_corruption() {
     dev_free(big);
 }
 
-#[test]
 fn small_regions_are_bit_exact_through_the_batched_path() {
-    let Some(e) = gpu_engine("small_regions_are_bit_exact_through_the_batched_path") else { return };
+    let e = gpu_engine();
     // 16 KiB, 32 KiB and odd-sized (not 16-byte multiple) regions, every kind both ways.
     for c in [cfg(16, 4, 2, 16, 512, 2), cfg(16, 4, 2, 32, 512, 2), cfg(16, 3, 2, 7, 333, 1)] {
         let ids: Vec<u64> = (0..16).rev().collect();
@@ -130,9 +142,8 @@ fn small_regions_are_bit_exact_through_the_batched_path() {
     check(&dd, 52, 51, &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..4, "device → device");
 }
 
-#[test]
 fn an_offload_waits_for_the_callers_event() {
-    let Some(e) = gpu_engine("an_offload_waits_for_the_callers_event") else { return };
+    let e = gpu_engine();
     let c = cfg(8, 8, 2, 32, 1024, 2); // 16 MiB of KV
     let dev = e.create_layout(&c, LayoutKind::FullyContiguous, StorageKind::Device).unwrap();
     let host = e.create_layout(&c, LayoutKind::FullyContiguous, StorageKind::Pinned).unwrap();
@@ -169,7 +180,6 @@ fn an_offload_waits_for_the_callers_event() {
     dev_free(filler);
 }
 
-#[test]
 fn wait_event_on_the_emulated_device_is_refused() {
     let e = engine_with(|c| c.device = kvxfer::gpu::DEVICE_EMULATED);
     let c = cfg(2, 1, 1, 1, 16, 1);
@@ -179,4 +189,12 @@ fn wait_event_on_the_emulated_device_is_refused() {
     let err = e.submit(&a, &[0], &b, &[0], &opts).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg);
     assert!(err.message.contains("CUDA"));
+}
+
+fn a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back() {
+    let err = kvxfer::Engine::new(&kvxfer::EngineConfig { device: 0, ..Default::default() }).err().expect("no GPU here");
+    assert_eq!(err.status, Status::NoDevice);
+    assert!(err.message.contains("KVX_DEVICE_EMULATED"), "{}", err.message);
+    let auto = engine_with(|c| c.device = kvxfer::gpu::DEVICE_AUTO);
+    assert_eq!(auto.device(), -1, "KVX_DEVICE_AUTO runs on the emulated device without a driver");
 }

@@ -3,6 +3,7 @@
 //! be refused (with the reason) where it cannot be honoured.
 
 mod common;
+use common::cases::{case, run};
 use common::*;
 use kvxfer::engine::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_MAPPED};
 use kvxfer::{LayoutKind, Status, StorageKind};
@@ -17,15 +18,26 @@ fn is_tmpfs(dir: &std::path::Path) -> bool {
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
 }
 
-/// A path on tmpfs (`KVX_TEST_DIR` when it is tmpfs, else /dev/shm), or `None` with the
-/// skip printed.
-fn tmpfs_path(test: &str, tag: &str) -> Option<PathBuf> {
+/// The tmpfs folder: `KVX_TEST_DIR` when it is tmpfs, else /dev/shm when that is.
+fn tmpfs_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("KVX_TEST_DIR").map(PathBuf::from).filter(|d| is_tmpfs(d)).unwrap_or_else(|| "/dev/shm".into());
-    if !is_tmpfs(&dir) {
-        println!("{test}: skipped: no tmpfs here (set KVX_TEST_DIR to a tmpfs folder)");
-        return None;
-    }
-    Some(dir.join(format!("kvx-test-{}-{tag}", std::process::id())))
+    is_tmpfs(&dir).then_some(dir)
+}
+
+fn tmpfs_path(tag: &str) -> PathBuf {
+    tmpfs_dir().expect("listed only with tmpfs").join(format!("kvx-test-{}-{tag}", std::process::id()))
+}
+
+fn main() {
+    let no_tmpfs = tmpfs_dir().is_none().then(|| "no tmpfs here (set KVX_TEST_DIR to a tmpfs folder)".to_string());
+    let test_dir_is_tmpfs =
+        is_tmpfs(temp_path("probe").parent().unwrap()).then(|| "the test folder is tmpfs (set KVX_TEST_DIR to another file system)".to_string());
+    run(vec![
+        case("a_mapped_file_holds_what_the_same_file_opened_for_io_holds", a_mapped_file_holds_what_the_same_file_opened_for_io_holds)
+            .unless(no_tmpfs.clone()),
+        case("mapped_is_refused_with_checksums", mapped_is_refused_with_checksums).unless(no_tmpfs),
+        case("mapped_is_refused_off_tmpfs", mapped_is_refused_off_tmpfs).unless(test_dir_is_tmpfs),
+    ])
 }
 
 struct Remove(PathBuf);
@@ -35,9 +47,8 @@ impl Drop for Remove {
     }
 }
 
-#[test]
 fn a_mapped_file_holds_what_the_same_file_opened_for_io_holds() {
-    let Some(path) = tmpfs_path("a_mapped_file_holds_what_the_same_file_opened_for_io_holds", "mapped") else { return };
+    let path = tmpfs_path("mapped");
     let _rm = Remove(path.clone());
     let e = engine();
     // Odd regions (3 x 7 x 2 B) so blocks are padded in the file; one geometry with large
@@ -79,22 +90,19 @@ fn a_mapped_file_holds_what_the_same_file_opened_for_io_holds() {
     }
 }
 
-#[test]
-fn mapped_is_refused_with_checksums_and_off_tmpfs() {
+fn mapped_is_refused_with_checksums() {
     let e = engine();
-    let c = cfg(4, 2, 2, 16, 128, 2);
-    if let Some(path) = tmpfs_path("mapped_is_refused_with_checksums_and_off_tmpfs", "refused") {
-        let _rm = Remove(path.clone());
-        let err = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_MAPPED | DISK_CHECKSUM).unwrap_err();
-        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
-        assert!(err.message.contains("KVX_DISK_CHECKSUM"), "{}", err.message);
-    }
+    let path = tmpfs_path("refused");
+    let _rm = Remove(path.clone());
+    let err = e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DISK_CREATE | DISK_MAPPED | DISK_CHECKSUM).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    assert!(err.message.contains("KVX_DISK_CHECKSUM"), "{}", err.message);
+}
+
+fn mapped_is_refused_off_tmpfs() {
+    let e = engine();
     let path = temp_path("mapped-off-tmpfs");
-    if is_tmpfs(path.parent().unwrap()) {
-        println!("mapped_is_refused_with_checksums_and_off_tmpfs: off-tmpfs part skipped: the test folder is tmpfs");
-        return;
-    }
-    let err = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_MAPPED).unwrap_err();
+    let err = e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DISK_CREATE | DISK_MAPPED).unwrap_err();
     assert_eq!(err.status, Status::Unsupported, "{}", err.message);
     assert!(err.message.contains("tmpfs") && err.message.contains("drop KVX_DISK_MAPPED"), "{}", err.message);
     assert!(!path.exists(), "a refused layout leaves no file behind");

@@ -3,6 +3,8 @@
 //! for files), so a check never trusts the code it checks.
 #![allow(dead_code)]
 
+pub mod cases;
+
 use kvxfer::layout::Placement;
 use kvxfer::{Engine, EngineConfig, Layout, LayoutConfig, LayoutKind, Status, StorageKind, TransferOptions};
 use std::os::unix::fs::FileExt;
