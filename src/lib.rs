@@ -11,8 +11,10 @@
 
 pub mod engine;
 pub mod error;
+pub mod fault;
 pub mod ffi;
 pub mod gpu;
+pub mod host;
 pub mod io;
 pub mod layout;
 pub mod memory;

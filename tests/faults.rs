@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use kvxfer::io::fault::{self, Fault, Site};
+use kvxfer::fault::{self, Fault, Site};
 use kvxfer::{Engine, Layout, LayoutKind, Status, StorageKind};
 use std::io::Write;
 use std::sync::{Arc, Mutex};

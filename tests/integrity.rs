@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use kvxfer::engine::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_SYNC};
-use kvxfer::io::fault::{self, Fault, Site};
+use kvxfer::fault::{self, Fault, Site};
 use kvxfer::{LayoutKind, Status, StorageKind};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 
 use crate::error::{bail, Result};
 use crate::gpu::Gpu;
-use crate::memory::host::prefault;
+use crate::host::prefault;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 
 use super::{CopyKind, CopyOp, Fence, Gpu};
 use crate::error::{bail, Result};
-use crate::memory::host::{map_anonymous, unmap};
+use crate::host::{map_anonymous, unmap};
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 
@@ -89,7 +89,7 @@ impl Gpu for Emulated {
     fn release_event(&self, _event: u64) {}
 
     fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host_is_bounce: bool, _after: Option<u64>) -> Result<Fence> {
-        if crate::io::fault::check(crate::io::fault::Site::DeviceCopy).is_some() {
+        if crate::fault::check(crate::fault::Site::DeviceCopy).is_some() {
             bail!(Cuda, "device copy failed (injected fault)");
         }
         for op in ops {

@@ -2,8 +2,6 @@
 //! NIXL's POSIX backend (each a `Port`, one per worker), and cuFile (`gds`), which moves
 //! bytes between the file and device memory with no bounce slot.
 
-#[doc(hidden)]
-pub mod fault;
 pub mod gds;
 pub mod nixl;
 pub mod posix;

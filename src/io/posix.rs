@@ -1,7 +1,7 @@
 //! Blocking positional I/O with the retries every caller needs: `EINTR` is retried and a
 //! short transfer continues where it stopped, so callers see all bytes or an error.
 
-use super::fault::{self, Fault, Site};
+use crate::fault::{self, Fault, Site};
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, BorrowedFd};
 

@@ -3,7 +3,7 @@
 //! one system call. Short transfers and `EINTR`/`EAGAIN` are resubmitted for the rest,
 //! as the POSIX path retries them.
 
-use super::fault::{self, Fault, Site};
+use crate::fault::{self, Fault, Site};
 use super::posted::{Posted, Settle};
 use super::Io;
 use crate::error::{Error, Result, Status};

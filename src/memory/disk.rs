@@ -4,7 +4,7 @@
 
 use crate::error::{bail, Error, Result};
 use crate::io::posix;
-use crate::memory::host::{map_anonymous, unmap};
+use crate::host::{map_anonymous, unmap};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd};

@@ -3,7 +3,6 @@
 
 pub mod checksum;
 pub mod disk;
-pub mod host;
 pub mod mapped;
 
 use crate::error::{bail, Result};
@@ -43,7 +42,7 @@ impl Drop for Owned {
             match self.kind {
                 StorageKind::Device => self.gpu.free_device(self.addr, self.bytes),
                 StorageKind::Pinned => self.gpu.free_pinned(self.addr as *mut u8, self.bytes),
-                StorageKind::Host => host::unmap(self.addr as *mut u8, self.bytes),
+                StorageKind::Host => crate::host::unmap(self.addr as *mut u8, self.bytes),
                 StorageKind::Disk => unreachable!("disk storage is not an allocation"),
             }
         }
@@ -54,7 +53,7 @@ fn allocate(gpu: &Arc<dyn Gpu>, kind: StorageKind, bytes: u64) -> Result<Owned> 
     let addr = match kind {
         StorageKind::Device => gpu.alloc_device(bytes)?,
         StorageKind::Pinned => gpu.alloc_pinned(bytes)? as u64,
-        StorageKind::Host => host::map_anonymous(bytes)? as u64,
+        StorageKind::Host => crate::host::map_anonymous(bytes)? as u64,
         StorageKind::Disk => unreachable!(),
     };
     Ok(Owned { gpu: gpu.clone(), addr, bytes, kind })

@@ -1,0 +1,102 @@
+//! Fault injection for tests: make the Nth disk read, disk write or device copy fail
+//! with an errno, return short, or (for device copies) fail like a CUDA error.
+//!
+//! Only in builds with the `fault-injection` feature, which the crate's own tests turn
+//! on (a dev-dependency on itself) and release builds leave off: there `check` is a
+//! constant `None` and the call sites compile away. With the feature it is off until a
+//! test turns it on (the hot path then costs one relaxed atomic load). The plan is
+//! process-wide, so tests that inject must not run concurrently with each other.
+
+/// Where a fault can be injected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    /// One `pread` system call.
+    DiskRead = 0,
+    /// One `pwrite` system call.
+    DiskWrite = 1,
+    /// One batch of device copies (`Gpu::copy`) on the emulated device.
+    DeviceCopy = 2,
+}
+
+/// What the chosen call does instead of its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The system call fails with this errno (`EINTR` is retried by the I/O layer).
+    Errno(i32),
+    /// The system call moves only half of what it was asked (at least one byte).
+    Short,
+    /// The device copy fails.
+    CopyError,
+}
+
+#[cfg(feature = "fault-injection")]
+pub use plan::*;
+
+/// Without the feature: no fault, ever.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) fn check(_site: Site) -> Option<Fault> {
+    None
+}
+
+#[cfg(feature = "fault-injection")]
+mod plan {
+    use super::{Fault, Site};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    struct Plan {
+        site: Site,
+        nth: u64,
+        fault: Fault,
+    }
+
+    static ENABLED: AtomicBool = AtomicBool::new(false);
+    static PLAN: Mutex<Option<Plan>> = Mutex::new(None);
+    static CALLS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
+    /// From now on, the `nth` (0-based) call at `site` gets `fault`; call counts restart.
+    pub fn inject(site: Site, nth: u64, fault: Fault) {
+        *PLAN.lock().unwrap() = Some(Plan { site, nth, fault });
+        reset_counts();
+        ENABLED.store(true, Ordering::Release);
+    }
+
+    /// Counts calls per site without injecting anything (to learn how many calls a transfer makes).
+    pub fn count_only() {
+        *PLAN.lock().unwrap() = None;
+        reset_counts();
+        ENABLED.store(true, Ordering::Release);
+    }
+
+    /// Turns injection and counting off.
+    pub fn clear() {
+        ENABLED.store(false, Ordering::Release);
+        *PLAN.lock().unwrap() = None;
+    }
+
+    /// Calls seen at `site` since the last `inject`/`count_only`.
+    pub fn calls(site: Site) -> u64 {
+        CALLS[site as usize].load(Ordering::Acquire)
+    }
+
+    fn reset_counts() {
+        for c in &CALLS {
+            c.store(0, Ordering::Release);
+        }
+    }
+
+    /// Called by the I/O and copy layers before each call at `site`.
+    #[inline]
+    pub(crate) fn check(site: Site) -> Option<Fault> {
+        if !ENABLED.load(Ordering::Relaxed) {
+            return None;
+        }
+        let n = CALLS[site as usize].fetch_add(1, Ordering::AcqRel);
+        let plan = PLAN.lock().unwrap();
+        match &*plan {
+            Some(p) if p.site == site && p.nth == n => Some(p.fault),
+            _ => None,
+        }
+    }
+}
