@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod fault;
 pub mod ffi;
+pub mod file;
 pub mod gpu;
 pub mod host;
 pub mod io;

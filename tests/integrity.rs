@@ -113,13 +113,13 @@ fn the_sidecar_must_match() {
     assert!(err.message.contains("another geometry"), "{}", err.message);
     assert!(e.create_disk_layout(&c, &path, DISK_CHECKSUM).is_ok());
     // A sidecar of version 1 (xxh3 region hashes) is refused by name, not misread.
-    let sidecar = kvxfer::memory::checksum::Sidecar::path_for(&path);
+    let sidecar = kvxfer::file::checksum::Sidecar::path_for(&path);
     std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&sidecar).unwrap(), b"KVXSUM01", 0).unwrap();
     let err = e.create_disk_layout(&c, &path, DISK_CHECKSUM).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg);
     assert!(err.message.contains("another version (KVXSUM01)") && err.message.contains("KVX_DISK_CREATE"), "{}", err.message);
     std::fs::remove_file(&path).unwrap();
-    std::fs::remove_file(kvxfer::memory::checksum::Sidecar::path_for(&path)).unwrap();
+    std::fs::remove_file(kvxfer::file::checksum::Sidecar::path_for(&path)).unwrap();
     // Regions that do not fit a slot cannot be hashed in one piece.
     let err = e.create_disk_layout(&cfg(2, 1, 1, 64, 1024, 2), &temp_path("big"), DISK_CREATE | DISK_CHECKSUM).unwrap_err();
     assert_eq!(err.status, Status::Unsupported, "{}", err.message);
@@ -215,6 +215,6 @@ fn sigkill_mid_write_leaves_old_new_or_corrupt_blocks() {
     assert!(generations.iter().any(|&g| g > 0), "the writer never completed a generation before being killed");
     let _ = std::fs::remove_file(path.with_extension("gen"));
     let _ = std::fs::remove_file(path.with_extension("gen-tmp"));
-    let _ = std::fs::remove_file(kvxfer::memory::checksum::Sidecar::path_for(&path));
+    let _ = std::fs::remove_file(kvxfer::file::checksum::Sidecar::path_for(&path));
     let _ = std::fs::remove_file(&path);
 }

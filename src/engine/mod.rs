@@ -23,7 +23,7 @@ pub use stats::Stats;
 use crate::error::{bail, Error, Result, Status};
 use crate::gpu::{self, Gpu};
 use crate::layout::{LayoutConfig, LayoutKind};
-use crate::memory::{self, Layout, StorageKind};
+use crate::memory::{Layout, StorageKind};
 use bounce::BounceRing;
 use crossbeam_channel::Sender;
 use request::Transfer;
@@ -347,4 +347,4 @@ impl Drop for Engine {
     }
 }
 
-pub use memory::disk::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_MAPPED, DISK_SYNC};
+pub use crate::file::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_MAPPED, DISK_SYNC};

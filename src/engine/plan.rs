@@ -12,25 +12,10 @@
 //! file, so reads can be widened to aligned `O_DIRECT` reads and writes stay aligned.
 
 use crate::gpu::{CopyKind, CopyOp};
-use crate::io::Io;
+use crate::io::{Extent, Io};
 use crate::layout::{align_down, align_up, Loc, Segment};
 use crate::memory::{Layout, StorageKind};
 use std::sync::Arc;
-
-/// One disk I/O between a file range and slot memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Extent {
-    pub file_off: u64,
-    pub addr: u64,
-    pub len: u64,
-    /// Aligned in file, memory and length: may use the `O_DIRECT` descriptor.
-    pub aligned: bool,
-    /// Bytes of block padding after the data, zeroed before an aligned write.
-    pub zero_tail: u64,
-    /// The bytes the transfer asked for, inside the (possibly widened) extent:
-    /// (file offset, slot address, length). Whole regions; checksums cover these.
-    pub payload: (u64, u64, u64),
-}
 
 /// One stage of a chunk.
 pub enum Op {
@@ -454,7 +439,7 @@ mod tests {
     /// the O_DIRECT descriptor; a checksummed file still goes through the slots.
     #[test]
     fn gds_chunks_map_every_file_byte_to_its_device_byte() {
-        use crate::memory::disk::{DISK_CHECKSUM, DISK_CREATE};
+        use crate::file::{DISK_CHECKSUM, DISK_CREATE};
         let gpu: Arc<dyn Gpu> = Arc::new(Emulated::default());
         let cfg = LayoutConfig { num_blocks: 6, num_layers: 3, outer_dim: 2, page_size: 16, inner_dim: 64, dtype_bytes: 2 };
         let g = cfg.validate().unwrap();

@@ -8,15 +8,14 @@
 //! A chunk runs its stages in order and then gives its slot back; a stage of a cancelled
 //! or failed request is skipped.
 
-use super::plan::{Extent, Op, Stages};
+use super::plan::{Op, Stages};
 use super::request::Request;
 use super::stats::Counters;
 use super::bounce::BounceRing;
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::gds::Gds;
-use crate::io::{posix, Io, Port};
-use crate::memory::{checksum, Layout};
+use crate::io::Port;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -127,17 +126,6 @@ pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut 
     }
 }
 
-/// The extents as I/Os for a queue-based port, each on the descriptor its alignment allows.
-fn ios_of(f: &crate::memory::disk::DiskFile, extents: &[Extent]) -> Vec<Io> {
-    use std::os::fd::AsRawFd;
-    extents
-        .iter()
-        .map(|e| {
-            Io { fd: f.fd_for(e.aligned).as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }
-        })
-        .collect()
-}
-
 /// Runs an I/O worker's stage; `bound`: whether this thread could bind the device (for
 /// cuFile).
 fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) -> Result<()> {
@@ -145,36 +133,16 @@ fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) ->
     match op {
         Op::ReadDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
-            let hashed = read_extents(port, file, extents).map_err(|err| in_file(err, f.path()))?;
+            // SAFETY: the extents lie in this chunk's slot, which this stage owns.
+            unsafe { f.read_extents(port, &file.placement, extents) }?;
             Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
-            if let Some(sums) = &f.checksum {
-                for (block, regions) in hashed {
-                    sums.verify(block, &regions)?;
-                }
-            }
             Ok(())
         }
         Op::WriteDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
-            // Hash from the slot before writing; store the hashes after the data, so a
-            // crash in between leaves data that no longer matches (detected).
-            let hashes: Vec<_> = match &f.checksum {
-                // SAFETY: payloads lie inside this chunk's slot.
-                Some(_) => extents.iter().map(|e| unsafe { checksum::hash_regions(&file.placement, e.payload.0, e.payload.1, e.payload.2) }).collect(),
-                None => Vec::new(),
-            };
-            for e in extents.iter().filter(|e| e.zero_tail > 0) {
-                // SAFETY: the tail lies inside this chunk's slot, reserved for this run.
-                unsafe { std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize) };
-            }
-            move_extents(port, true, file, extents).map_err(|err| in_file(err, f.path()))?;
+            // SAFETY: as above; the padding after each extent is this chunk's too.
+            unsafe { f.write_extents(port, &file.placement, extents) }?;
             Counters::add(&counters.bytes_disk_written, extents.iter().map(|e| e.len).sum());
-            if let Some(sums) = &f.checksum {
-                for (block, regions) in hashes.into_iter().flatten() {
-                    let values: Vec<u64> = regions.iter().map(|r| r.1).collect();
-                    sums.write_regions(block, regions[0].0, &values)?;
-                }
-            }
             Ok(())
         }
         Op::HostCopy(ops) => {
@@ -185,106 +153,12 @@ fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) ->
         Op::DiskDevice { file, write, ios } => {
             let gds = router.gds.as_ref().expect("cuFile chunks are planned only when the engine opened cuFile");
             bound.clone()?;
-            gds.run(*write, file, ios)?;
+            gds.run(*write, file.disk().expect("disk layout").key(), ios)?;
             let bytes = ios.iter().map(|io| io.len).sum();
             Counters::add(if *write { &counters.bytes_disk_written } else { &counters.bytes_disk_read }, bytes);
             Ok(())
         }
     }
-}
-
-/// Reads `extents` into this chunk's slot and, for a checksummed file, hashes every
-/// payload region read, grouped per block as `checksum::hash_regions` gives them.
-///
-/// Page-cache extents of a checksummed file are read here with `pread`, piece by piece,
-/// hashing each piece while it is still in this core's cache, whatever the port: io_uring
-/// and NIXL copy from the page cache on kernel or plugin threads, so the hash would read
-/// the slot from memory a second time, and at page-cache speed that second pass, not the
-/// hash, is the cost (H200, 12 workers, hot file: 3 % hashed this way, 25 % hashed after
-/// io_uring's copy). NIXL keeps its own reads, as its caller asked.
-/// Direct-I/O extents come from the disk's DMA, never from a cache, so they are read on
-/// the port and hashed afterwards.
-fn read_extents(port: &mut Port, file: &Arc<Layout>, extents: &[Extent]) -> Result<Vec<checksum::BlockHashes>> {
-    let f = file.disk().expect("disk layout");
-    if f.checksum.is_none() {
-        return move_extents(port, false, file, extents).map(|()| Vec::new());
-    }
-    let nixl = matches!(port, Port::Nixl(_));
-    let (ported, cached): (Vec<Extent>, Vec<Extent>) = extents.iter().copied().partition(|e| nixl || (e.aligned && f.is_direct()));
-    move_extents(port, false, file, &ported)?;
-    let mut out = Vec::new();
-    for e in &cached {
-        // SAFETY: the extent lies inside this chunk's slot (planner invariant).
-        out.extend(unsafe { read_hashing(f, e, &file.placement)? });
-    }
-    for (off, addr, len) in ported.iter().map(|e| e.payload) {
-        // SAFETY: the payload lies inside this chunk's slot, just read.
-        out.extend(unsafe { checksum::hash_regions(&file.placement, off, addr, len) });
-    }
-    Ok(out)
-}
-
-/// Moves `extents` between `file` and this chunk's slot on the worker's port.
-fn move_extents(port: &mut Port, write: bool, file: &Arc<Layout>, extents: &[Extent]) -> Result<()> {
-    let f = file.disk().expect("disk layout");
-    match port {
-        // SAFETY: extents lie inside this chunk's slot, which this stage owns.
-        Port::Uring(ring) => unsafe { ring.run(write, &ios_of(f, extents)) },
-        Port::Nixl(nixl) => nixl.run(write, file, &ios_of(f, extents)),
-        Port::Posix => extents.iter().try_for_each(|e| {
-            let fd = f.fd_for(e.aligned);
-            // SAFETY: the extent lies inside this chunk's slot (planner invariant).
-            unsafe {
-                match write {
-                    true => posix::write_all_at(fd, e.addr as *const u8, e.len, e.file_off),
-                    false => posix::read_exact_at(fd, e.addr as *mut u8, e.len, e.file_off),
-                }
-            }
-        }),
-    }
-}
-
-/// Bytes read per `pread` when the data is also hashed: small enough that each piece is
-/// still in the CPU cache when its regions are hashed.
-const HASH_PIECE: u64 = 256 << 10;
-
-/// Reads page-cache extent `e` piece by piece with `pread` and hashes each region of its
-/// payload as soon as all of it has arrived; the hashes grouped per block as
-/// `checksum::hash_regions` gives them.
-///
-/// # Safety
-/// The extent must lie inside slot memory owned by the caller.
-unsafe fn read_hashing(
-    f: &crate::memory::disk::DiskFile,
-    e: &Extent,
-    pl: &crate::layout::Placement,
-) -> Result<Vec<checksum::BlockHashes>> {
-    let (p_off, p_addr, p_len) = e.payload;
-    let region = pl.geom.region_bytes;
-    let (piece, fd) = (HASH_PIECE.max(region), f.buffered_fd());
-    let (end, mut upto, mut next) = (e.file_off + e.len, e.file_off, p_off);
-    let mut out: Vec<checksum::BlockHashes> = Vec::new();
-    while upto < end {
-        let n = piece.min(end - upto);
-        posix::read_exact_at(fd, (e.addr + (upto - e.file_off)) as *mut u8, n, upto)?;
-        upto += n;
-        // Whole payload regions that have arrived.
-        let ready = upto.min(p_off + p_len).saturating_sub(next) / region * region;
-        if ready > 0 {
-            for (block, regions) in checksum::hash_regions(pl, next, p_addr + (next - p_off), ready) {
-                match out.last_mut() {
-                    Some((b, v)) if *b == block => v.extend(regions),
-                    _ => out.push((block, regions)),
-                }
-            }
-            next += ready;
-        }
-    }
-    Ok(out)
-}
-
-fn in_file(err: Error, path: &std::path::Path) -> Error {
-    Error::new(err.status, format!("{}: {}", path.display(), err.message))
 }
 
 fn memcpy_all(ops: &[CopyOp]) {

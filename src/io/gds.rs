@@ -9,10 +9,9 @@
 //! cuFileRead/cuFileWrite are synchronous: nothing is still posted when they return, so
 //! the rule of `posted` holds without a guard.
 
-use super::Io;
+use super::{FileKey, Io};
 use crate::error::{Error, Result, Status};
 use crate::gpu::{CopyKind, CopyOp, Gpu};
-use crate::memory::Layout;
 use cudarc::cufile::sys;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -58,8 +57,8 @@ fn moved(ret: isize) -> std::result::Result<u64, String> {
     }
 }
 
-/// Registered files: (layout id, descriptor) -> (the layout while it lives, handle).
-type Handles = HashMap<(u64, i32), (Weak<Layout>, Arc<Handle>)>;
+/// Registered files: (file id, descriptor) -> (the file's key while it lives, handle).
+type Handles = HashMap<(u64, i32), (Weak<FileKey>, Arc<Handle>)>;
 
 pub struct Gds {
     /// cuFile runs without nvidia-fs (POSIX I/O inside cuFile).
@@ -150,9 +149,9 @@ impl Gds {
         result
     }
 
-    /// The handle for `fd` of `file`, registered on first use. Layouts that are gone are
+    /// The handle for `fd` of `file`, registered on first use. Files that are gone are
     /// forgotten first, so a reused descriptor number is never served a stale handle.
-    fn handle(&self, file: &Arc<Layout>, fd: i32) -> Result<Arc<Handle>> {
+    fn handle(&self, file: &Arc<FileKey>, fd: i32) -> Result<Arc<Handle>> {
         if let Some((_, h)) = self.handles.read().unwrap().get(&(file.id, fd)) {
             return Ok(h.clone());
         }
@@ -160,14 +159,14 @@ impl Gds {
         if let Some((_, h)) = handles.get(&(file.id, fd)) {
             return Ok(h.clone()); // another worker registered it meanwhile
         }
-        handles.retain(|_, (layout, _)| layout.strong_count() > 0);
+        handles.retain(|_, (key, _)| key.strong_count() > 0);
         let h = Arc::new(register(fd).map_err(|e| Error::new(Status::Io, e))?);
         handles.insert((file.id, fd), (Arc::downgrade(file), h.clone()));
         Ok(h)
     }
 
     /// Moves every byte of `ios` (`addr`: device address) between `file` and the device.
-    pub fn run(&self, write: bool, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
+    pub fn run(&self, write: bool, file: &Arc<FileKey>, ios: &[Io]) -> Result<()> {
         // A chunk's I/Os mostly share one descriptor: look its handle up once per run.
         let mut cur: Option<(i32, Arc<Handle>)> = None;
         for io in ios {

@@ -9,9 +9,8 @@
 //! until it has ended, also when it failed (`posted::Posted`).
 
 use super::posted::{Posted, Settle};
-use super::Io;
+use super::{FileKey, Io};
 use crate::error::{Error, Result, Status};
-use crate::memory::Layout;
 use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,8 +59,8 @@ pub fn missing() -> Option<String> {
 
 static NEXT_AGENT: AtomicU64 = AtomicU64::new(0);
 
-/// Registered files: layout id -> (the layout, while it lives; its FILE registrations).
-type Files = HashMap<u64, (Weak<Layout>, Vec<(u64, RegistrationHandle)>)>;
+/// Registered files: file id -> (the file's key, while it lives; its FILE registrations).
+type Files = HashMap<u64, (Weak<FileKey>, Vec<(u64, RegistrationHandle)>)>;
 
 pub struct Port {
     agent: Agent,
@@ -99,12 +98,12 @@ impl Port {
         Ok(Port { agent, name, opts, files: HashMap::new(), _slots })
     }
 
-    /// Registers `file`'s descriptors that `ios` use, once per layout; forgets layouts
-    /// that are gone first, so a reused descriptor number is never registered twice.
-    fn register(&mut self, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
+    /// Registers `file`'s descriptors that `ios` use, once per file; forgets files that
+    /// are gone first, so a reused descriptor number is never registered twice.
+    fn register(&mut self, file: &Arc<FileKey>, ios: &[Io]) -> Result<()> {
         let (agent, opts) = (&self.agent, &self.opts);
         if !self.files.contains_key(&file.id) {
-            self.files.retain(|_, (layout, _)| layout.strong_count() > 0);
+            self.files.retain(|_, (key, _)| key.strong_count() > 0);
         }
         let (_, regs) = self.files.entry(file.id).or_insert_with(|| (Arc::downgrade(file), Vec::new()));
         for io in ios {
@@ -112,14 +111,14 @@ impl Port {
             if regs.iter().any(|(f, _)| *f == fd) {
                 continue;
             }
-            let span = Span { addr: 0, len: file.placement.base_bytes(), mem: MemType::File, dev: fd };
+            let span = Span { addr: 0, len: file.bytes, mem: MemType::File, dev: fd };
             regs.push((fd, agent.register_memory(&span, Some(opts)).map_err(|e| failed("registering the file", e))?));
         }
         Ok(())
     }
 
     /// Moves every byte of `ios` (all reads or all writes) between `file` and the slots.
-    pub fn run(&mut self, write: bool, file: &Arc<Layout>, ios: &[Io]) -> Result<()> {
+    pub fn run(&mut self, write: bool, file: &Arc<FileKey>, ios: &[Io]) -> Result<()> {
         self.register(file, ios)?;
         let mut local = XferDescList::new(MemType::Dram).map_err(|e| failed("building a transfer", e))?;
         let mut remote = XferDescList::new(MemType::File).map_err(|e| failed("building a transfer", e))?;

@@ -1,15 +1,10 @@
 //! Storage behind a layout: engine-owned or registered (caller-owned) memory on the
 //! device, in pinned or pageable host memory, or a disk file.
 
-pub mod checksum;
-pub mod disk;
-pub mod mapped;
-
 use crate::error::{bail, Result};
 use crate::gpu::Gpu;
 use crate::layout::{Geometry, LayoutKind, Placement};
-use disk::DiskFile;
-use mapped::Mapping;
+use crate::file::{self, checksum, DiskFile, Mapping};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -179,10 +174,10 @@ impl Layout {
         Ok(Layout::new(engine_id, gpu, placement, Storage::Memory { kind: storage, bases: bases.to_vec(), _owned: Vec::new() }))
     }
 
-    /// A disk layout in the file at `path` (`disk::DISK_*` flags).
+    /// A disk layout in the file at `path` (`file::DISK_*` flags).
     pub fn create_disk(engine_id: u64, gpu: &Arc<dyn Gpu>, geom: Geometry, path: &Path, flags: u32) -> Result<Layout> {
-        let mapped = flags & disk::DISK_MAPPED != 0;
-        if mapped && flags & disk::DISK_CHECKSUM != 0 {
+        let mapped = flags & file::DISK_MAPPED != 0;
+        if mapped && flags & file::DISK_CHECKSUM != 0 {
             bail!(
                 InvalidArg,
                 "KVX_DISK_MAPPED and KVX_DISK_CHECKSUM together: a mapped file's bytes go straight between its pages and the device, so nothing on the host could verify them; drop one"
@@ -193,9 +188,9 @@ impl Layout {
         }
         let mut file = DiskFile::open(path, flags)?;
         let placement = Placement::disk(geom, file.align());
-        let create = flags & disk::DISK_CREATE != 0;
+        let create = flags & file::DISK_CREATE != 0;
         file.prepare(placement.base_bytes(), create)?;
-        if flags & disk::DISK_CHECKSUM != 0 {
+        if flags & file::DISK_CHECKSUM != 0 {
             file.checksum = Some(checksum::Sidecar::open(path, &geom, create)?);
         }
         // The probe may have fallen back to buffered I/O with the default alignment;

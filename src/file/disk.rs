@@ -1,10 +1,13 @@
 //! Disk storage: one file per layout, opened with `O_DIRECT` unless asked otherwise or
 //! refused by the filesystem, plus a buffered descriptor for the few writes that cannot
-//! be aligned (a layer range whose regions are not multiples of the alignment).
+//! be aligned (a layer range whose regions are not multiples of the alignment), and the
+//! moves of a chunk's extents between the file and slot memory on an I/O port.
 
 use crate::error::{bail, Error, Result};
-use crate::io::posix;
 use crate::host::{map_anonymous, unmap};
+use crate::io::{posix, Extent, FileKey, Io, Port};
+use crate::layout::Placement;
+use std::sync::Arc;
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
@@ -33,6 +36,8 @@ pub struct DiskFile {
     pub sync: bool,
     /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
     pub checksum: Option<super::checksum::Sidecar>,
+    /// This file's identity for the ports that register files (sized in `prepare`).
+    key: Arc<FileKey>,
 }
 
 fn open_raw(path: &CString, flags: libc::c_int) -> std::io::Result<File> {
@@ -94,6 +99,7 @@ impl DiskFile {
             remove_on_drop: create && flags & DISK_KEEP == 0,
             sync: flags & DISK_SYNC != 0,
             checksum: None,
+            key: FileKey::new(0),
         })
     }
 
@@ -101,6 +107,7 @@ impl DiskFile {
     /// existing one is large enough; then proves that direct I/O really works here.
     pub fn prepare(&mut self, bytes: u64, create: bool) -> Result<()> {
         use std::os::fd::AsRawFd;
+        self.key = FileKey::new(bytes);
         let shown = self.path.display();
         if create {
             let fd = self.buffered.as_raw_fd();
@@ -171,6 +178,57 @@ impl DiskFile {
             self.aligned_fd()
         } else {
             self.buffered_fd()
+        }
+    }
+
+    /// This file's identity for the ports that register files (NIXL, cuFile).
+    pub fn key(&self) -> &Arc<FileKey> {
+        &self.key
+    }
+
+    /// `extents` as I/Os, each on the descriptor its alignment allows.
+    fn ios(&self, extents: &[Extent]) -> Vec<Io> {
+        use std::os::fd::AsRawFd;
+        extents.iter().map(|e| Io { fd: self.fd_for(e.aligned).as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }).collect()
+    }
+
+    /// A failure of an I/O on this file, naming it.
+    pub(super) fn in_file(&self, err: Error) -> Error {
+        Error::new(err.status, format!("{}: {}", self.path.display(), err.message))
+    }
+
+    /// Moves `extents` between this file and slot memory on `port`.
+    ///
+    /// # Safety
+    /// The extents must lie in slot memory the caller owns.
+    pub(super) unsafe fn move_extents(&self, port: &mut Port, write: bool, extents: &[Extent]) -> Result<()> {
+        port.run(write, &self.key, &self.ios(extents)).map_err(|e| self.in_file(e))
+    }
+
+    /// Reads `extents` into slot memory on `port`; a checksummed file checks every
+    /// region it returns against its checksum and its block's seal.
+    ///
+    /// # Safety
+    /// The extents must lie in slot memory the caller owns; `pl` is this file's placement.
+    pub unsafe fn read_extents(&self, port: &mut Port, pl: &Placement, extents: &[Extent]) -> Result<()> {
+        match &self.checksum {
+            None => self.move_extents(port, false, extents),
+            Some(sums) => sums.read_verified(self, port, pl, extents),
+        }
+    }
+
+    /// Writes `extents` from slot memory on `port`, zeroing the block padding that
+    /// aligned writes carry; a checksummed file stores each region's checksum after it.
+    ///
+    /// # Safety
+    /// As for `read_extents`; the padding after each extent's data is the caller's too.
+    pub unsafe fn write_extents(&self, port: &mut Port, pl: &Placement, extents: &[Extent]) -> Result<()> {
+        for e in extents.iter().filter(|e| e.zero_tail > 0) {
+            std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize);
+        }
+        match &self.checksum {
+            None => self.move_extents(port, true, extents),
+            Some(sums) => sums.write_hashed(self, port, pl, extents),
         }
     }
 
