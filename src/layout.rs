@@ -182,12 +182,52 @@ impl Placement {
     }
 }
 
+/// A span of bytes with a start on each of its sides (source and destination, file and
+/// slot …) that grows by a neighbour contiguous on every side: regions into segments,
+/// copies into runs, extents into I/Os all merge through `push_run`.
+pub trait Run {
+    /// Appends `next` to `self` if it continues `self` on every side; whether it did.
+    fn absorb(&mut self, next: &Self) -> bool;
+}
+
+/// Pushes `next` onto `runs`, merged into the last run when it continues it.
+pub fn push_run<R: Run>(runs: &mut Vec<R>, next: R) {
+    if !runs.last_mut().is_some_and(|last| last.absorb(&next)) {
+        runs.push(next);
+    }
+}
+
+/// (start on one side, start on the other, length).
+impl Run for (u64, u64, u64) {
+    fn absorb(&mut self, next: &Self) -> bool {
+        let ok = self.0 + self.2 == next.0 && self.1 + self.2 == next.1;
+        if ok {
+            self.2 += next.2;
+        }
+        ok
+    }
+}
+
 /// One coalesced copy: `len` bytes from `src` to `dst`, contiguous on both sides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     pub src: Loc,
     pub dst: Loc,
     pub len: u64,
+}
+
+/// Contiguous in the same allocations on both sides.
+impl Run for Segment {
+    fn absorb(&mut self, next: &Self) -> bool {
+        let ok = self.src.base == next.src.base
+            && self.dst.base == next.dst.base
+            && self.src.offset + self.len == next.src.offset
+            && self.dst.offset + self.len == next.dst.offset;
+        if ok {
+            self.len += next.len;
+        }
+        ok
+    }
 }
 
 /// The order in which regions are visited: the storage order both layouts share, so
@@ -220,19 +260,7 @@ pub fn segments(src: &Placement, dst: &Placement, pairs: &[(u64, u64)], layers: 
     let r = src.geom.region_bytes;
     let mut out: Vec<Segment> = Vec::new();
     let mut visit = |(sb, db): (u64, u64), layer: u64, o: u64| {
-        let s = src.region(sb, layer, o);
-        let d = dst.region(db, layer, o);
-        if let Some(last) = out.last_mut() {
-            if last.src.base == s.base
-                && last.dst.base == d.base
-                && last.src.offset + last.len == s.offset
-                && last.dst.offset + last.len == d.offset
-            {
-                last.len += r;
-                return;
-            }
-        }
-        out.push(Segment { src: s, dst: d, len: r });
+        push_run(&mut out, Segment { src: src.region(sb, layer, o), dst: dst.region(db, layer, o), len: r });
     };
     match walk_order(src, dst) {
         WalkOrder::BlockLayerOuter => {

@@ -13,7 +13,7 @@
 
 use crate::gpu::{CopyKind, CopyOp};
 use crate::io::{Extent, Io};
-use crate::layout::{align_down, align_up, Loc, Segment};
+use crate::layout::{align_down, align_up, push_run, Loc, Run, Segment};
 use crate::memory::{Layout, StorageKind};
 use std::sync::Arc;
 
@@ -353,12 +353,7 @@ impl Planner {
         // for the alignment it was made with.
         let may_widen = a == self.align;
         let mut runs: Vec<(u64, u64, u64)> = Vec::new();
-        for (off, so, len) in pieces {
-            match runs.last_mut() {
-                Some(r) if r.0 + r.2 == off && r.1 + r.2 == so => r.2 += len,
-                _ => runs.push((off, so, len)),
-            }
-        }
+        pieces.for_each(|p| push_run(&mut runs, p));
         runs.into_iter()
             .map(|(off, so, len)| {
                 let payload = (off, slot + so, len);
@@ -391,19 +386,27 @@ fn region_boundary_at_or_below(pl: &crate::layout::Placement, x: u64) -> u64 {
     b * stride + within.min(bb) / r * r
 }
 
+/// A copy and the allocations (source and destination base) it lies in: copies merge
+/// only within the same ones, since a device copy may not cross an allocation's end.
+struct Keyed(CopyOp, (u32, u32));
+
+impl Run for Keyed {
+    fn absorb(&mut self, next: &Self) -> bool {
+        let (a, b) = (&mut self.0, &next.0);
+        let ok = self.1 == next.1 && a.src + a.len == b.src && a.dst + a.len == b.dst;
+        if ok {
+            a.len += b.len;
+        }
+        ok
+    }
+}
+
 /// Merges copies that are contiguous on both sides and lie in the same allocations
 /// (`key`: source and destination base).
 fn coalesce(ops: impl Iterator<Item = (CopyOp, (u32, u32))>) -> Vec<CopyOp> {
-    let mut out: Vec<CopyOp> = Vec::new();
-    let mut last_key = None;
-    for (op, key) in ops {
-        match out.last_mut() {
-            Some(l) if last_key == Some(key) && l.src + l.len == op.src && l.dst + l.len == op.dst => l.len += op.len,
-            _ => out.push(op),
-        }
-        last_key = Some(key);
-    }
-    out
+    let mut out: Vec<Keyed> = Vec::new();
+    ops.for_each(|(op, key)| push_run(&mut out, Keyed(op, key)));
+    out.into_iter().map(|k| k.0).collect()
 }
 
 #[cfg(test)]
@@ -477,12 +480,7 @@ mod tests {
             let expand = |v: &mut Vec<(u64, u64, u64)>| {
                 v.sort();
                 let mut out: Vec<(u64, u64, u64)> = Vec::new();
-                for &(o, a, l) in v.iter() {
-                    match out.last_mut() {
-                        Some(p) if p.0 + p.2 == o && p.1 + p.2 == a => p.2 += l,
-                        _ => out.push((o, a, l)),
-                    }
-                }
+                v.iter().for_each(|&r| push_run(&mut out, r));
                 out
             };
             assert_eq!(expand(&mut got), expand(&mut want), "write {write}");
