@@ -4,14 +4,13 @@
 mod common;
 use common::cases::{case, run};
 use common::*;
-use kvxfer::engine::{IO_AUTO, IO_GDS, IO_NIXL, IO_POSIX, IO_URING};
-use kvxfer::{Engine, EngineConfig, LayoutKind, Status, StorageKind, TransferOptions};
+use kvxfer::{DiskFlags, Engine, EngineConfig, IoBackend, LayoutKind, Status, StorageKind, TransferOptions};
 
 const FC: LayoutKind = LayoutKind::FullyContiguous;
 
 /// An engine on `backend`, or the refusal (which must be `Unsupported` naming a fallback,
 /// or `NoDevice` when `KVX_TEST_DEVICE` names a GPU this machine lacks).
-fn engine_on(backend: u32) -> Result<Engine, kvxfer::Error> {
+fn engine_on(backend: IoBackend) -> Result<Engine, kvxfer::Error> {
     let r = Engine::new(&EngineConfig {
         device: test_device(),
         io_backend: backend,
@@ -58,7 +57,7 @@ fn moves_the_same_bytes(e: &Engine, what: &str) {
     check(&back, 22, 21, &pairs, 0..2, what);
 
     // A checksummed file verifies on host bytes, whatever the backend.
-    let sum = e.create_disk_layout(&c, &temp_path("sum"), kvxfer::engine::DISK_CREATE | kvxfer::engine::DISK_CHECKSUM).expect("disk layout");
+    let sum = e.create_disk_layout(&c, &temp_path("sum"), DiskFlags::CREATE | DiskFlags::CHECKSUM).expect("disk layout");
     fill(&back, 23);
     assert_eq!(transfer(e, &src, &ids, &sum, &ids, &Default::default()), Status::Ok);
     assert_eq!(transfer(e, &sum, &ids, &back, &ids, &Default::default()), Status::Ok);
@@ -67,22 +66,22 @@ fn moves_the_same_bytes(e: &Engine, what: &str) {
 
 fn main() {
     let refused = |b| engine_on(b).err().map(|e| e.message);
-    let (uring, nixl, gds) = (refused(IO_URING), refused(IO_NIXL), refused(IO_GDS));
+    let (uring, nixl, gds) = (refused(IoBackend::Uring), refused(IoBackend::Nixl), refused(IoBackend::Gds));
     run(vec![
-        case("io_uring_moves_the_same_bytes", || moves(IO_URING, "io_uring")).unless(uring.clone()),
-        case("nixl_moves_the_same_bytes", || moves(IO_NIXL, "NIXL")).unless(nixl.clone()),
-        case("gds_moves_the_same_bytes", || moves(IO_GDS, "cuFile")).unless(gds),
+        case("io_uring_moves_the_same_bytes", || moves(IoBackend::Uring, "io_uring")).unless(uring.clone()),
+        case("nixl_moves_the_same_bytes", || moves(IoBackend::Nixl, "NIXL")).unless(nixl.clone()),
+        case("gds_moves_the_same_bytes", || moves(IoBackend::Gds, "cuFile")).unless(gds),
         case("a_refused_backend_says_why_and_names_the_way_out", a_refused_backend_says_why_and_names_the_way_out),
         case("auto_takes_a_backend_that_works_and_never_an_unproven_one", auto_takes_a_backend_that_works_and_never_an_unproven_one),
         case("an_unknown_backend_is_an_invalid_argument", an_unknown_backend_is_an_invalid_argument),
-        case("posix_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IO_POSIX)),
-        case("io_uring_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IO_URING)).unless(uring),
-        case("nixl_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IO_NIXL)).unless(nixl),
+        case("posix_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IoBackend::Posix)),
+        case("io_uring_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IoBackend::Uring)).unless(uring),
+        case("nixl_reads_a_file_cut_short_as_an_io_error", || a_file_cut_short_is_an_io_error(IoBackend::Nixl)).unless(nixl),
     ])
 }
 
 /// On `backend`, the same bytes as POSIX.
-fn moves(backend: u32, what: &str) {
+fn moves(backend: IoBackend, what: &str) {
     let e = engine_on(backend).expect("the backend worked when the tests were listed");
     assert_eq!(e.io_backend(), backend);
     moves_the_same_bytes(&e, what);
@@ -91,47 +90,57 @@ fn moves(backend: u32, what: &str) {
 /// Each backend refused here: `Unsupported` naming a way out (checked by `engine_on`)
 /// and the reason that applies.
 fn a_refused_backend_says_why_and_names_the_way_out() {
-    if let Err(err) = engine_on(IO_NIXL) {
+    if let Err(err) = engine_on(IoBackend::Nixl) {
         if kvxfer::io::nixl::missing().is_some() {
             assert!(err.message.contains("libnixl_capi.so"), "the refusal names the missing library: {}", err.message);
         }
     }
-    if let Err(err) = engine_on(IO_GDS) {
-        if test_device() < 0 {
+    if let Err(err) = engine_on(IoBackend::Gds) {
+        if test_device() == kvxfer::Device::Emulated {
             assert!(err.message.contains("emulated device"), "{}", err.message);
         }
     }
-    if let Err(err) = engine_on(IO_URING) {
+    if let Err(err) = engine_on(IoBackend::Uring) {
         assert!(err.message.contains("io_uring"), "{}", err.message);
     }
 }
 
 fn auto_takes_a_backend_that_works_and_never_an_unproven_one() {
-    let e = engine_on(IO_AUTO).expect("KVX_IO_AUTO always finds a backend");
+    let e = engine_on(IoBackend::Auto).expect("KVX_IO_AUTO always finds a backend");
     let b = e.io_backend();
-    assert!([IO_POSIX, IO_URING, IO_GDS].contains(&b), "AUTO chose {b}");
+    assert!([IoBackend::Posix, IoBackend::Uring, IoBackend::Gds].contains(&b), "AUTO chose {b:?}");
     // io_uring is taken whenever the kernel allows it; GDS only with nvidia-fs.
-    assert_eq!(b == IO_URING, engine_on(IO_URING).is_ok() && b != IO_GDS);
-    if b == IO_GDS {
+    assert_eq!(b == IoBackend::Uring, engine_on(IoBackend::Uring).is_ok() && b != IoBackend::Gds);
+    if b == IoBackend::Gds {
         assert!(std::path::Path::new("/proc/driver/nvidia-fs/version").exists());
     }
     moves_the_same_bytes(&e, "auto");
 }
 
+/// Backend codes are C's: an unknown one is refused at the ABI, naming the known ones.
 fn an_unknown_backend_is_an_invalid_argument() {
-    let err = Engine::new(&EngineConfig { io_backend: 5, ..Default::default() }).err().expect("refused");
-    assert_eq!(err.status, Status::InvalidArg);
-    assert!(err.message.contains("KVX_IO_"), "{}", err.message);
+    use kvxfer::ffi::{api::kvx_last_error, engine::*, *};
+    unsafe {
+        let mut c = std::mem::zeroed::<kvx_engine_config>();
+        kvx_engine_config_init(&mut c);
+        c.device = KVX_DEVICE_EMULATED;
+        c.io_backend = KVX_IO_GDS + 1;
+        let mut out = std::ptr::null_mut();
+        assert_eq!(kvx_engine_create(&c, &mut out), KVX_ERR_INVALID_ARG);
+        assert!(out.is_null());
+        let msg = std::ffi::CStr::from_ptr(kvx_last_error()).to_string_lossy().into_owned();
+        assert!(msg.contains("KVX_IO_"), "{msg}");
+    }
 }
 
 /// A file cut short under a layout: the read fails with `KVX_ERR_IO` on `backend` —
 /// never old slot bytes served as the block.
-fn a_file_cut_short_is_an_io_error(backend: u32) {
+fn a_file_cut_short_is_an_io_error(backend: IoBackend) {
     let e = engine_on(backend).expect("the backend worked when the tests were listed");
     let c = cfg(4, 2, 2, 16, 64, 2);
     let ids: Vec<u64> = (0..4).collect();
     let path = temp_path("cut");
-    let disk = e.create_disk_layout(&c, &path, kvxfer::engine::DISK_CREATE).expect("disk layout");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
     let host = make_layout(&e, &c, FC, StorageKind::Host);
     fill(&host, 5);
     assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
@@ -139,5 +148,5 @@ fn a_file_cut_short_is_an_io_error(backend: u32) {
     let back = make_layout(&e, &c, FC, StorageKind::Host);
     let r = e.submit(&disk, &ids, &back, &ids, &Default::default()).expect("submit");
     let status = r.wait(Some(std::time::Duration::from_secs(60)));
-    assert_eq!(status, Status::Io, "backend {backend}: {}", r.error_message().to_string_lossy());
+    assert_eq!(status, Status::Io, "backend {backend:?}: {}", r.error_message().to_string_lossy());
 }

@@ -10,8 +10,11 @@ use kvxfer::gpu::cuda::driver::sys;
 use kvxfer::{Engine, EngineConfig, LayoutKind, Status, StorageKind, TransferOptions};
 
 fn gpu_config() -> EngineConfig {
-    let dev = std::env::var("KVX_TEST_DEVICE").ok().and_then(|v| v.parse().ok()).filter(|d: &i32| *d >= 0).unwrap_or(0);
-    EngineConfig { device: dev, ..Default::default() }
+    let device = match test_device() {
+        kvxfer::Device::Emulated => kvxfer::Device::Cuda(0),
+        d => d,
+    };
+    EngineConfig { device, ..Default::default() }
 }
 
 /// An engine on the CUDA device of `KVX_TEST_DEVICE` (default 0).
@@ -181,7 +184,7 @@ fn an_offload_waits_for_the_callers_event() {
 }
 
 fn wait_event_on_the_emulated_device_is_refused() {
-    let e = engine_with(|c| c.device = kvxfer::gpu::DEVICE_EMULATED);
+    let e = engine_with(|c| c.device = kvxfer::Device::Emulated);
     let c = cfg(2, 1, 1, 1, 16, 1);
     let a = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Device);
     let b = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
@@ -192,9 +195,9 @@ fn wait_event_on_the_emulated_device_is_refused() {
 }
 
 fn a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back() {
-    let err = kvxfer::Engine::new(&kvxfer::EngineConfig { device: 0, ..Default::default() }).err().expect("no GPU here");
+    let err = kvxfer::Engine::new(&kvxfer::EngineConfig { device: kvxfer::Device::Cuda(0), ..Default::default() }).err().expect("no GPU here");
     assert_eq!(err.status, Status::NoDevice);
     assert!(err.message.contains("KVX_DEVICE_EMULATED"), "{}", err.message);
-    let auto = engine_with(|c| c.device = kvxfer::gpu::DEVICE_AUTO);
-    assert_eq!(auto.device(), -1, "KVX_DEVICE_AUTO runs on the emulated device without a driver");
+    let auto = engine_with(|c| c.device = kvxfer::Device::Auto);
+    assert_eq!(auto.device(), kvxfer::Device::Emulated, "Device::Auto runs on the emulated device without a driver");
 }

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use kvxfer::fault::{self, Fault, Site};
-use kvxfer::{Engine, Layout, LayoutKind, Status, StorageKind};
+use kvxfer::{Engine, IoBackend, Layout, LayoutKind, Status, StorageKind};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -52,16 +52,16 @@ fn setup() -> Setup {
     // Faults are injected at the pread/pwrite and io_uring calls; NIXL and cuFile make
     // their own, so under those the walk runs on POSIX (and says so).
     let backend = match test_io_backend() {
-        b @ (kvxfer::engine::IO_POSIX | kvxfer::engine::IO_URING) => b,
+        b @ (IoBackend::Posix | IoBackend::Uring) => b,
         _ => {
             let _ = writeln!(std::io::stderr(), "faults: KVX_TEST_IO_BACKEND has no injection points; walking the POSIX path");
-            kvxfer::engine::IO_POSIX
+            IoBackend::Posix
         }
     };
     let e = engine_with(|c| {
         // Device copies can be made to fail on the emulated device only, so these tests
         // run there even where KVX_TEST_DEVICE names a GPU.
-        c.device = kvxfer::gpu::DEVICE_EMULATED;
+        c.device = kvxfer::Device::Emulated;
         c.io_threads = 2;
         c.io_backend = backend;
     });

@@ -4,9 +4,8 @@
 
 mod common;
 use common::*;
-use kvxfer::engine::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_SYNC};
 use kvxfer::fault::{self, Fault, Site};
-use kvxfer::{LayoutKind, Status, StorageKind};
+use kvxfer::{DiskFlags, LayoutKind, Status, StorageKind};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +31,7 @@ fn checksummed_round_trips_are_exact_with_layer_ranges_and_odd_regions() {
     let e = engine();
     for c in [cfg(8, 4, 2, 16, 128, 2), cfg(8, 5, 2, 3, 7, 2)] {
         let path = temp_path("sum");
-        let disk = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_CHECKSUM).unwrap();
+        let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::CHECKSUM).unwrap();
         let src = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
         let back = make_layout(&e, &c, FC, StorageKind::Host);
         fill(&src, 1);
@@ -53,20 +52,20 @@ fn checksummed_round_trips_are_exact_with_layer_ranges_and_odd_regions() {
 }
 
 /// Both ways a read is hashed: page-cache reads piece by piece as they arrive
-/// (`DISK_BUFFERED`), direct-I/O reads after the disk's DMA (where the file system has it).
+/// (`DiskFlags::BUFFERED`), direct-I/O reads after the disk's DMA (where the file system has it).
 #[test]
 fn corrupted_torn_and_unwritten_blocks_are_integrity_errors_naming_the_block() {
     let _serial = serial();
     let e = engine();
-    for buffered in [0, DISK_BUFFERED] {
+    for buffered in [DiskFlags::NONE, DiskFlags::BUFFERED] {
         corrupted_torn_and_unwritten(&e, buffered);
     }
 }
 
-fn corrupted_torn_and_unwritten(e: &kvxfer::Engine, buffered: u32) {
+fn corrupted_torn_and_unwritten(e: &kvxfer::Engine, buffered: DiskFlags) {
     let c = cfg(6, 3, 2, 16, 128, 2); // 8 KiB regions, 48 KiB blocks
     let path = temp_path("corrupt");
-    let disk = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_CHECKSUM | buffered).unwrap();
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::CHECKSUM | buffered).unwrap();
     let dev = make_layout(e, &c, FC, StorageKind::Device);
     fill(&dev, 5);
     // Never written at all.
@@ -103,25 +102,25 @@ fn the_sidecar_must_match() {
     let e = engine();
     let c = cfg(4, 2, 2, 8, 64, 2);
     let path = temp_path("sidecar");
-    drop(e.create_disk_layout(&c, &path, DISK_CREATE | DISK_KEEP).unwrap());
-    let err = e.create_disk_layout(&c, &path, DISK_CHECKSUM).unwrap_err();
+    drop(e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::KEEP).unwrap());
+    let err = e.create_disk_layout(&c, &path, DiskFlags::CHECKSUM).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg);
     assert!(err.message.contains("KVX_DISK_CHECKSUM"), "{}", err.message);
-    drop(e.create_disk_layout(&c, &path, DISK_CREATE | DISK_KEEP | DISK_CHECKSUM).unwrap());
+    drop(e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::CHECKSUM).unwrap());
     // Same file size (4 KiB blocks), other layer count and region size.
-    let err = e.create_disk_layout(&cfg(4, 1, 2, 16, 64, 2), &path, DISK_CHECKSUM).unwrap_err();
+    let err = e.create_disk_layout(&cfg(4, 1, 2, 16, 64, 2), &path, DiskFlags::CHECKSUM).unwrap_err();
     assert!(err.message.contains("another geometry"), "{}", err.message);
-    assert!(e.create_disk_layout(&c, &path, DISK_CHECKSUM).is_ok());
+    assert!(e.create_disk_layout(&c, &path, DiskFlags::CHECKSUM).is_ok());
     // A sidecar of version 1 (xxh3 region hashes) is refused by name, not misread.
     let sidecar = kvxfer::file::checksum::Sidecar::path_for(&path);
     std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&sidecar).unwrap(), b"KVXSUM01", 0).unwrap();
-    let err = e.create_disk_layout(&c, &path, DISK_CHECKSUM).unwrap_err();
+    let err = e.create_disk_layout(&c, &path, DiskFlags::CHECKSUM).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg);
     assert!(err.message.contains("another version (KVXSUM01)") && err.message.contains("KVX_DISK_CREATE"), "{}", err.message);
     std::fs::remove_file(&path).unwrap();
     std::fs::remove_file(kvxfer::file::checksum::Sidecar::path_for(&path)).unwrap();
     // Regions that do not fit a slot cannot be hashed in one piece.
-    let err = e.create_disk_layout(&cfg(2, 1, 1, 64, 1024, 2), &temp_path("big"), DISK_CREATE | DISK_CHECKSUM).unwrap_err();
+    let err = e.create_disk_layout(&cfg(2, 1, 1, 64, 1024, 2), &temp_path("big"), DiskFlags::CREATE | DiskFlags::CHECKSUM).unwrap_err();
     assert_eq!(err.status, Status::Unsupported, "{}", err.message);
 }
 
@@ -139,7 +138,7 @@ fn geom() -> kvxfer::LayoutConfig {
 fn durability_writer() {
     let path = std::path::PathBuf::from(std::env::var("KVX_WRITER_FILE").expect("run by the durability test"));
     let e = engine();
-    let disk = e.create_disk_layout(&geom(), &path, DISK_SYNC | DISK_CHECKSUM).unwrap();
+    let disk = e.create_disk_layout(&geom(), &path, DiskFlags::SYNC | DiskFlags::CHECKSUM).unwrap();
     let host = make_layout(&e, &geom(), FC, StorageKind::Host);
     let ids: Vec<u64> = (0..16).collect();
     for g in 1u64.. {
@@ -159,7 +158,7 @@ fn sigkill_mid_write_leaves_old_new_or_corrupt_blocks() {
     let host = make_layout(&e, &geom(), FC, StorageKind::Host);
     let ids: Vec<u64> = (0..16).collect();
     {
-        let disk = e.create_disk_layout(&geom(), &path, DISK_CREATE | DISK_KEEP | DISK_CHECKSUM).unwrap();
+        let disk = e.create_disk_layout(&geom(), &path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::CHECKSUM).unwrap();
         fill(&host, 0);
         assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
     }
@@ -184,7 +183,7 @@ fn sigkill_mid_write_leaves_old_new_or_corrupt_blocks() {
         child.wait().unwrap();
         let committed: u64 = std::fs::read_to_string(path.with_extension("gen")).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
         generations.push(committed);
-        let disk = e.create_disk_layout(&geom(), &path, DISK_CHECKSUM).unwrap();
+        let disk = e.create_disk_layout(&geom(), &path, DiskFlags::CHECKSUM).unwrap();
         let g = disk.geometry().region_bytes;
         for b in 0..16 {
             let (s, m) = read_one(&e, &disk, &host, b);

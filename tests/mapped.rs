@@ -5,8 +5,7 @@
 mod common;
 use common::cases::{case, run};
 use common::*;
-use kvxfer::engine::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_MAPPED};
-use kvxfer::{LayoutKind, Status, StorageKind};
+use kvxfer::{DiskFlags, LayoutKind, Status, StorageKind};
 use std::path::PathBuf;
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
@@ -54,9 +53,9 @@ fn a_mapped_file_holds_what_the_same_file_opened_for_io_holds() {
     // Odd regions (3 x 7 x 2 B) so blocks are padded in the file; one geometry with large
     // regions so device copies are large too.
     for c in [cfg(7, 3, 2, 3, 7, 2), cfg(5, 2, 2, 16, 4096, 2)] {
-        let mapped = e.create_disk_layout(&c, &path, DISK_CREATE | DISK_KEEP | DISK_MAPPED).unwrap();
+        let mapped = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::MAPPED).unwrap();
         assert_eq!(mapped.kind(), StorageKind::Pinned, "a mapped file moves as pinned memory");
-        let plain = e.create_disk_layout(&c, &path, DISK_BUFFERED).unwrap();
+        let plain = e.create_disk_layout(&c, &path, DiskFlags::BUFFERED).unwrap();
         let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: true }, StorageKind::Device);
         let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
         let n = c.num_blocks;
@@ -81,7 +80,7 @@ fn a_mapped_file_holds_what_the_same_file_opened_for_io_holds() {
         check(&dev, 4, 3, &same, 1..2, "file -> mapped -> device, layer 1");
 
         // Mapped -> another file through the bounce slots, and back to host memory.
-        let other = e.create_disk_layout(&c, &temp_path("copy"), DISK_CREATE).unwrap();
+        let other = e.create_disk_layout(&c, &temp_path("copy"), DiskFlags::CREATE).unwrap();
         assert_eq!(transfer(&e, &mapped, &src, &other, &src, &Default::default()), Status::Ok);
         fill(&host, 5);
         assert_eq!(transfer(&e, &other, &src, &host, &src, &Default::default()), Status::Ok);
@@ -94,7 +93,7 @@ fn mapped_is_refused_with_checksums() {
     let e = engine();
     let path = tmpfs_path("refused");
     let _rm = Remove(path.clone());
-    let err = e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DISK_CREATE | DISK_MAPPED | DISK_CHECKSUM).unwrap_err();
+    let err = e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DiskFlags::CREATE | DiskFlags::MAPPED | DiskFlags::CHECKSUM).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
     assert!(err.message.contains("KVX_DISK_CHECKSUM"), "{}", err.message);
 }
@@ -102,7 +101,7 @@ fn mapped_is_refused_with_checksums() {
 fn mapped_is_refused_off_tmpfs() {
     let e = engine();
     let path = temp_path("mapped-off-tmpfs");
-    let err = e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DISK_CREATE | DISK_MAPPED).unwrap_err();
+    let err = e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DiskFlags::CREATE | DiskFlags::MAPPED).unwrap_err();
     assert_eq!(err.status, Status::Unsupported, "{}", err.message);
     assert!(err.message.contains("tmpfs") && err.message.contains("drop KVX_DISK_MAPPED"), "{}", err.message);
     assert!(!path.exists(), "a refused layout leaves no file behind");

@@ -133,11 +133,12 @@ pub unsafe fn run(data: &[u8], real: bool) {
                 // Running a transfer costs thread hops: one op in 256 runs it through the C
                 // ABI; the others go through submit's checks only (a dry run).
                 if !real || inp.u8() != 0xEE {
-                    let borrow = |l: *const kvx_layout| std::mem::ManuallyDrop::new(std::sync::Arc::from_raw(l as *const kvxfer::Layout));
-                    let (s, d) = (borrow(src), borrow(dst));
-                    let engine = &*(e as *const kvxfer::Engine);
-                    let opts = kvxfer::TransferOptions { layer_begin: o.layer_begin, layer_end: o.layer_end, flags: o.flags, ..Default::default() };
-                    let _ = engine.check(&s, &sb, &d, &db, &opts);
+                    use kvxfer::ffi::handle::{ArcHandle, Handle};
+                    let (s, d) = (kvx_layout::clone_arc(src, "src").unwrap(), kvx_layout::clone_arc(dst, "dst").unwrap());
+                    let engine = kvx_engine::borrow(e, "engine").unwrap();
+                    if let Ok(opts) = kvxfer::ffi::transfer::options(&o) {
+                        let _ = engine.check(&s, &sb, &d, &db, &opts);
+                    }
                     continue;
                 }
                 let mut r = std::ptr::null_mut();
@@ -176,7 +177,7 @@ pub unsafe fn run(data: &[u8], real: bool) {
                         assert!(out.is_null());
                     }
                 } else if let Ok(c) = kvxfer::ffi::boundary::read_versioned(&ec) {
-                    if let Ok(r) = kvxfer::EngineConfig::from(&c).resolve() {
+                    if let Ok(r) = kvxfer::ffi::convert::engine_config(&c).and_then(|c| c.resolve()) {
                         assert!(r.slot_bytes.is_power_of_two() && r.bounce_bytes % r.slot_bytes == 0 && r.io_threads > 0);
                     }
                 }

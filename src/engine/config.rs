@@ -1,20 +1,38 @@
 //! Engine settings: `EngineConfig` with its defaults and checks, per-submit
 //! `TransferOptions`, and the choice of disk I/O backend.
 
-use super::request::Callback;
+use super::request::OnComplete;
 use crate::error::{bail, Result};
-use crate::gpu::{self, Gpu};
+use crate::gpu::{Device, Gpu};
 use crate::io::gds::Gds;
 use crate::io::uring::Ring;
 use crate::io::{nixl, Port};
 use std::sync::Arc;
 
-/// `KVX_IO_*`: how disk bytes move.
-pub const IO_AUTO: u32 = 0;
-pub const IO_POSIX: u32 = 1;
-pub const IO_URING: u32 = 2;
-pub const IO_NIXL: u32 = 3;
-pub const IO_GDS: u32 = 4;
+/// How disk bytes move (`KVX_IO_*` at the C ABI).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoBackend {
+    /// Probe each and take the fastest that works here.
+    #[default]
+    Auto,
+    Posix,
+    Uring,
+    Nixl,
+    Gds,
+}
+
+impl IoBackend {
+    /// The backend's name, for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoBackend::Auto => "automatic",
+            IoBackend::Posix => "pread/pwrite",
+            IoBackend::Uring => "io_uring",
+            IoBackend::Nixl => "NIXL",
+            IoBackend::Gds => "cuFile",
+        }
+    }
+}
 
 /// 2 MiB slots, 32 of them: measured on an H200 host with a hot file, a 64 MiB ring
 /// beat 128 MiB of 4 MiB slots (44 vs 30-32 GB/s at 12 workers): a slot written by an I/O
@@ -27,29 +45,14 @@ pub const DEFAULT_MAX_INFLIGHT: u32 = 1024;
 pub const MIN_SLOT_BYTES: u64 = 64 << 10;
 
 /// Engine settings; zero means "default" as in `kvx_engine_config`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineConfig {
-    pub device: i32,
+    pub device: Device,
     pub io_threads: u32,
-    pub io_backend: u32,
+    pub io_backend: IoBackend,
     pub bounce_bytes: u64,
     pub slot_bytes: u64,
     pub max_inflight: u32,
-    pub flags: u32,
-}
-
-impl Default for EngineConfig {
-    fn default() -> EngineConfig {
-        EngineConfig {
-            device: gpu::DEVICE_AUTO,
-            io_threads: 0,
-            io_backend: IO_AUTO,
-            bounce_bytes: 0,
-            slot_bytes: 0,
-            max_inflight: 0,
-            flags: 0,
-        }
-    }
 }
 
 /// The I/O thread count when the caller leaves it to us: three quarters of the cores
@@ -66,12 +69,6 @@ impl EngineConfig {
     /// `Engine::new` checks before it starts anything).
     pub fn resolve(&self) -> Result<EngineConfig> {
         let mut c = *self;
-        if c.flags != 0 {
-            bail!(InvalidArg, "engine config: unknown flags {:#x}", c.flags);
-        }
-        if c.io_backend > IO_GDS {
-            bail!(InvalidArg, "engine config: io_backend {} is not a KVX_IO_* value", c.io_backend);
-        }
         if c.io_threads == 0 {
             c.io_threads = default_io_threads();
         }
@@ -101,13 +98,12 @@ impl EngineConfig {
 }
 
 /// Per-submit options, as in `kvx_transfer_options`.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct TransferOptions {
     pub layer_begin: u32,
     /// Exclusive; 0 means all layers.
     pub layer_end: u32,
-    pub flags: u32,
-    pub on_complete: Option<Callback>,
+    pub on_complete: Option<OnComplete>,
     /// A caller `CUevent` (0: none): every device copy of the transfer starts after the
     /// work it marks as of submit.
     pub wait_event: u64,
@@ -116,20 +112,10 @@ pub struct TransferOptions {
 /// Queue depth of each I/O worker's io_uring: a chunk's extents are submitted at once.
 const URING_DEPTH: u32 = 64;
 
-/// A backend's name, for logs.
-pub(super) fn backend_name(b: u32) -> &'static str {
-    match b {
-        IO_URING => "io_uring",
-        IO_NIXL => "NIXL",
-        IO_GDS => "cuFile",
-        _ => "pread/pwrite",
-    }
-}
-
 /// The disk I/O an engine uses: what `kvx_engine_io_backend` reports, one port per I/O
 /// worker, and cuFile when disk <-> device bytes bypass the bounce slots.
 pub(super) struct IoChoice {
-    pub backend: u32,
+    pub backend: IoBackend,
     pub ports: Vec<Port>,
     pub gds: Option<Arc<Gds>>,
 }
@@ -146,29 +132,29 @@ fn posix_ports(workers: u32) -> Vec<Port> {
 /// here; for `KVX_IO_AUTO`, probes each and takes the fastest that works (see the README's
 /// backend table), logging the choice and why the others were not taken. `slots` is the
 /// bounce ring (address, bytes); the engine's threads have not started.
-pub(super) fn choose_io(asked: u32, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u64, u64)) -> Result<IoChoice> {
+pub(super) fn choose_io(asked: IoBackend, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u64, u64)) -> Result<IoChoice> {
     let choice = |backend, ports, gds| Ok(IoChoice { backend, ports, gds });
     match asked {
-        IO_POSIX => choice(IO_POSIX, posix_ports(workers), None),
-        IO_URING => match uring_ports(workers, slots) {
-            Ok(ports) => choice(IO_URING, ports, None),
+        IoBackend::Posix => choice(IoBackend::Posix, posix_ports(workers), None),
+        IoBackend::Uring => match uring_ports(workers, slots) {
+            Ok(ports) => choice(IoBackend::Uring, ports, None),
             Err(e) => bail!(Unsupported, "KVX_IO_URING: this kernel or its seccomp policy refuses io_uring ({e}); use KVX_IO_POSIX"),
         },
-        IO_NIXL => {
+        IoBackend::Nixl => {
             let ports = (0..workers).map(|_| nixl::Port::new(slots).map(Port::Nixl)).collect::<Result<Vec<_>>>()?;
             log::info!("I/O backend: NIXL POSIX plugin, one agent per I/O worker");
-            choice(IO_NIXL, ports, None)
+            choice(IoBackend::Nixl, ports, None)
         }
-        IO_GDS => {
+        IoBackend::Gds => {
             let gds = Gds::open(gpu, slots)?;
             log::info!("I/O backend: {}; checksummed files and host <-> disk transfers use the bounce slots", gds.mode());
-            choice(IO_GDS, posix_ports(workers), Some(Arc::new(gds)))
+            choice(IoBackend::Gds, posix_ports(workers), Some(Arc::new(gds)))
         }
-        _ => {
+        IoBackend::Auto => {
             let mut not_taken = Vec::new();
             // cuFile only pays when it skips the host: without nvidia-fs it reads through
             // its own bounce buffers, the same two hops as ours, one copy at a time.
-            if gpu.ordinal() < 0 {
+            if gpu.device() == Device::Emulated {
                 not_taken.push("GDS: no CUDA device".to_string());
             } else if !crate::io::gds::nvidia_fs_loaded() {
                 not_taken.push("GDS: no nvidia-fs kernel module, so cuFile would run in compatibility mode (two hops, like the bounce ring)".into());
@@ -176,7 +162,7 @@ pub(super) fn choose_io(asked: u32, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u6
                 match Gds::open(gpu, slots) {
                     Ok(gds) => {
                         log::info!("I/O backend: {} (KVX_IO_AUTO)", gds.mode());
-                        return choice(IO_GDS, posix_ports(workers), Some(Arc::new(gds)));
+                        return choice(IoBackend::Gds, posix_ports(workers), Some(Arc::new(gds)));
                     }
                     Err(e) => not_taken.push(format!("GDS: {}", e.message)),
                 }
@@ -186,13 +172,13 @@ pub(super) fn choose_io(asked: u32, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u6
                 None => "NIXL: found, but its POSIX plugin adds a transfer request per chunk over the same kernel I/O; ask for KVX_IO_NIXL".into(),
             });
             let (backend, ports) = match uring_ports(workers, slots) {
-                Ok(ports) => (IO_URING, ports),
+                Ok(ports) => (IoBackend::Uring, ports),
                 Err(e) => {
                     not_taken.push(format!("io_uring: refused here ({e})"));
-                    (IO_POSIX, posix_ports(workers))
+                    (IoBackend::Posix, posix_ports(workers))
                 }
             };
-            log::info!("I/O backend: {} (KVX_IO_AUTO); not taken: {}", backend_name(backend), not_taken.join("; "));
+            log::info!("I/O backend: {} (KVX_IO_AUTO); not taken: {}", backend.name(), not_taken.join("; "));
             choice(backend, ports, None)
         }
     }

@@ -17,11 +17,12 @@ pub mod stats;
 mod worker;
 
 pub use config::*;
-pub use request::{Callback, CompletionFn, Request};
+pub use request::{OnComplete, Request};
 pub use stats::Stats;
 
 use crate::error::{bail, Error, Result, Status};
-use crate::gpu::{self, Gpu};
+use crate::file::DiskFlags;
+use crate::gpu::{self, Device, Gpu};
 use crate::layout::{LayoutConfig, LayoutKind};
 use crate::memory::{Layout, StorageKind};
 use bounce::BounceRing;
@@ -109,7 +110,8 @@ impl Engine {
         let id = NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed);
         let engine = Engine {
             id,
-            cfg: EngineConfig { io_backend, ..cfg },
+            // What the caller's Auto choices resolved to.
+            cfg: EngineConfig { io_backend, device: gpu.device(), ..cfg },
             gpu: gpu.clone(),
             counters,
             ring: ring.clone(),
@@ -137,23 +139,24 @@ impl Engine {
             "engine {id}: {}, {} I/O threads ({}), {} bounce slots of {} KiB",
             gpu.describe(),
             cfg.io_threads,
-            config::backend_name(io_backend),
+            io_backend.name(),
             slots,
             cfg.slot_bytes >> 10
         );
         Ok(engine)
     }
 
-    /// The resolved device: a CUDA ordinal, or -1 for the emulated device.
-    pub fn device(&self) -> i32 {
-        self.gpu.ordinal()
+    /// The resolved device: a CUDA ordinal or the emulated device, never `Auto`.
+    pub fn device(&self) -> Device {
+        self.cfg.device
     }
 
-    /// The disk I/O backend in use: `IO_POSIX`, `IO_URING`, `IO_NIXL` or `IO_GDS`.
-    pub fn io_backend(&self) -> u32 {
+    /// The disk I/O backend in use, never `Auto`.
+    pub fn io_backend(&self) -> IoBackend {
         self.cfg.io_backend
     }
 
+    /// The settings the engine runs with: defaults filled in, `Auto` choices resolved.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
@@ -177,7 +180,7 @@ impl Engine {
         Ok(Arc::new(Layout::register_memory(self.id, &self.gpu, kind, geom, storage, bases)?))
     }
 
-    pub fn create_disk_layout(&self, cfg: &LayoutConfig, path: &Path, flags: u32) -> Result<Arc<Layout>> {
+    pub fn create_disk_layout(&self, cfg: &LayoutConfig, path: &Path, flags: DiskFlags) -> Result<Arc<Layout>> {
         let geom = cfg.validate()?;
         let layout = Layout::create_disk(self.id, &self.gpu, geom, path, flags)?;
         let align = layout.disk().map_or(0, |f| f.align());
@@ -186,7 +189,7 @@ impl Engine {
         }
         // Checksums are computed per region inside one slot, so a region must fit in one.
         let region = layout.geometry().region_bytes;
-        if flags & DISK_CHECKSUM != 0 && region + 2 * align > self.cfg.slot_bytes {
+        if flags.contains(DiskFlags::CHECKSUM) && region + 2 * align > self.cfg.slot_bytes {
             bail!(
                 Unsupported,
                 "KVX_DISK_CHECKSUM hashes whole {region}-byte regions inside one bounce slot; raise slot_bytes above {}",
@@ -210,8 +213,7 @@ impl Engine {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(transfer, self.counters.clone(), opts.on_complete));
-        req.c_handle.store(Arc::as_ptr(&req) as u64, Ordering::Release);
+        let req = Arc::new(Request::new(transfer, self.counters.clone(), opts.on_complete.clone()));
         let intake = self.intake.lock().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -245,9 +247,6 @@ impl Engine {
         }
         if src_blocks.len() != dst_blocks.len() {
             bail!(InvalidArg, "{} source blocks but {} destination blocks", src_blocks.len(), dst_blocks.len());
-        }
-        if opts.flags != 0 {
-            bail!(InvalidArg, "unknown transfer flags {:#x}", opts.flags);
         }
         let (sg, dg) = (src.geometry(), dst.geometry());
         if !sg.same_block_shape(dg) {
@@ -347,4 +346,3 @@ impl Drop for Engine {
     }
 }
 
-pub use crate::file::{DISK_BUFFERED, DISK_CHECKSUM, DISK_CREATE, DISK_KEEP, DISK_MAPPED, DISK_SYNC};

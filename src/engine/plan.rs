@@ -442,13 +442,13 @@ mod tests {
     /// the O_DIRECT descriptor; a checksummed file still goes through the slots.
     #[test]
     fn gds_chunks_map_every_file_byte_to_its_device_byte() {
-        use crate::file::{DISK_CHECKSUM, DISK_CREATE};
+        use crate::file::DiskFlags;
         let gpu: Arc<dyn Gpu> = Arc::new(Emulated::default());
         let cfg = LayoutConfig { num_blocks: 6, num_layers: 3, outer_dim: 2, page_size: 16, inner_dim: 64, dtype_bytes: 2 };
         let g = cfg.validate().unwrap();
         let dir = std::env::temp_dir();
         let path = dir.join(format!("kvx-plan-gds-{}", std::process::id()));
-        let disk = Arc::new(Layout::create_disk(1, &gpu, g, &path, DISK_CREATE).unwrap());
+        let disk = Arc::new(Layout::create_disk(1, &gpu, g, &path, DiskFlags::CREATE).unwrap());
         let dev = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
         let pairs: Vec<(u64, u64)> = (0..6).map(|b| (b, 5 - b)).collect();
         for (src, dst) in [(disk.clone(), dev.clone()), (dev.clone(), disk.clone())] {
@@ -487,7 +487,7 @@ mod tests {
         }
         // A checksummed file: two stages through a slot.
         let sum_path = dir.join(format!("kvx-plan-gds-sum-{}", std::process::id()));
-        let sum = Arc::new(Layout::create_disk(1, &gpu, g, &sum_path, DISK_CREATE | DISK_CHECKSUM).unwrap());
+        let sum = Arc::new(Layout::create_disk(1, &gpu, g, &sum_path, DiskFlags::CREATE | DiskFlags::CHECKSUM).unwrap());
         let segs = segments(&sum.placement, &dev.placement, &pairs, 0..3);
         let mut planner = Planner::new(sum, dev, segs, 64 << 10, None, true);
         assert!(matches!(planner.next_chunk(0), Some([Some(Op::ReadDisk { .. }), Some(Op::DeviceCopy { .. })])));

@@ -9,24 +9,16 @@ use super::stats::Counters;
 use crate::error::{Error, Status};
 use crate::gpu::Gpu;
 use crate::memory::Layout;
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// C completion callback: `(user_data, request, status)`.
-pub type CompletionFn = unsafe extern "C" fn(*mut c_void, *mut c_void, u32);
-
-/// The callback and its `user_data`, sent to kvxfer's threads as the caller asked.
-#[derive(Clone, Copy)]
-pub struct Callback {
-    pub func: CompletionFn,
-    pub user_data: *mut c_void,
-}
-// SAFETY: the C contract says the callback runs on kvxfer's threads with this user_data.
-unsafe impl Send for Callback {}
-unsafe impl Sync for Callback {}
+/// Runs once on one of the engine's threads when the request completes, with its final
+/// status, before `wait` and `poll` report it. Shared, so one callback can serve many
+/// submits (the options are reused).
+pub type OnComplete = Arc<dyn Fn(&Request, Status) + Send + Sync>;
 
 /// What a request moves; owned by the request until it completes.
 pub struct Transfer {
@@ -73,9 +65,7 @@ const CLAIMED: u8 = 1;
 pub struct Request {
     transfer: Mutex<Option<Transfer>>,
     counters: Arc<Counters>,
-    callback: Option<Callback>,
-    /// The pointer handed to C for this request (set by the FFI layer), passed to the callback.
-    pub(crate) c_handle: AtomicU64,
+    on_complete: Mutex<Option<OnComplete>>,
     phase: AtomicU8,
     outstanding: AtomicU64,
     cancelled: AtomicBool,
@@ -87,12 +77,11 @@ pub struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(transfer: Transfer, counters: Arc<Counters>, callback: Option<Callback>) -> Request {
+    pub(crate) fn new(transfer: Transfer, counters: Arc<Counters>, on_complete: Option<OnComplete>) -> Request {
         Request {
             transfer: Mutex::new(Some(transfer)),
             counters,
-            callback,
-            c_handle: AtomicU64::new(0),
+            on_complete: Mutex::new(on_complete),
             phase: AtomicU8::new(QUEUED),
             outstanding: AtomicU64::new(1),
             cancelled: AtomicBool::new(false),
@@ -185,11 +174,12 @@ impl Request {
         self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
         // The callback runs before wait/poll report completion, so a caller that waited
         // knows its callback has returned.
-        if let Some(cb) = self.callback {
-            let handle = self.c_handle.load(Ordering::Acquire) as *mut c_void;
-            // SAFETY: the caller registered this function for this purpose; a panic cannot
-            // unwind out of an extern "C" fn, and we hold a reference so `handle` stays valid.
-            unsafe { (cb.func)(cb.user_data, handle, status.code()) };
+        if let Some(f) = self.on_complete.lock().unwrap().take() {
+            // A panicking callback must not take the engine's thread (and every request
+            // after this one) with it.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self, status))).is_err() {
+                log::error!("a completion callback panicked; the request's status stands and the engine goes on");
+            }
         }
         *self.final_status.lock().unwrap() = Some(status);
         self.done.notify_all();

@@ -2,7 +2,9 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::engine::{Engine, EngineConfig};
+use super::convert;
+use super::handle::{BoxHandle, Handle};
+use crate::engine::Engine;
 
 impl Versioned for kvx_engine_config {
     const NAME: &'static str = "kvx_engine_config";
@@ -43,41 +45,12 @@ impl Versioned for kvx_stats {
     }
 }
 
-impl From<&kvx_engine_config> for EngineConfig {
-    fn from(c: &kvx_engine_config) -> EngineConfig {
-        EngineConfig {
-            device: c.device,
-            io_threads: c.io_threads,
-            io_backend: c.io_backend,
-            bounce_bytes: c.bounce_bytes,
-            slot_bytes: c.slot_bytes,
-            max_inflight: c.max_inflight,
-            flags: c.flags,
-        }
-    }
-}
-
-impl From<&EngineConfig> for kvx_engine_config {
-    fn from(c: &EngineConfig) -> kvx_engine_config {
-        kvx_engine_config {
-            struct_size: std::mem::size_of::<kvx_engine_config>() as u32,
-            device: c.device,
-            io_threads: c.io_threads,
-            io_backend: c.io_backend,
-            bounce_bytes: c.bounce_bytes,
-            slot_bytes: c.slot_bytes,
-            max_inflight: c.max_inflight,
-            flags: c.flags,
-        }
-    }
-}
-
 /// The engine behind a handle.
 ///
 /// # Safety
 /// A non-NULL `e` must come from `kvx_engine_create` and not be destroyed.
 pub(crate) unsafe fn engine<'a>(e: *const kvx_engine) -> crate::error::Result<&'a Engine> {
-    non_null(e as *const Engine, "engine")
+    kvx_engine::borrow(e, "engine")
 }
 
 /// Fills `cfg` with `struct_size` and the defaults (automatic device, default sizes).
@@ -99,10 +72,10 @@ pub unsafe extern "C" fn kvx_engine_create(cfg: *const kvx_engine_config, out: *
             let out = Out::new(out, "out")?;
             let c = if cfg.is_null() { kvx_engine_config::defaults() } else { read_versioned(cfg)? };
             super::logger::ensure_installed();
-            let engine = Engine::new(&EngineConfig::from(&c))?;
+            let engine = Engine::new(&convert::engine_config(&c)?)?;
             Ok((out, engine))
         },
-        |(out, engine)| out.write(Box::into_raw(Box::new(engine)) as *mut kvx_engine),
+        |(out, engine)| out.write(kvx_engine::into_c(engine)),
     )
 }
 
@@ -114,14 +87,14 @@ pub unsafe extern "C" fn kvx_engine_create(cfg: *const kvx_engine_config, out: *
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_destroy(e: *mut kvx_engine) {
     if !e.is_null() {
-        infallible((), || drop(Box::from_raw(e as *mut Engine)));
+        infallible((), || kvx_engine::free(e));
     }
 }
 
 /// The device the engine resolved: a CUDA ordinal, or -1 for the emulated device.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_device(e: *const kvx_engine, device_out: *mut i32) -> kvx_status {
-    guard(|| Ok((Out::new(device_out, "device_out")?, engine(e)?.device())), |(o, d)| o.write(d))
+    guard(|| Ok((Out::new(device_out, "device_out")?, convert::device_code(engine(e)?.device()))), |(o, d)| o.write(d))
 }
 
 /// ABI 1.1. The disk I/O backend the engine uses: `KVX_IO_POSIX`, `KVX_IO_URING`,
@@ -129,7 +102,7 @@ pub unsafe extern "C" fn kvx_engine_device(e: *const kvx_engine, device_out: *mu
 /// which and why the others were not taken).
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_io_backend(e: *const kvx_engine, backend_out: *mut u32) -> kvx_status {
-    guard(|| Ok((Out::new(backend_out, "backend_out")?, engine(e)?.io_backend())), |(o, b)| o.write(b))
+    guard(|| Ok((Out::new(backend_out, "backend_out")?, convert::io_backend_code(engine(e)?.io_backend()))), |(o, b)| o.write(b))
 }
 
 /// ABI 1.1. The settings the engine runs with, defaults filled in and `io_backend`
@@ -138,10 +111,7 @@ pub unsafe extern "C" fn kvx_engine_io_backend(e: *const kvx_engine, backend_out
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_config_get(e: *const kvx_engine, out: *mut kvx_engine_config) -> kvx_status {
     status(|| {
-        let e = engine(e)?;
-        // The resolved device, not the AUTO the caller may have asked for.
-        let c = EngineConfig { device: e.device(), ..*e.config() };
-        write_versioned(out, kvx_engine_config::from(&c))
+        write_versioned(out, convert::engine_config_c(engine(e)?.config()))
     })
 }
 

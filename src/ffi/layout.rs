@@ -6,7 +6,9 @@ use super::engine::engine;
 use super::types::*;
 use crate::error::{bail, Error, Result, Status};
 use crate::layout::{LayoutConfig, LayoutKind};
-use crate::memory::{Layout, StorageKind, HOST_PINNED};
+use super::convert;
+use super::handle::ArcHandle;
+use crate::memory::{Layout, StorageKind};
 use std::ffi::{c_char, c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -34,12 +36,7 @@ impl Versioned for kvx_layout_config {
 /// # Safety
 /// A non-NULL `l` must come from a `kvx_layout_*` constructor and not be destroyed.
 pub(crate) unsafe fn layout(l: *const kvx_layout, name: &str) -> Result<Arc<Layout>> {
-    if l.is_null() {
-        return Err(null(name));
-    }
-    // A handle is `Arc::into_raw`: look at it as an Arc without giving up the caller's count.
-    let handle = std::mem::ManuallyDrop::new(Arc::from_raw(l as *const Layout));
-    Ok(Arc::clone(&handle))
+    kvx_layout::clone_arc(l, name)
 }
 
 unsafe fn read_config(c: *const kvx_layout_config) -> Result<(LayoutConfig, LayoutKind)> {
@@ -61,15 +58,8 @@ unsafe fn read_config(c: *const kvx_layout_config) -> Result<(LayoutConfig, Layo
     Ok((cfg, kind))
 }
 
-fn host_storage(flags: u32) -> Result<StorageKind> {
-    if flags & !HOST_PINNED != 0 {
-        bail!(InvalidArg, "unknown host flags {:#x}; the only one is KVX_HOST_PINNED", flags & !HOST_PINNED);
-    }
-    Ok(if flags & HOST_PINNED != 0 { StorageKind::Pinned } else { StorageKind::Host })
-}
-
 fn publish(out: Out<*mut kvx_layout>, l: Arc<Layout>) {
-    out.write(Arc::into_raw(l) as *mut kvx_layout)
+    out.write(kvx_layout::into_c(l))
 }
 
 /// Fills `cfg` with `struct_size`, kind `KVX_LAYOUT_FULLY_CONTIGUOUS` and zero dimensions
@@ -108,7 +98,7 @@ pub unsafe extern "C" fn kvx_layout_create_host(
         || {
             let out = Out::new(out, "out")?;
             let (cfg, kind) = read_config(c)?;
-            let storage = host_storage(flags)?;
+            let storage = convert::host_storage(flags)?;
             Ok((out, engine(e)?.create_layout(&cfg, kind, storage)?))
         },
         |(o, l)| publish(o, l),
@@ -137,7 +127,7 @@ pub unsafe extern "C" fn kvx_layout_create_disk(
                 bail!(InvalidArg, "path is empty");
             }
             let p = Path::new(OsStr::from_bytes(bytes));
-            Ok((out, engine(e)?.create_disk_layout(&cfg, p, flags)?))
+            Ok((out, engine(e)?.create_disk_layout(&cfg, p, convert::disk_flags(flags)?)?))
         },
         |(o, l)| publish(o, l),
     )
@@ -180,7 +170,7 @@ pub unsafe extern "C" fn kvx_layout_register_host(
         || {
             let out = Out::new(out, "out")?;
             let (cfg, kind) = read_config(c)?;
-            let storage = host_storage(flags)?;
+            let storage = convert::host_storage(flags)?;
             let bases: Vec<u64> = slice(bases, num_bases, "bases")?.iter().map(|p| *p as u64).collect();
             Ok((out, engine(e)?.register_layout(&cfg, kind, storage, &bases)?))
         },
@@ -222,6 +212,6 @@ pub unsafe extern "C" fn kvx_layout_base(l: *const kvx_layout, layer: u64, addr_
 #[no_mangle]
 pub unsafe extern "C" fn kvx_layout_destroy(l: *mut kvx_layout) {
     if !l.is_null() {
-        infallible((), || drop(Arc::from_raw(l as *const Layout)));
+        infallible((), || kvx_layout::free(l));
     }
 }

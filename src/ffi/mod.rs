@@ -11,7 +11,9 @@
 
 pub mod api;
 pub mod boundary;
+pub mod convert;
 pub mod engine;
+pub mod handle;
 pub mod layout;
 pub mod logger;
 pub mod transfer;

@@ -4,9 +4,10 @@
 use super::boundary::*;
 use super::engine::engine;
 use super::layout::layout;
+use super::handle::{ArcHandle, Handle};
 use super::types::*;
-use crate::engine::{Callback, CompletionFn, Request, TransferOptions};
-use crate::error::Status;
+use crate::engine::{Request, TransferOptions};
+use crate::error::{bail, Result, Status};
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +28,43 @@ impl Versioned for kvx_transfer_options {
     }
 }
 
+/// The C callback and its `user_data`, carried to the engine's threads.
+struct CCallback {
+    func: unsafe extern "C" fn(*mut c_void, *mut kvx_request, kvx_status),
+    user_data: *mut c_void,
+}
+// SAFETY: the C contract says the callback runs on kvxfer's threads with this user_data.
+unsafe impl Send for CCallback {}
+unsafe impl Sync for CCallback {}
+
+impl CCallback {
+    fn call(&self, r: &Request, s: Status) {
+        // SAFETY: the caller registered this function for this purpose; the engine holds
+        // a reference while it runs, so the handle stays valid.
+        unsafe { (self.func)(self.user_data, kvx_request::of(r), s.code()) }
+    }
+}
+
+/// A caller's transfer options as the engine's: the C callback becomes a completion
+/// closure that hands the callback the request's handle (the `Arc`'s pointer, what
+/// `kvx_transfer_submit` returned).
+pub fn options(o: &kvx_transfer_options) -> Result<TransferOptions> {
+    if o.flags != 0 {
+        bail!(InvalidArg, "unknown transfer flags {:#x}; none are defined, pass 0", o.flags);
+    }
+    let on_complete = o.on_complete.map(|func| {
+        let cb = CCallback { func, user_data: o.user_data };
+        Arc::new(move |r: &Request, s: Status| cb.call(r, s)) as crate::engine::OnComplete
+    });
+    Ok(TransferOptions { layer_begin: o.layer_begin, layer_end: o.layer_end, on_complete, wait_event: o.wait_event as u64 })
+}
+
 /// The request behind a handle, borrowed for the duration of a call.
 ///
 /// # Safety
 /// A non-NULL `r` must come from `kvx_transfer_submit` and not be released.
 unsafe fn request<'a>(r: *const kvx_request) -> crate::error::Result<&'a Request> {
-    non_null(r as *const Request, "request")
+    kvx_request::borrow(r, "request")
 }
 
 /// Fills `o` with `struct_size` and the defaults: all layers, no flags, no callback.
@@ -67,21 +99,9 @@ pub unsafe extern "C" fn kvx_transfer_submit(
             let sb = slice(src_blocks, num_blocks, "src_blocks")?;
             let db = slice(dst_blocks, num_blocks, "dst_blocks")?;
             let o = if opts.is_null() { kvx_transfer_options::defaults() } else { read_versioned(opts)? };
-            let on_complete = o.on_complete.map(|f| Callback {
-                // SAFETY: same ABI; only the pointee type of the request argument differs.
-                func: std::mem::transmute::<unsafe extern "C" fn(*mut c_void, *mut kvx_request, kvx_status), CompletionFn>(f),
-                user_data: o.user_data,
-            });
-            let opts = TransferOptions {
-                layer_begin: o.layer_begin,
-                layer_end: o.layer_end,
-                flags: o.flags,
-                on_complete,
-                wait_event: o.wait_event as u64,
-            };
-            Ok((out, engine.submit(&src, sb, &dst, db, &opts)?))
+            Ok((out, engine.submit(&src, sb, &dst, db, &options(&o)?)?))
         },
-        |(o, req)| o.write(Arc::into_raw(req) as *mut kvx_request),
+        |(o, req)| o.write(kvx_request::into_c(req)),
     )
 }
 
@@ -133,10 +153,8 @@ pub unsafe extern "C" fn kvx_request_poll(r: *const kvx_request) -> kvx_status {
 #[no_mangle]
 pub unsafe extern "C" fn kvx_request_cancel(r: *mut kvx_request) -> kvx_status {
     status(|| {
-        let r = request(r)?;
-        // The handle is an Arc's pointer; cancelling may finalise, which needs the Arc.
-        let arc = std::mem::ManuallyDrop::new(Arc::from_raw(r as *const Request));
-        arc.cancel();
+        // Cancelling may finalise, which needs the Arc.
+        kvx_request::clone_arc(r, "request")?.cancel();
         Ok(())
     })
 }
@@ -145,9 +163,9 @@ pub unsafe extern "C" fn kvx_request_cancel(r: *mut kvx_request) -> kvx_status {
 /// Valid until `kvx_request_release`.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_request_error(r: *const kvx_request) -> *const c_char {
-    infallible(c"".as_ptr(), || match (r as *const Request).as_ref() {
-        Some(r) => r.error_message().as_ptr(),
-        None => c"".as_ptr(),
+    infallible(c"".as_ptr(), || match kvx_request::borrow(r, "request") {
+        Ok(r) => r.error_message().as_ptr(),
+        Err(_) => c"".as_ptr(),
     })
 }
 
@@ -156,7 +174,7 @@ pub unsafe extern "C" fn kvx_request_error(r: *const kvx_request) -> *const c_ch
 #[no_mangle]
 pub unsafe extern "C" fn kvx_request_release(r: *mut kvx_request) {
     if !r.is_null() {
-        infallible((), || drop(Arc::from_raw(r as *const Request)));
+        infallible((), || kvx_request::free(r));
     }
 }
 

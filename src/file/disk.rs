@@ -14,14 +14,43 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// `KVX_DISK_*` flags.
-pub const DISK_CREATE: u32 = 1;
-pub const DISK_KEEP: u32 = 2;
-pub const DISK_BUFFERED: u32 = 4;
-pub const DISK_SYNC: u32 = 8;
-pub const DISK_CHECKSUM: u32 = 16;
-pub const DISK_MAPPED: u32 = 32;
-pub const DISK_FLAGS_KNOWN: u32 = DISK_CREATE | DISK_KEEP | DISK_BUFFERED | DISK_SYNC | DISK_CHECKSUM | DISK_MAPPED;
+/// How a disk layout's file is opened and kept (`KVX_DISK_*` at the C ABI).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskFlags(u8);
+
+impl DiskFlags {
+    pub const NONE: DiskFlags = DiskFlags(0);
+    /// Create (truncate) the file, sized for the layout; removed on destroy unless `KEEP`.
+    pub const CREATE: DiskFlags = DiskFlags(1);
+    /// Keep a created file when the layout is destroyed.
+    pub const KEEP: DiskFlags = DiskFlags(2);
+    /// Page-cache I/O instead of `O_DIRECT`.
+    pub const BUFFERED: DiskFlags = DiskFlags(4);
+    /// Every write to the file is durable when its request completes.
+    pub const SYNC: DiskFlags = DiskFlags(8);
+    /// Region hashes and block seals in a sidecar, verified on every read.
+    pub const CHECKSUM: DiskFlags = DiskFlags(16);
+    /// A tmpfs/hugetlbfs file mapped and pinned, moved as memory.
+    pub const MAPPED: DiskFlags = DiskFlags(32);
+
+    /// Whether every flag of `f` is set.
+    pub const fn contains(self, f: DiskFlags) -> bool {
+        self.0 & f.0 == f.0
+    }
+}
+
+impl std::ops::BitOr for DiskFlags {
+    type Output = DiskFlags;
+    fn bitor(self, o: DiskFlags) -> DiskFlags {
+        DiskFlags(self.0 | o.0)
+    }
+}
+
+impl std::ops::BitOrAssign for DiskFlags {
+    fn bitor_assign(&mut self, o: DiskFlags) {
+        self.0 |= o.0;
+    }
+}
 
 /// The alignment kvxfer uses for direct I/O unless the filesystem asks for more.
 pub const DEFAULT_IO_ALIGN: u64 = 4096;
@@ -63,22 +92,19 @@ fn dio_align(f: &File) -> u64 {
 }
 
 impl DiskFile {
-    /// Opens (or with `DISK_CREATE` creates and truncates) `path`. The caller then asks
-    /// `align()` for the block padding and calls `prepare` with the layout's byte size.
-    pub fn open(path: &Path, flags: u32) -> Result<DiskFile> {
-        if flags & !DISK_FLAGS_KNOWN != 0 {
-            bail!(InvalidArg, "unknown disk flags {:#x}; known: KVX_DISK_CREATE|KEEP|BUFFERED|SYNC|CHECKSUM|MAPPED", flags & !DISK_FLAGS_KNOWN);
-        }
+    /// Opens (or with `DiskFlags::CREATE` creates and truncates) `path`. The caller then
+    /// asks `align()` for the block padding and calls `prepare` with the layout's byte size.
+    pub fn open(path: &Path, flags: DiskFlags) -> Result<DiskFile> {
         let cpath = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::new(crate::error::Status::InvalidArg, "disk path contains a NUL byte"))?;
-        let create = flags & DISK_CREATE != 0;
+        let create = flags.contains(DiskFlags::CREATE);
         let mut oflags = libc::O_RDWR;
         if create {
             oflags |= libc::O_CREAT | libc::O_TRUNC;
         }
         let shown = path.display();
         let buffered = open_raw(&cpath, oflags).map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
-        let direct = if flags & DISK_BUFFERED != 0 {
+        let direct = if flags.contains(DiskFlags::BUFFERED) {
             None
         } else {
             match open_raw(&cpath, libc::O_RDWR | libc::O_DIRECT) {
@@ -96,8 +122,8 @@ impl DiskFile {
             direct,
             buffered,
             align,
-            remove_on_drop: create && flags & DISK_KEEP == 0,
-            sync: flags & DISK_SYNC != 0,
+            remove_on_drop: create && !flags.contains(DiskFlags::KEEP),
+            sync: flags.contains(DiskFlags::SYNC),
             checksum: None,
             key: FileKey::new(0),
         })

@@ -1,6 +1,6 @@
 //! The emulated device: host memory plays device memory, memcpy plays the DMA engine.
 
-use super::{CopyKind, CopyOp, Fence, Gpu};
+use super::{CopyKind, CopyOp, Device, Fence, Gpu};
 use crate::error::{bail, Result};
 use crate::host::{map_anonymous, unmap};
 use std::collections::BTreeMap;
@@ -26,8 +26,8 @@ impl Emulated {
 }
 
 impl Gpu for Emulated {
-    fn ordinal(&self) -> i32 {
-        -1
+    fn device(&self) -> Device {
+        Device::Emulated
     }
 
     fn describe(&self) -> String {

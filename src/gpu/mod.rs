@@ -10,7 +10,7 @@ mod emulated;
 mod probe;
 
 pub use emulated::Emulated;
-pub use probe::{open_device, DEVICE_AUTO, DEVICE_EMULATED};
+pub use probe::{open_device, Device};
 
 use crate::error::Result;
 
@@ -67,8 +67,8 @@ impl Fence {
 
 /// A GPU (or its stand-in). Implementations are shared between the engine's threads.
 pub trait Gpu: Send + Sync + 'static {
-    /// CUDA ordinal, or -1 for the emulated device.
-    fn ordinal(&self) -> i32;
+    /// `Device::Cuda(ordinal)`, or `Device::Emulated`; never `Auto`.
+    fn device(&self) -> Device;
     /// For logs and the version string, e.g. "emulated device (host memory)".
     fn describe(&self) -> String;
 

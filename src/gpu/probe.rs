@@ -1,27 +1,35 @@
-//! Turning `kvx_engine_config.device` into a `Gpu`.
+//! Which GPU an engine uses: `Device`, and opening it.
 
 use super::cuda::CudaGpu;
 use super::{Emulated, Gpu};
-use crate::error::{bail, Result};
+use crate::error::Result;
 use std::sync::Arc;
 
-pub const DEVICE_AUTO: i32 = -2;
-pub const DEVICE_EMULATED: i32 = -1;
+/// The device an engine moves blocks to and from (`KVX_DEVICE_*` or an ordinal at the C ABI).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// GPU 0 when a driver and a device exist, else the emulated device.
+    #[default]
+    Auto,
+    /// Host memory standing in for a GPU.
+    Emulated,
+    /// This CUDA ordinal; never falls back.
+    Cuda(u32),
+}
 
-/// Resolves the configured device. `KVX_DEVICE_AUTO` takes GPU 0 when a driver and a
-/// device exist and otherwise the emulated device, saying why; an explicit ordinal never
-/// falls back.
-pub fn open_device(device: i32) -> Result<Arc<dyn Gpu>> {
+/// Resolves the configured device. `Device::Auto` takes GPU 0 when a driver and a device
+/// exist and otherwise the emulated device, saying why; an explicit ordinal never falls
+/// back.
+pub fn open_device(device: Device) -> Result<Arc<dyn Gpu>> {
     match device {
-        DEVICE_EMULATED => Ok(Arc::new(Emulated::default())),
-        DEVICE_AUTO => match CudaGpu::open(0) {
+        Device::Emulated => Ok(Arc::new(Emulated::default())),
+        Device::Auto => match CudaGpu::open(0) {
             Ok(g) => Ok(Arc::new(g)),
             Err(e) => {
                 log::info!("no usable CUDA device ({}); using the emulated device", e.message);
                 Ok(Arc::new(Emulated::default()))
             }
         },
-        d if d >= 0 => Ok(Arc::new(CudaGpu::open(d)?)),
-        d => bail!(InvalidArg, "device {d} is not a CUDA ordinal, KVX_DEVICE_AUTO (-2) or KVX_DEVICE_EMULATED (-1)"),
+        Device::Cuda(d) => Ok(Arc::new(CudaGpu::open(d)?)),
     }
 }

@@ -84,7 +84,7 @@ impl Gds {
     /// byte for byte (checked through `scratch`, pinned host memory of at least 1 MiB).
     /// Call on a thread bound to the device, before the engine's threads start.
     pub fn open(gpu: &Arc<dyn Gpu>, scratch: (u64, u64)) -> Result<Gds> {
-        if gpu.ordinal() < 0 {
+        if gpu.device() == crate::gpu::Device::Emulated {
             return Err(unsupported("GPUDirect Storage needs a CUDA device; this engine runs on the emulated device"));
         }
         // SAFETY: only probes for the library with dlopen.

@@ -4,7 +4,7 @@
 use crate::error::{bail, Result};
 use crate::gpu::Gpu;
 use crate::layout::{Geometry, LayoutKind, Placement};
-use crate::file::{self, checksum, DiskFile, Mapping};
+use crate::file::{checksum, DiskFile, DiskFlags, Mapping};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,10 +17,6 @@ pub enum StorageKind {
     Host,
     Disk,
 }
-
-/// `KVX_HOST_PINNED`: host memory is page-locked (allocated pinned, or registered memory
-/// the caller already pinned).
-pub const HOST_PINNED: u32 = 1;
 
 /// An allocation kvxfer made and frees when the last user is gone.
 pub struct Owned {
@@ -58,7 +54,7 @@ pub enum Storage {
     /// One base address per allocation (1 for fully contiguous, one per layer otherwise).
     Memory { kind: StorageKind, bases: Vec<u64>, _owned: Vec<Owned> },
     Disk(DiskFile),
-    /// `KVX_DISK_MAPPED`: a disk file moved as the pinned memory it is mapped to.
+    /// `DiskFlags::MAPPED`: a disk file moved as the pinned memory it is mapped to.
     Mapped { file: DiskFile, map: Mapping },
 }
 
@@ -82,7 +78,7 @@ static NEXT_LAYOUT_ID: AtomicU64 = AtomicU64::new(1);
 impl Layout {
     fn new(engine_id: u64, gpu: &Arc<dyn Gpu>, placement: Placement, storage: Storage) -> Layout {
         let on_device = matches!(storage, Storage::Memory { kind: StorageKind::Device, .. });
-        let host_addressable = !on_device || gpu.ordinal() < 0;
+        let host_addressable = !on_device || gpu.device() == crate::gpu::Device::Emulated;
         Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable }
     }
 
@@ -174,10 +170,10 @@ impl Layout {
         Ok(Layout::new(engine_id, gpu, placement, Storage::Memory { kind: storage, bases: bases.to_vec(), _owned: Vec::new() }))
     }
 
-    /// A disk layout in the file at `path` (`file::DISK_*` flags).
-    pub fn create_disk(engine_id: u64, gpu: &Arc<dyn Gpu>, geom: Geometry, path: &Path, flags: u32) -> Result<Layout> {
-        let mapped = flags & file::DISK_MAPPED != 0;
-        if mapped && flags & file::DISK_CHECKSUM != 0 {
+    /// A disk layout in the file at `path`.
+    pub fn create_disk(engine_id: u64, gpu: &Arc<dyn Gpu>, geom: Geometry, path: &Path, flags: DiskFlags) -> Result<Layout> {
+        let mapped = flags.contains(DiskFlags::MAPPED);
+        if mapped && flags.contains(DiskFlags::CHECKSUM) {
             bail!(
                 InvalidArg,
                 "KVX_DISK_MAPPED and KVX_DISK_CHECKSUM together: a mapped file's bytes go straight between its pages and the device, so nothing on the host could verify them; drop one"
@@ -188,9 +184,9 @@ impl Layout {
         }
         let mut file = DiskFile::open(path, flags)?;
         let placement = Placement::disk(geom, file.align());
-        let create = flags & file::DISK_CREATE != 0;
+        let create = flags.contains(DiskFlags::CREATE);
         file.prepare(placement.base_bytes(), create)?;
-        if flags & file::DISK_CHECKSUM != 0 {
+        if flags.contains(DiskFlags::CHECKSUM) {
             file.checksum = Some(checksum::Sidecar::open(path, &geom, create)?);
         }
         // The probe may have fallen back to buffered I/O with the default alignment;

@@ -142,6 +142,10 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   kvx_engine_config_init(&ec);
   ec.io_backend = 77;
   expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_INVALID_ARG, "io_backend 77");
+  EXPECT(strstr(kvx_last_error(), "KVX_IO_") != NULL, "the refusal names the known values: %s", kvx_last_error());
+  kvx_engine_config_init(&ec);
+  ec.flags = 2;
+  expect_fail(kvx_engine_create(&ec, &eout), KVX_ERR_INVALID_ARG, "unknown engine flags");
   kvx_engine_config_init(&ec);
   ec.device = KVX_DEVICE_EMULATED;
   ec.io_backend = KVX_IO_GDS;
@@ -195,6 +199,10 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   to.layer_begin = 2;
   to.layer_end = 1;
   expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "empty layer range");
+  kvx_transfer_options_init(&to);
+  to.flags = 8;
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "unknown transfer flags");
+  EXPECT(strstr(kvx_last_error(), "transfer flags 0x8") != NULL, "the refusal names the bits: %s", kvx_last_error());
   EXPECT(req == (kvx_request *)(uintptr_t)0x5678, "request written on failure");
 
   expect_fail(kvx_request_wait(NULL, 0), KVX_ERR_INVALID_ARG, "wait NULL");

@@ -6,7 +6,7 @@
 pub mod cases;
 
 use kvxfer::layout::Placement;
-use kvxfer::{Engine, EngineConfig, Layout, LayoutConfig, LayoutKind, Status, StorageKind, TransferOptions};
+use kvxfer::{Device, DiskFlags, Engine, EngineConfig, IoBackend, Layout, LayoutConfig, LayoutKind, Status, StorageKind, TransferOptions};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,20 +26,23 @@ pub fn engine() -> Engine {
     engine_with(|_| {})
 }
 
-pub fn test_device() -> i32 {
-    std::env::var("KVX_TEST_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(kvxfer::gpu::DEVICE_EMULATED)
+/// `KVX_TEST_DEVICE=<ordinal>` runs the suites on that GPU; the emulated device otherwise.
+pub fn test_device() -> Device {
+    match std::env::var("KVX_TEST_DEVICE").as_deref() {
+        Err(_) | Ok("-1") | Ok("emulated") => Device::Emulated,
+        Ok(v) => Device::Cuda(v.parse().unwrap_or_else(|_| panic!("KVX_TEST_DEVICE={v}: expected a CUDA ordinal or `emulated`"))),
+    }
 }
 
 /// `KVX_TEST_IO_BACKEND=posix|uring|nixl|gds|auto` runs the suites on that backend;
 /// POSIX by default, so the plain run always covers the pread/pwrite path.
-pub fn test_io_backend() -> u32 {
-    use kvxfer::engine::*;
+pub fn test_io_backend() -> IoBackend {
     match std::env::var("KVX_TEST_IO_BACKEND").as_deref() {
-        Ok("uring") => IO_URING,
-        Ok("nixl") => IO_NIXL,
-        Ok("gds") => IO_GDS,
-        Ok("auto") => IO_AUTO,
-        Ok("posix") | Err(_) => IO_POSIX,
+        Ok("uring") => IoBackend::Uring,
+        Ok("nixl") => IoBackend::Nixl,
+        Ok("gds") => IoBackend::Gds,
+        Ok("auto") => IoBackend::Auto,
+        Ok("posix") | Err(_) => IoBackend::Posix,
         Ok(other) => panic!("KVX_TEST_IO_BACKEND={other}: expected posix, uring, nixl, gds or auto"),
     }
 }
@@ -70,7 +73,7 @@ pub fn temp_path(tag: &str) -> PathBuf {
 
 pub fn make_layout(e: &Engine, c: &LayoutConfig, kind: LayoutKind, storage: StorageKind) -> Arc<Layout> {
     match storage {
-        StorageKind::Disk => e.create_disk_layout(c, &temp_path("disk"), kvxfer::engine::DISK_CREATE).expect("disk layout"),
+        StorageKind::Disk => e.create_disk_layout(c, &temp_path("disk"), DiskFlags::CREATE).expect("disk layout"),
         s => e.create_layout(c, kind, s).expect("memory layout"),
     }
 }
@@ -195,8 +198,9 @@ pub mod cuda {
         static CTX: OnceLock<usize> = OnceLock::new();
         let ctx = *CTX.get_or_init(|| unsafe {
             assert_eq!(sys::cuInit(0), sys::CUresult::CUDA_SUCCESS);
+            let kvxfer::Device::Cuda(ordinal) = super::test_device() else { panic!("device memory checks need KVX_TEST_DEVICE=<ordinal>") };
             let mut dev = 0;
-            assert_eq!(sys::cuDeviceGet(&mut dev, super::test_device()), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(sys::cuDeviceGet(&mut dev, ordinal as i32), sys::CUresult::CUDA_SUCCESS);
             let mut ctx = std::ptr::null_mut();
             assert_eq!(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), sys::CUresult::CUDA_SUCCESS);
             ctx as usize

@@ -12,7 +12,7 @@
 pub mod driver;
 mod regions;
 
-use super::{CopyKind, CopyOp, Fence, Gpu, PendingCopy};
+use super::{CopyKind, CopyOp, Device, Fence, Gpu, PendingCopy};
 use crate::error::{bail, Error, Result, Status};
 use driver::{check, sys};
 use regions::{RegionKernel, SlotResources};
@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 pub use driver::{driver_version, present};
 
 pub struct CudaGpu {
-    ordinal: i32,
+    ordinal: u32,
     name: String,
     ctx: sys::CUcontext,
     h2d: [sys::CUstream; 2],
@@ -40,7 +40,7 @@ unsafe impl Sync for CudaGpu {}
 
 impl CudaGpu {
     /// Opens device `ordinal`: `NoDevice` when there is no driver or no such device.
-    pub fn open(ordinal: i32) -> Result<CudaGpu> {
+    pub fn open(ordinal: u32) -> Result<CudaGpu> {
         if !present() {
             bail!(NoDevice, "device {ordinal}: no CUDA driver (libcuda.so not found); use KVX_DEVICE_AUTO or KVX_DEVICE_EMULATED");
         }
@@ -49,11 +49,11 @@ impl CudaGpu {
             check(sys::cuInit(0), "cuInit").map_err(|e| Error::new(Status::NoDevice, e.message))?;
             let mut count = 0;
             check(sys::cuDeviceGetCount(&mut count), "cuDeviceGetCount")?;
-            if ordinal >= count {
+            if ordinal >= count as u32 {
                 bail!(NoDevice, "device {ordinal}: this machine has {count} CUDA device(s)");
             }
             let mut dev = 0;
-            check(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
+            check(sys::cuDeviceGet(&mut dev, ordinal as i32), "cuDeviceGet")?;
             let mut name = [0 as std::ffi::c_char; 128];
             check(sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev), "cuDeviceGetName")?;
             let name = std::ffi::CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
@@ -133,8 +133,8 @@ impl PendingCopy for EventWait {
 }
 
 impl Gpu for CudaGpu {
-    fn ordinal(&self) -> i32 {
-        self.ordinal
+    fn device(&self) -> Device {
+        Device::Cuda(self.ordinal)
     }
 
     fn describe(&self) -> String {
@@ -187,7 +187,7 @@ impl Gpu for CudaGpu {
             bail!(InvalidArg, "{addr:#x} is not device memory (CUDA memory type {kind}); register host memory with kvx_layout_register_host");
         }
         let dev: i32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr).unwrap_or(-1);
-        if dev != self.ordinal {
+        if dev != self.ordinal as i32 {
             bail!(InvalidArg, "{addr:#x} is memory of device {dev}, but this engine drives device {}", self.ordinal);
         }
         let (mut base, mut size) = (0u64, 0usize);
