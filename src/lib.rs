@@ -1,13 +1,14 @@
 //! kvxfer moves LLM KV-cache blocks between GPU memory, host memory and disk, through a
 //! pipelined ring of pinned bounce slots, behind a stable C ABI (`include/kvxfer.h`).
 //!
-//! Module map (dependencies point downward):
-//! - [`ffi`]: the C ABI only — handles, status codes, panic boundary, dlopen table.
+//! Module map (dependencies point downward; `layering` below enforces it):
+//! - [`ffi`]: the C ABI only — handles, C codes, panic boundary, dlopen table.
 //! - [`engine`]: Engine, request queue, planner, bounce ring, stage threads, completion.
-//! - [`layout`]: block → region math and coalescing.
-//! - [`memory`]: device, pinned, host and disk storage; registration of caller memory.
+//! - [`memory`]: layouts over device, pinned, host, disk and mapped storage.
+//! - [`file`]: a disk layout's file, its checksum sidecar, a mapped file.
+//! - [`io`]: disk I/O ports.
 //! - [`gpu`]: the device behind a trait: CUDA, or the emulated device.
-//! - [`io`]: disk I/O backends.
+//! - [`layout`], [`host`], [`fault`], [`error`]: block math, host memory, test faults, statuses.
 
 pub mod engine;
 pub mod error;
@@ -20,7 +21,58 @@ pub mod io;
 pub mod layout;
 pub mod memory;
 
-pub use engine::{Engine, EngineConfig, Request, Stats, TransferOptions};
+pub use engine::{Engine, EngineConfig, IoBackend, OnComplete, Request, Stats, TransferOptions};
 pub use error::{Error, Result, Status};
+pub use file::DiskFlags;
+pub use gpu::Device;
 pub use layout::{LayoutConfig, LayoutKind};
 pub use memory::{Layout, StorageKind};
+
+/// The README's "Architecture" table, enforced: each module names only the modules it
+/// may import (`crate::x` anywhere in its files), so no cycle or C type creeps below `ffi`.
+#[cfg(test)]
+mod layering {
+    const ALLOWED: &[(&str, &[&str])] = &[
+        ("engine", &["memory", "file", "io", "gpu", "layout", "host", "error"]),
+        ("memory", &["file", "gpu", "layout", "host", "error"]),
+        ("file", &["io", "gpu", "layout", "host", "error"]),
+        ("io", &["gpu", "host", "fault", "error"]),
+        ("gpu", &["host", "fault", "error"]),
+        ("layout.rs", &["error"]),
+        ("host.rs", &["error"]),
+        ("fault.rs", &["error"]),
+        ("error.rs", &[]),
+    ];
+
+    fn files(p: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        if p.is_dir() {
+            for e in std::fs::read_dir(p).unwrap() {
+                files(&e.unwrap().path(), out);
+            }
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p.to_path_buf());
+        }
+    }
+
+    #[test]
+    fn modules_import_only_what_the_readme_allows() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut wrong = Vec::new();
+        for (module, allowed) in ALLOWED {
+            let own = module.trim_end_matches(".rs");
+            let mut fs = Vec::new();
+            files(&src.join(module), &mut fs);
+            assert!(!fs.is_empty(), "src/{module} not found");
+            for f in fs {
+                let text = std::fs::read_to_string(&f).unwrap();
+                for (i, _) in text.match_indices("crate::") {
+                    let name: String = text[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                    if name != own && !allowed.contains(&name.as_str()) {
+                        wrong.push(format!("{} imports crate::{name}", f.strip_prefix(&src).unwrap().display()));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "imports the README's Architecture section does not allow:\n{}", wrong.join("\n"));
+    }
+}
