@@ -9,12 +9,14 @@
 #include "cuda_raw.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +40,8 @@ struct Options {
   uint32_t io_threads = 0, io_backend = KVX_IO_AUTO;
   uint64_t bounce_bytes = 0, slot_bytes = 0;
   bool buffered = false, verify = true, random_blocks = false, json = false, cold = false, checksum = false, mapped = false;
+  bool latency = false, layerwise = false;
+  unsigned submitters = 0;
 };
 
 [[noreturn]] void usage(int code) {
@@ -59,7 +63,14 @@ struct Options {
       "                  its blocks move by DMA straight from and to its pages\n"
       "  --buffered      page-cache I/O instead of O_DIRECT (the file is then hot)\n"
       "  --no-verify     skip the byte check after the timed runs\n"
-      "  --json          also print one JSON object per result line (for compare.py)\n");
+      "  --json          also print one JSON object per result line (for compare.py)\n"
+      "runtime-shaped modes (instead of the batch table):\n"
+      "  --latency       one request of --blocks-per-batch blocks at a time, host<->device: p50/p99/p99.9 and a\n"
+      "                  histogram of submit -> completion seen by wait, by poll spinning and by on_complete,\n"
+      "                  beside one raw cuMemcpyAsync + synchronize of the same bytes\n"
+      "  --layerwise     a request per layer for --blocks-per-batch blocks, back to back, against one request of\n"
+      "                  all layers (first- and last-layer completion); --direction picks host- or disk-to-device\n"
+      "  --submitters N  N threads submitting --blocks-per-batch-block requests back to back, mixed directions\n");
   std::exit(code);
 }
 
@@ -118,6 +129,7 @@ Options parse(int argc, char **argv) {
       {"--io-backend", [&](const char *v) { o.io_backend = io_backend_of(v); }},
       {"--bounce-bytes", [&](const char *v) { o.bounce_bytes = std::strtoull(v, nullptr, 0); }},
       {"--slot-bytes", [&](const char *v) { o.slot_bytes = std::strtoull(v, nullptr, 0); }},
+      {"--submitters", [&](const char *v) { o.submitters = (unsigned)std::strtoul(v, nullptr, 0); }},
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -129,6 +141,8 @@ Options parse(int argc, char **argv) {
     if (a == "--cold") { o.cold = true; continue; }
     if (a == "--checksum") { o.checksum = true; continue; }
     if (a == "--mapped") { o.mapped = true; continue; }
+    if (a == "--latency") { o.latency = true; continue; }
+    if (a == "--layerwise") { o.layerwise = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -270,7 +284,21 @@ struct RawCopy {
     if (cuda.ok) cuda.cuStreamSynchronize(cuda.stream);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
+
+  // One copy of `bytes` from the start of the first allocations, synchronised.
+  void one(bool h2d, uint64_t bytes) {
+    void *h = reinterpret_cast<void *>(host_bases[0]);
+    uint64_t d = dev_bases[0];
+    if (!cuda.ok) {
+      h2d ? (void)std::memcpy(reinterpret_cast<void *>(d), h, bytes) : (void)std::memcpy(h, reinterpret_cast<void *>(d), bytes);
+      return;
+    }
+    int r = h2d ? cuda.cuMemcpyHtoDAsync_v2(d, h, bytes, cuda.stream) : cuda.cuMemcpyDtoHAsync_v2(h, d, bytes, cuda.stream);
+    if (r || cuda.cuStreamSynchronize(cuda.stream)) { std::fprintf(stderr, "bench: raw copy failed (CUresult %d)\n", r); std::exit(1); }
+  }
 };
+
+#include "bench_runtime.h"
 
 }  // namespace
 
@@ -304,7 +332,7 @@ int run(const Options &o) {
   kvx::Layout device = e.create_device_layout(lc);
   kvx::Layout host = e.create_host_layout(hc, KVX_HOST_PINNED);
   kvx::Layout check_host(nullptr), disk(nullptr);
-  if (o.verify || o.direction == "all" || o.direction == "device-to-host") check_host = e.create_host_layout(hc, KVX_HOST_PINNED);
+  if (o.verify || o.submitters || o.direction == "all" || o.direction == "device-to-host") check_host = e.create_host_layout(hc, KVX_HOST_PINNED);
   const uint64_t block_bytes = device.block_bytes();
   const uint64_t total = block_bytes * o.num_blocks;
   const uint32_t dev_nbases = lc.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o.num_layers;
@@ -366,8 +394,20 @@ int run(const Options &o) {
     std::printf(", file %s (%s%s), disk I/O by %s", path.c_str(),
                 o.mapped ? "mapped and pinned: moved by DMA, no file I/O" : o.buffered ? "buffered" : "O_DIRECT",
                 o.checksum ? ", checksummed" : "", o.mapped ? "none" : io_backend_name(e.io_backend()));
-  std::printf("\n%-16s %10s %9s %9s %12s %11s  %s\n", "direction", "GB/s", "p50 ms", "p99 ms", "limit GB/s", "% of limit",
-              "limit measured as");
+  std::printf("\n");
+  if (o.latency || o.layerwise || o.submitters) {
+    if (o.latency) run_latency(e, host, device, raw, o, block_bytes);
+    if (o.layerwise) {
+      bool from_disk = o.direction == "disk-to-device";
+      if (from_disk) run_pass(e, device, disk, o);  // the file must hold the blocks
+      run_layerwise(e, from_disk ? disk : host, device, from_disk ? "disk-to-device" : "host-to-device", o);
+    }
+    if (o.submitters) run_submitters(e, host, device, check_host, o, block_bytes);
+    if (want_disk) ::unlink(scratch.c_str());
+    return 0;
+  }
+  std::printf("%-16s %10s %9s %9s %12s %11s %9s  %s\n", "direction", "GB/s", "p50 ms", "p99 ms", "limit GB/s", "% of limit",
+              "CPU s/GB", "limit measured as");
 
   struct Dir {
     const char *name;
@@ -408,10 +448,13 @@ int run(const Options &o) {
     std::vector<double> lat;
     const kvx_stats before = e.stats();
     const bool tty = isatty(STDOUT_FILENO);
+    double cpu_s = 0;
     for (int i = 0; i < o.iterations; i++) {
       if (tty) std::printf("\r%-16s pass %d/%d ...", d.name, i + 1, o.iterations), std::fflush(stdout);
       if (o.cold && is_disk) drop_page_cache();
+      double cpu0 = cpu_seconds();
       Result r = run_pass(e, d.src, d.dst, o);
+      cpu_s += cpu_seconds() - cpu0;
       kvx_s += r.seconds;
       lat.insert(lat.end(), r.batch_ms.begin(), r.batch_ms.end());
       limit_s += limit_pass();
@@ -429,8 +472,8 @@ int run(const Options &o) {
       limit = gbps(bytes, link_s);
       how = dev >= 0 ? "PCIe (raw pinned copy)" : "raw memcpy";
     }
-    std::printf("%-16s %10.2f %9.2f %9.2f %12.2f %10.1f%%  %s\n", d.name, kvx, percentile(lat, 0.5), percentile(lat, 0.99), limit,
-                limit > 0 ? 100.0 * kvx / limit : 0.0, how);
+    std::printf("%-16s %10.2f %9.2f %9.2f %12.2f %10.1f%% %9.3f  %s\n", d.name, kvx, percentile(lat, 0.5), percentile(lat, 0.99), limit,
+                limit > 0 ? 100.0 * kvx / limit : 0.0, cpu_s / (bytes / 1e9), how);
     if (is_disk && link_s > 0)
       std::printf("%-16s per pass: kvxfer %.2f ms; raw file I/O then raw copy, one after the other, %.2f ms (kvxfer/serial %.2f)\n",
                   "", 1e3 * kvx_s / o.iterations, 1e3 * (limit_s + link_s) / o.iterations, kvx_s / (limit_s + link_s));
@@ -444,10 +487,10 @@ int run(const Options &o) {
     if (o.json)
       std::printf("{\"system\": \"kvxfer\", \"direction\": \"%s\", \"layout\": \"%s\", \"blocks_per_batch\": %llu, "
                   "\"num_blocks\": %llu, \"block_bytes\": %llu, \"io_backend\": \"%s\", \"gbps\": %.3f, \"limit_gbps\": %.3f, \"p50_ms\": %.3f, "
-                  "\"p99_ms\": %.3f, \"loop_gbps\": %.3f}\n",
+                  "\"p99_ms\": %.3f, \"loop_gbps\": %.3f, \"cpu_s_per_gb\": %.4f}\n",
                   d.name, o.layout.c_str(), (unsigned long long)o.blocks_per_batch, (unsigned long long)o.num_blocks,
                   (unsigned long long)block_bytes, io_backend_name(e.io_backend()), kvx, limit, percentile(lat, 0.5), percentile(lat, 0.99),
-                  loop_s > 0 ? gbps(bytes, loop_s) : 0.0);
+                  loop_s > 0 ? gbps(bytes, loop_s) : 0.0, cpu_s / (bytes / 1e9));
     if (loop_s > 0)
       std::printf("%-16s %10.2f %9s %9s %12s %11s  naive: one %s per %.1f KiB region (kvxfer: %.2fx)\n", "  per-region loop",
                   gbps(bytes, loop_s), "", "", "", "", dev >= 0 ? "cuMemcpyAsync" : "memcpy", raw.region_bytes / 1024.0,

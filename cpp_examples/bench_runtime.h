@@ -1,0 +1,225 @@
+// Runtime-shaped bench modes (included by bench.cpp inside its namespace, after Options,
+// RawCopy and percentile): per-request latency, layer-wise loads and many submitters —
+// what an inference runtime sends, next to the raw copy measured in the same run.
+// Its system headers are bench.cpp's, included at the top there.
+#pragma once
+
+// CPU seconds (user + sys) this process has used so far.
+inline double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct Percentiles {
+  double p50, p99, p999;
+};
+
+inline Percentiles percentiles_us(const std::vector<double> &us) {
+  return {percentile(us, 0.5), percentile(us, 0.99), percentile(us, 0.999)};
+}
+
+// Counts per power-of-two bucket of microseconds, as "[lo,hi) us: n" lines.
+inline void print_histogram(const char *what, const std::vector<double> &us) {
+  std::map<int, size_t> buckets;
+  for (double v : us) buckets[v < 1 ? 0 : 1 + (int)std::log2(v)]++;
+  std::printf("    %s histogram:", what);
+  for (auto &[b, n] : buckets) std::printf(" [%g,%g)us:%zu", b ? std::exp2(b - 1) : 0.0, std::exp2(b), n);
+  std::printf("\n");
+}
+
+// Stamps the time its request completed (on kvxfer's thread).
+struct Stamp {
+  std::atomic<int64_t> ns{0};
+  static void on_complete(void *user, kvx_request *, kvx_status) {
+    static_cast<Stamp *>(user)->ns.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+  }
+};
+
+inline double since_us(Clock::time_point t0, int64_t stamp_ns) {
+  return std::chrono::duration<double, std::micro>(Clock::duration(stamp_ns) - t0.time_since_epoch()).count();
+}
+
+inline double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
+
+// Requests of `per_request` blocks each, `count` of them, one after the other.
+inline std::vector<std::vector<uint64_t>> request_ids(uint64_t num_blocks, uint64_t per_request, size_t count, bool random) {
+  std::vector<std::vector<uint64_t>> out;
+  uint64_t x = 0x2545F4914F6CDD1Dull, next = 0;
+  for (size_t i = 0; i < count; i++) {
+    std::vector<uint64_t> v;
+    while (v.size() < per_request) {
+      uint64_t b;
+      if (random) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b = x % num_blocks;
+      } else {
+        b = next++ % num_blocks;
+      }
+      if (std::find(v.begin(), v.end(), b) == v.end()) v.push_back(b);
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+// --latency: one request at a time, submit -> completion seen, three ways (wait, poll
+// spinning, on_complete), beside one raw cuMemcpyAsync + synchronize of the same bytes.
+inline void run_latency(kvx::Engine &e, const kvx::Layout &host, const kvx::Layout &device, RawCopy &raw, const Options &o,
+                        uint64_t block_bytes) {
+  const size_t n = (size_t)o.iterations * 100;
+  const uint64_t bytes = block_bytes * o.blocks_per_batch;
+  auto ids = request_ids(o.num_blocks, o.blocks_per_batch, n, o.random_blocks);
+  std::printf("latency: %zu requests of %llu block(s), %.1f KiB each, one at a time (after %d warm-up requests)\n", n,
+              (unsigned long long)o.blocks_per_batch, bytes / 1024.0, 50);
+  std::printf("  %-15s %-12s %9s %9s %9s %9s %10s\n", "direction", "completion", "p50 us", "p99 us", "p99.9 us", "GB/s",
+              "CPU s/GB");
+  for (bool h2d : {true, false}) {
+    if (o.direction != "all" && o.direction != (h2d ? "host-to-device" : "device-to-host")) continue;
+    const kvx::Layout &src = h2d ? host : device, &dst = h2d ? device : host;
+    const char *dir = h2d ? "host-to-device" : "device-to-host";
+    // The raw copy: the same bytes, one copy from the start of each allocation.
+    std::vector<double> raw_us;
+    for (size_t i = 0; i < n + 50; i++) {
+      auto t0 = Clock::now();
+      raw.one(h2d, std::min(bytes, std::min(raw.host_base_bytes, raw.dev_base_bytes)));
+      if (i >= 50) raw_us.push_back(us_since(t0));
+    }
+    auto rp = percentiles_us(raw_us);
+    std::printf("  %-15s %-12s %9.1f %9.1f %9.1f %9.2f %10s\n", dir, "raw copy", rp.p50, rp.p99, rp.p999, bytes / rp.p50 / 1e3, "-");
+    for (const char *how : {"wait", "poll", "on_complete"}) {
+      std::vector<double> us;
+      double cpu0 = 0, wall = 0;
+      for (size_t i = 0; i < n + 50; i++) {
+        if (i == 50) cpu0 = cpu_seconds();
+        Stamp stamp;
+        kvx_transfer_options opts;
+        kvx_transfer_options_init(&opts);
+        bool cb = std::strcmp(how, "on_complete") == 0;
+        if (cb) opts.on_complete = Stamp::on_complete, opts.user_data = &stamp;
+        auto &v = ids[i % n];
+        auto t0 = Clock::now();
+        kvx::Request r = e.submit(src, v, dst, v, &opts);
+        double t;
+        if (std::strcmp(how, "poll") == 0) {
+          while (r.poll() == KVX_PENDING) {
+          }
+          t = us_since(t0);
+        } else {
+          r.wait();
+          t = cb ? since_us(t0, stamp.ns.load(std::memory_order_acquire)) : us_since(t0);
+        }
+        if (i >= 50) us.push_back(t), wall += t;
+      }
+      double cpu = cpu_seconds() - cpu0;
+      auto p = percentiles_us(us);
+      std::printf("  %-15s %-12s %9.1f %9.1f %9.1f %9.2f %10.3f   p50 %+.1f us, p99 %+.1f us vs raw\n", dir, how, p.p50, p.p99,
+                  p.p999, bytes * n / wall / 1e3, cpu / (bytes * n / 1e9), p.p50 - rp.p50, p.p99 - rp.p99);
+      if (std::strcmp(how, "wait") == 0) print_histogram("wait", us);
+    }
+    print_histogram("raw copy", raw_us);
+  }
+}
+
+// --layerwise: a request per layer for the first --blocks-per-batch blocks, submitted back
+// to back, against one request moving every layer; the first layer's and the last
+// layer's completion times.
+inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const char *dir, const Options &o) {
+  auto v = request_ids(o.num_blocks, std::min(o.blocks_per_batch, o.num_blocks), 1, o.random_blocks)[0];
+  std::vector<double> whole, first, last;
+  double cpu0 = cpu_seconds();
+  for (int it = 0; it < o.iterations + o.warmup; it++) {
+    auto t0 = Clock::now();
+    e.submit(src, v, dst, v).wait();
+    double w = us_since(t0);
+    std::vector<Stamp> stamps(o.num_layers);
+    std::vector<kvx::Request> reqs;
+    t0 = Clock::now();
+    for (uint64_t l = 0; l < o.num_layers; l++) {
+      kvx_transfer_options opts;
+      kvx_transfer_options_init(&opts);
+      opts.layer_begin = (uint32_t)l, opts.layer_end = (uint32_t)l + 1;
+      opts.on_complete = Stamp::on_complete, opts.user_data = &stamps[l];
+      reqs.push_back(e.submit(src, v, dst, v, &opts));
+    }
+    for (auto &r : reqs) r.wait();
+    if (it < o.warmup) continue;
+    whole.push_back(w);
+    first.push_back(since_us(t0, stamps[0].ns.load()));
+    int64_t end = 0;
+    for (auto &s : stamps) end = std::max<int64_t>(end, s.ns.load());
+    last.push_back(since_us(t0, end));
+  }
+  double cpu = cpu_seconds() - cpu0;
+  double w = percentile(whole, 0.5), f = percentile(first, 0.5), l = percentile(last, 0.5);
+  std::printf("layerwise %s: %zu blocks x %llu layers, medians of %d: one request for all layers %.1f us; "
+              "a request per layer: first layer %.1f us (%.3f of all, ideal %.3f), last layer %.1f us (%.2fx all); "
+              "p99 last %.1f us; CPU %.2f s\n",
+              dir, v.size(), (unsigned long long)o.num_layers, o.iterations, w, f, f / w, 1.0 / o.num_layers, l, l / w,
+              percentile(last, 0.99), cpu);
+}
+
+// --submitters N: N threads, each moving its own blocks in requests of --blocks-per-batch
+// back to back (even threads host->device, odd device->host); per-thread and aggregate
+// figures against one submitter moving the same mix in two big requests.
+inline void run_submitters(kvx::Engine &e, const kvx::Layout &host, const kvx::Layout &device, const kvx::Layout &back,
+                           const Options &o, uint64_t block_bytes) {
+  const unsigned n = o.submitters;
+  const uint64_t per_thread = o.num_blocks / n;
+  if (per_thread < o.blocks_per_batch) {
+    std::fprintf(stderr, "bench: --submitters %u needs --num-blocks >= %u x --blocks-per-batch\n", n, n);
+    std::exit(2);
+  }
+  const size_t reqs_per_thread = (size_t)o.iterations * 200;
+  // The reference: one submitter, the same mix (half the blocks each way) in two requests.
+  std::vector<uint64_t> up, down;
+  for (uint64_t b = 0; b < per_thread * n; b++) ((b / per_thread) % 2 ? down : up).push_back(b);
+  double ref_s = 1e30;
+  for (int it = 0; it < o.iterations + o.warmup; it++) {
+    auto t0 = Clock::now();
+    kvx::Request a = e.submit(host, up, device, up);
+    kvx::Request b = down.empty() ? e.submit(host, up, device, up) : e.submit(device, down, back, down);
+    a.wait(), b.wait();
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (it >= o.warmup) ref_s = std::min(ref_s, s);
+  }
+  double ref = (up.size() + (down.empty() ? up.size() : down.size())) * block_bytes / ref_s / 1e9;
+  std::vector<std::vector<double>> us(n);
+  std::atomic<unsigned> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < n; t++) {
+    pool.emplace_back([&, t] {
+      auto ids = request_ids(per_thread, o.blocks_per_batch, reqs_per_thread, o.random_blocks);
+      for (auto &v : ids)
+        for (auto &b : v) b += t * per_thread;
+      ready++;
+      while (!go.load()) std::this_thread::yield();
+      for (auto &v : ids) {
+        auto t0 = Clock::now();
+        if (t % 2 == 0) e.submit(host, v, device, v).wait();
+        else e.submit(device, v, back, v).wait();
+        us[t].push_back(us_since(t0));
+      }
+    });
+  }
+  while (ready.load() < n) std::this_thread::yield();
+  double cpu0 = cpu_seconds();
+  auto t0 = Clock::now();
+  go = true;
+  for (auto &th : pool) th.join();
+  double wall = std::chrono::duration<double>(Clock::now() - t0).count(), cpu = cpu_seconds() - cpu0;
+  uint64_t bytes = (uint64_t)n * reqs_per_thread * o.blocks_per_batch * block_bytes;
+  double agg = bytes / wall / 1e9, lo = 1e30, hi = 0;
+  std::printf("submitters: %u threads x %zu requests of %llu block(s) (%.1f KiB), mixed directions\n", n, reqs_per_thread,
+              (unsigned long long)o.blocks_per_batch, o.blocks_per_batch * block_bytes / 1024.0);
+  for (unsigned t = 0; t < n; t++) {
+    auto p = percentiles_us(us[t]);
+    lo = std::min(lo, p.p99), hi = std::max(hi, p.p99);
+    std::printf("  thread %u (%s): p50 %.1f us, p99 %.1f us, p99.9 %.1f us, %.2f GB/s\n", t, t % 2 ? "device-to-host" : "host-to-device",
+                p.p50, p.p99, p.p999, reqs_per_thread * o.blocks_per_batch * block_bytes / wall / 1e9);
+  }
+  std::printf("  aggregate %.2f GB/s; one submitter, same mix in two big requests, %.2f GB/s (%.1f%%); "
+              "slowest/fastest thread p99 %.2fx; CPU %.3f s/GB\n",
+              agg, ref, 100 * agg / ref, hi / lo, cpu / (bytes / 1e9));
+}
