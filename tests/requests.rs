@@ -329,3 +329,28 @@ fn a_panicking_callback_leaves_the_engine_serving() {
     let r = e.submit(&a, &[0, 1, 2, 3], &b, &[0, 1, 2, 3], &Default::default()).unwrap();
     assert_eq!(r.wait(Some(Duration::from_secs(30))), Status::Ok);
 }
+
+/// Requests may be dispatched on the submitting thread, and on the emulated device their
+/// copies then finish before `submit` returns; the callback must still run on one of
+/// kvxfer's threads (the C contract), never inside the caller's `submit`.
+#[test]
+fn callbacks_run_on_kvxfer_threads_even_when_submit_did_the_work() {
+    let e = engine();
+    let c = cfg(8, 2, 2, 16, 64, 2);
+    let (host, dev) = (make_layout(&e, &c, FC, StorageKind::Pinned), make_layout(&e, &c, FC, StorageKind::Device));
+    let names = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let n = names.clone();
+    let record = move |_: &kvxfer::Request, _| n.lock().unwrap().push(std::thread::current().name().map(str::to_string));
+    let opts = TransferOptions { on_complete: Some(Arc::new(record)), ..Default::default() };
+    for i in 0..32u64 {
+        let (a, b) = if i % 2 == 0 { (&host, &dev) } else { (&dev, &host) };
+        let r = e.submit(a, &[i % 8], b, &[i % 8], &opts).unwrap();
+        assert_eq!(r.wait(Some(Duration::from_secs(30))), Status::Ok);
+    }
+    let names = names.lock().unwrap();
+    assert_eq!(names.len(), 32);
+    let me = std::thread::current().name().map(str::to_string);
+    for n in names.iter() {
+        assert!(n != &me && n.as_deref().is_some_and(|n| n.starts_with("kvx-")), "a callback ran on {n:?}");
+    }
+}

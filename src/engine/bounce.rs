@@ -65,6 +65,11 @@ impl BounceRing {
         self.free_rx.recv().expect("the ring owns a sender")
     }
 
+    /// A free slot if there is one now.
+    pub fn try_acquire(&self) -> Option<u32> {
+        self.free_rx.try_recv().ok()
+    }
+
     /// Gives a slot back. A release with every slot already free is a bookkeeping bug
     /// (a chunk gave its slot back twice): it panics at once instead of blocking.
     pub fn release(&self, slot: u32) {

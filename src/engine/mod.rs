@@ -32,19 +32,20 @@ use stats::Counters;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use worker::{Job, Router};
 
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Submission side of the request queue. `accepting` is checked and the request sent
-/// under one lock, so no request can slip in behind the dispatcher's stop message; the
-/// queue is unbounded, so the send under that lock never waits.
+/// Submission side. Submits hold the read lock while they check `accepting`, dispatch on
+/// their own thread and queue work; shutdown takes the write lock to stop accepting, so
+/// no request slips in behind the dispatcher's stop message and none is half dispatched
+/// when the teardown starts. The queue is unbounded, so no send under the lock waits.
 struct Intake {
     accepting: bool,
-    tx: Sender<Option<Arc<Request>>>,
+    tx: Sender<Option<dispatch::Work>>,
 }
 
 pub struct Engine {
@@ -54,7 +55,7 @@ pub struct Engine {
     counters: Arc<Counters>,
     ring: Arc<BounceRing>,
     router: Arc<Router>,
-    intake: Mutex<Intake>,
+    intake: RwLock<Intake>,
     threads: Mutex<Threads>,
 }
 
@@ -106,6 +107,8 @@ impl Engine {
             fence_tx,
             shutdown: Default::default(),
             gds: io.gds,
+            gpu: gpu.clone(),
+            queued: AtomicU64::new(0),
         });
         let id = NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed);
         let engine = Engine {
@@ -116,7 +119,7 @@ impl Engine {
             counters,
             ring: ring.clone(),
             router: router.clone(),
-            intake: Mutex::new(Intake { accepting: true, tx: req_tx }),
+            intake: RwLock::new(Intake { accepting: true, tx: req_tx }),
             threads: Mutex::new(Threads::default()),
         };
         // If a spawn fails, dropping `engine` stops the threads already started.
@@ -214,14 +217,31 @@ impl Engine {
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
         let req = Arc::new(Request::new(transfer, self.counters.clone(), opts.on_complete.clone()));
-        let intake = self.intake.lock().unwrap();
+        let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Shutdown, "the engine is shutting down");
         }
-        if intake.tx.send(Some(req.clone())).is_err() {
-            self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
-            bail!(Internal, "the request queue is closed while the engine accepts requests; this is a kvxfer bug, please report it");
+        let queue = |work| {
+            self.router.queued.fetch_add(1, Ordering::AcqRel);
+            // The dispatcher lives until the stop message, which is sent under the write lock.
+            intake.tx.send(Some(work)).unwrap_or_else(|_| unreachable!("the dispatcher stopped while the engine accepts requests"));
+        };
+        if self.router.queued.load(Ordering::Acquire) > 0 || !req.claim() {
+            queue(dispatch::Work::Start(req.clone()));
+            return Ok(req);
+        }
+        // The dispatcher has nothing in hand: dispatch here while slots are free.
+        if let Some(planner) = dispatch::planner(&req, &self.ring, &self.router) {
+            if let Some(rest) = dispatch::dispatch(&self.router, &self.ring, &req, planner, false) {
+                queue(dispatch::Work::Rest(req.clone(), Box::new(rest)));
+                return Ok(req);
+            }
+        }
+        // Every chunk is out; give up the dispatcher's count, unless the chunks already
+        // finished, so completing (and the callback) would happen on this thread.
+        if !req.release_unless_last() {
+            queue(dispatch::Work::Release(req.clone()));
         }
         Ok(req)
     }
@@ -302,7 +322,7 @@ impl Engine {
     /// own thread the joining is handed to a helper thread instead of deadlocking.
     pub fn shutdown(&self) {
         {
-            let mut intake = self.intake.lock().unwrap();
+            let mut intake = self.intake.write().unwrap();
             if !intake.accepting {
                 return;
             }

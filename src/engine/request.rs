@@ -59,6 +59,9 @@ pub struct PlanInputs {
     pub after: Option<u64>,
 }
 
+/// How long `wait` looks for completion before it sleeps.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
+
 const QUEUED: u8 = 0;
 const CLAIMED: u8 = 1;
 
@@ -72,6 +75,8 @@ pub struct Request {
     failed: AtomicBool,
     first_error: Mutex<Option<Error>>,
     final_status: Mutex<Option<Status>>,
+    /// Set with `final_status`, for waiters that look before they sleep.
+    finished: AtomicBool,
     done: Condvar,
     message: OnceLock<CString>,
 }
@@ -88,6 +93,7 @@ impl Request {
             failed: AtomicBool::new(false),
             first_error: Mutex::new(None),
             final_status: Mutex::new(None),
+            finished: AtomicBool::new(false),
             done: Condvar::new(),
             message: OnceLock::new(),
         }
@@ -131,6 +137,12 @@ impl Request {
 
     pub(crate) fn chunk_issued(&self) {
         self.outstanding.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Gives up one count unless it is the last (which would complete the request here):
+    /// false then, and the caller hands it to one of the engine's threads.
+    pub(crate) fn release_unless_last(&self) -> bool {
+        self.outstanding.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n > 1).then(|| n - 1)).is_ok()
     }
 
     /// A chunk finished (or was skipped), or the dispatcher is done issuing.
@@ -182,6 +194,7 @@ impl Request {
             }
         }
         *self.final_status.lock().unwrap() = Some(status);
+        self.finished.store(true, Ordering::Release);
         self.done.notify_all();
     }
 
@@ -225,7 +238,14 @@ impl Request {
 
     /// Waits up to `timeout` (`None`: forever) for the final status; `Timeout` otherwise.
     pub fn wait(&self, timeout: Option<Duration>) -> Status {
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let start = Instant::now();
+        let deadline = timeout.and_then(|t| start.checked_add(t));
+        // A small transfer ends within microseconds: look for that before sleeping,
+        // since a condition-variable wake-up costs about as much again.
+        let spin = WAIT_SPIN.min(timeout.unwrap_or(WAIT_SPIN));
+        while !self.finished.load(Ordering::Acquire) && start.elapsed() < spin {
+            std::hint::spin_loop();
+        }
         let mut st = self.final_status.lock().unwrap();
         loop {
             if let Some(s) = *st {

@@ -17,7 +17,7 @@ use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::gds::Gds;
 use crate::io::Port;
 use crossbeam_channel::{Receiver, Sender};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A slot's worth of a request, moving through its stages.
@@ -48,6 +48,10 @@ pub struct Router {
     pub shutdown: AtomicBool,
     /// `KVX_IO_GDS`: cuFile moves disk <-> device bytes (`Op::DiskDevice`).
     pub gds: Option<Arc<Gds>>,
+    pub gpu: Arc<dyn Gpu>,
+    /// Work sent to the dispatcher thread and not yet done with: while it is non-zero,
+    /// submits queue behind it instead of dispatching on their own thread.
+    pub queued: AtomicU64,
 }
 
 impl Router {
@@ -67,6 +71,23 @@ impl Router {
                 // The receivers live until `Stop`, which is sent only after every slot came back.
                 tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("stage thread gone with chunks in flight"));
             }
+        }
+    }
+
+    /// As `advance`, on a thread of the caller's (a submit): a device copy is issued
+    /// right here instead of on the copy thread, in the device context pushed for the
+    /// call and popped after, so the caller's own current context is left as it was.
+    pub fn advance_here(&self, mut chunk: Chunk) {
+        let here = !chunk.req.stopped() && chunk.stages.get(chunk.next).and_then(|s| s.as_ref()).is_some_and(Op::on_copy_thread);
+        if !here {
+            return self.advance(chunk);
+        }
+        match self.gpu.enter() {
+            Ok(()) => {
+                issue_copy(self, &*self.gpu, Ok(()), Router::take_op(&mut chunk), chunk);
+                self.gpu.leave();
+            }
+            Err(e) => self.fail(chunk, e),
         }
     }
 
@@ -172,31 +193,54 @@ fn memcpy_all(ops: &[CopyOp]) {
 /// once, a pending one goes to the fence thread.
 pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
     let bound = gpu.bind_thread();
-    while let Ok(Job::Run(mut chunk)) = rx.recv() {
-        let Op::DeviceCopy { kind, ops, host_is_bounce, after } = Router::take_op(&mut chunk) else {
-            unreachable!("only device copies come here")
-        };
-        chunk.issued = Some(std::time::Instant::now());
-        let issued = bound.clone().and_then(|_| gpu.copy(kind, &ops, chunk.slot, host_is_bounce, after));
-        match issued {
-            Ok(fence) => {
-                let bytes: u64 = ops.iter().map(|o| o.len).sum();
-                match kind {
-                    CopyKind::HostToDevice => Counters::add(&router.counters.bytes_host_to_device, bytes),
-                    CopyKind::DeviceToHost => Counters::add(&router.counters.bytes_device_to_host, bytes),
-                    CopyKind::DeviceToDevice => {}
-                }
-                match fence {
-                    Fence::Done => {
-                        router.copy_done(&chunk);
-                        router.advance(chunk)
-                    }
-                    pending => router.fence_tx[fence_lane(kind, chunk.slot)]
-                        .send(Some((pending, chunk)))
-                        .unwrap_or_else(|_| unreachable!("fence thread gone")),
-                }
+    while let Ok(Job::Run(mut chunk)) = recv_spinning(&rx) {
+        let op = Router::take_op(&mut chunk);
+        issue_copy(&router, &*gpu, bound.clone(), op, chunk);
+    }
+}
+
+/// Issues a chunk's device copies; a finished fence moves the chunk on at once, a
+/// pending one goes to its lane's fence thread.
+fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chunk: Chunk) {
+    let Op::DeviceCopy { kind, ops, host_is_bounce, after } = op else { unreachable!("only device copies are issued here") };
+    chunk.issued = Some(std::time::Instant::now());
+    let issued = bound.and_then(|_| gpu.copy(kind, &ops, chunk.slot, host_is_bounce, after));
+    match issued {
+        Ok(fence) => {
+            let bytes: u64 = ops.iter().map(|o| o.len).sum();
+            match kind {
+                CopyKind::HostToDevice => Counters::add(&router.counters.bytes_host_to_device, bytes),
+                CopyKind::DeviceToHost => Counters::add(&router.counters.bytes_device_to_host, bytes),
+                CopyKind::DeviceToDevice => {}
             }
-            Err(e) => router.fail(chunk, e),
+            match fence {
+                Fence::Done => {
+                    router.copy_done(&chunk);
+                    router.advance(chunk)
+                }
+                pending => router.fence_tx[fence_lane(kind, chunk.slot)]
+                    .send(Some((pending, chunk)))
+                    .unwrap_or_else(|_| unreachable!("fence thread gone")),
+            }
+        }
+        Err(e) => router.fail(chunk, e),
+    }
+}
+
+/// How long the copy and fence threads keep looking for their next job after one
+/// before they sleep: back-to-back requests then find them awake (a sleeping thread
+/// costs a futex wake-up, tens of microseconds on a busy host), and an idle engine
+/// still uses no CPU once this has passed.
+const STAY_AWAKE: std::time::Duration = std::time::Duration::from_micros(50);
+
+fn recv_spinning<T>(rx: &Receiver<T>) -> std::result::Result<T, crossbeam_channel::RecvError> {
+    let start = std::time::Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(crossbeam_channel::RecvError),
+            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < STAY_AWAKE => std::hint::spin_loop(),
+            Err(crossbeam_channel::TryRecvError::Empty) => return rx.recv(),
         }
     }
 }
@@ -206,7 +250,7 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
     if let Err(e) = gpu.bind_thread() {
         log::error!("fence thread cannot use the device: {e}");
     }
-    while let Ok(Some((fence, chunk))) = rx.recv() {
+    while let Ok(Some((fence, chunk))) = recv_spinning(&rx) {
         let waited = fence.wait();
         router.copy_done(&chunk);
         match waited {

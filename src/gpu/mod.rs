@@ -45,7 +45,8 @@ pub fn fence_lane(kind: CopyKind, slot: u32) -> usize {
 
 /// Something to wait on for a batch of copies that was issued asynchronously.
 pub trait PendingCopy: Send {
-    /// Blocks (sleeping, not spinning) until the copies finished; their outcome.
+    /// Blocks until the copies finished (spinning for at most a short while, then
+    /// sleeping); their outcome.
     fn wait(self: Box<Self>) -> Result<()>;
 }
 
@@ -104,10 +105,18 @@ pub trait Gpu: Send + Sync + 'static {
     /// Called once on each engine thread that talks to the device (makes a context current).
     fn bind_thread(&self) -> Result<()>;
 
+    /// Makes the device's context current on a caller's thread for a moment (`copy` from a
+    /// submit); `leave` restores what was current before.
+    fn enter(&self) -> Result<()> {
+        Ok(())
+    }
+    fn leave(&self) {}
+
     /// Issues `ops` (all of one kind) for the chunk holding bounce slot `slot`, after the
     /// captured event `after` (see `capture_event`), and returns their fence. The host side
     /// is the bounce slot itself when `host_is_bounce` (its unused bytes may be
-    /// overwritten). Called on the copy thread only.
+    /// overwritten). Called on the copy thread, or on a submitting thread between `enter`
+    /// and `leave`.
     fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host_is_bounce: bool, after: Option<u64>) -> Result<Fence>;
 
     /// Captures the caller's CUDA event as of now into an event of ours that copies can

@@ -125,8 +125,22 @@ struct EventWait(sys::CUevent);
 // SAFETY: events may be synchronised from any thread.
 unsafe impl Send for EventWait {}
 
+/// How long a fence looks at its event before it sleeps in `cuEventSynchronize`: a
+/// blocking-sync wake-up costs tens of microseconds, about what a small copy takes, so
+/// small copies are seen done at once; a long copy costs this much spinning, then sleeps.
+const FENCE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
 impl PendingCopy for EventWait {
     fn wait(self: Box<Self>) -> Result<()> {
+        let start = std::time::Instant::now();
+        while start.elapsed() < FENCE_SPIN {
+            // SAFETY: as below.
+            match unsafe { sys::cuEventQuery(self.0) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+                r => return check(r, "cuEventQuery"),
+            }
+        }
         // SAFETY: the slot's event, alive as long as the engine's device.
         check(unsafe { sys::cuEventSynchronize(self.0) }, "cuEventSynchronize")
     }
@@ -242,6 +256,17 @@ impl Gpu for CudaGpu {
 
     fn bind_thread(&self) -> Result<()> {
         self.bind()
+    }
+
+    fn enter(&self) -> Result<()> {
+        // SAFETY: our retained primary context; popped again in `leave`.
+        check(unsafe { sys::cuCtxPushCurrent_v2(self.ctx) }, "cuCtxPushCurrent")
+    }
+
+    fn leave(&self) {
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: pops the context `enter` pushed on this thread.
+        unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 
     fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host_is_bounce: bool, after: Option<u64>) -> Result<Fence> {
