@@ -59,7 +59,7 @@ pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Optio
 pub fn planner(req: &Request, ring: &BounceRing, router: &Router) -> Option<Planner> {
     let p = req.plan_inputs()?;
     let segs = segments(&p.src.placement, &p.dst.placement, &p.pairs, p.layers);
-    Some(Planner::new(p.src, p.dst, segs, ring.slot_bytes(), p.after, router.gds.is_some(), router.io_workers))
+    Some(Planner::new(p.src, p.dst, segs, ring.slot_bytes(), p.after, router.gds.is_some()))
 }
 
 /// Issues the request's chunks; stops early when it is cancelled, fails, or the engine

@@ -108,7 +108,6 @@ impl Engine {
             shutdown: Default::default(),
             gds: io.gds,
             gpu: gpu.clone(),
-            io_workers: cfg.io_threads,
             queued: AtomicU64::new(0),
         });
         let id = NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed);

@@ -90,10 +90,6 @@ const MEMORY_SLOT_ALIGN: u64 = 256;
 const DIRECT_DEVICE_CHUNK: u64 = 64 << 20;
 const LARGE_SEGMENT: u64 = 1 << 20;
 
-/// The smallest fill a small request is cut into: below it, per-chunk costs (a channel
-/// hop, an event) outweigh the overlap gained.
-const MIN_FILL: u64 = 256 << 10;
-
 /// One piece of a segment placed in the current chunk.
 #[derive(Clone, Copy, Debug)]
 struct Piece {
@@ -118,8 +114,7 @@ pub struct Planner {
     /// Next segment and the bytes of it already planned.
     idx: usize,
     done_in_seg: u64,
-    /// Bytes a bounce chunk fills of its slot (`slot_bytes`, or less for small requests).
-    fill_bytes: u64,
+    slot_bytes: u64,
     /// Bytes per direct chunk (`slot_bytes`, or more for large device copies).
     direct_chunk: u64,
     /// Placement alignment: the primary disk side's I/O alignment.
@@ -133,8 +128,7 @@ pub struct Planner {
 impl Planner {
     /// `gds`: the engine opened cuFile, so unchecksummed disk <-> device transfers skip
     /// the bounce slots (checksums are computed and verified on host bytes).
-    /// `workers`: the engine's I/O workers, over which a small request's fills are spread.
-    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<u64>, gds: bool, workers: u32) -> Planner {
+    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<u64>, gds: bool) -> Planner {
         let mut strategy = strategy(src.kind(), dst.kind());
         let pinned_device = match (src.kind(), dst.kind()) {
             (StorageKind::Pinned, StorageKind::Device) => Some(true),
@@ -163,20 +157,7 @@ impl Planner {
             _ => slot_bytes,
         };
         let region_cut = (checksummed(&src) || checksummed(&dst)).then(|| if primary_is_src { src.placement } else { dst.placement });
-        // Slot-sized fills of a request smaller than the workers' combined slots all run
-        // at once and end together, and then every device copy waits behind the last
-        // read. Fills of a quarter of a worker's share end in waves instead, so the copies
-        // of one wave overlap the reads of the next. Checksummed chunks keep whole slots
-        // (a region is hashed inside one).
-        let total: u64 = segs.iter().map(|s| s.len).sum();
-        let fill_bytes = match strategy {
-            Strategy::Bounce if region_cut.is_none() => {
-                let share = align_up((total / (4 * workers.max(1) as u64)).max(MIN_FILL), align).unwrap_or(slot_bytes);
-                share.clamp(2 * align, slot_bytes)
-            }
-            _ => slot_bytes,
-        };
-        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, fill_bytes, direct_chunk, align, primary_is_src, after, region_cut }
+        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after, region_cut }
     }
 
     fn addr(layout: &Layout, loc: Loc) -> u64 {
@@ -244,11 +225,11 @@ impl Planner {
         let mut pos = 0;
         while self.idx < self.segs.len() {
             let start = align_up(pos, self.align).unwrap();
-            if start >= self.fill_bytes {
+            if start >= self.slot_bytes {
                 break;
             }
             let (s, d, rem) = self.current();
-            let take = rem.min(self.fill_bytes - start);
+            let take = rem.min(self.slot_bytes - start);
             pieces.push(self.piece(s, d, start, take));
             pos = start + take;
             self.advance(take);
@@ -271,10 +252,10 @@ impl Planner {
                 lp + l.len == p && (!both_disk || lo + l.len == other)
             });
             let start = if continues { pos } else { align_up(pos, a).unwrap() + p % a };
-            if start >= self.fill_bytes {
+            if start >= self.slot_bytes {
                 break;
             }
-            let mut take = rem.min(self.fill_bytes - start);
+            let mut take = rem.min(self.slot_bytes - start);
             let cut = take < rem;
             if cut {
                 let end = match &self.region_cut {
@@ -450,7 +431,7 @@ mod tests {
         let pairs: Vec<(u64, u64)> = (0..4).map(|b| (b, b)).collect();
         let segs = segments(&src.placement, &dst.placement, &pairs, 0..2);
         assert_eq!(segs.len(), 2, "one segment per layer");
-        let mut planner = Planner::new(src, dst, segs, 1 << 20, None, false, 1);
+        let mut planner = Planner::new(src, dst, segs, 1 << 20, None, false);
         let Some([Some(Op::DeviceCopy { ops, .. }), None]) = planner.next_chunk(0) else { panic!("one direct device copy") };
         assert_eq!(ops.len(), 2, "{ops:?}");
         assert!(ops.iter().all(|o| o.len == per_layer));
@@ -482,7 +463,7 @@ mod tests {
                 })
                 .collect();
             let slot = 8 << 10;
-            let mut planner = Planner::new(src.clone(), dst.clone(), segs, slot, None, true, 1);
+            let mut planner = Planner::new(src.clone(), dst.clone(), segs, slot, None, true);
             let mut got = Vec::new();
             while let Some(stages) = planner.next_chunk(0) {
                 let [Some(Op::DiskDevice { write: w, ios, .. }), None] = stages else { panic!("one cuFile stage per chunk") };
@@ -508,7 +489,7 @@ mod tests {
         let sum_path = dir.join(format!("kvx-plan-gds-sum-{}", std::process::id()));
         let sum = Arc::new(Layout::create_disk(1, &gpu, g, &sum_path, DiskFlags::CREATE | DiskFlags::CHECKSUM).unwrap());
         let segs = segments(&sum.placement, &dev.placement, &pairs, 0..3);
-        let mut planner = Planner::new(sum, dev, segs, 64 << 10, None, true, 1);
+        let mut planner = Planner::new(sum, dev, segs, 64 << 10, None, true);
         assert!(matches!(planner.next_chunk(0), Some([Some(Op::ReadDisk { .. }), Some(Op::DeviceCopy { .. })])));
         let _ = (std::fs::remove_file(&path), std::fs::remove_file(&sum_path));
     }

@@ -49,7 +49,6 @@ pub struct Router {
     /// `KVX_IO_GDS`: cuFile moves disk <-> device bytes (`Op::DiskDevice`).
     pub gds: Option<Arc<Gds>>,
     pub gpu: Arc<dyn Gpu>,
-    pub io_workers: u32,
     /// Work sent to the dispatcher thread and not yet done with: while it is non-zero,
     /// submits queue behind it instead of dispatching on their own thread.
     pub queued: AtomicU64,
