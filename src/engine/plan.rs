@@ -65,7 +65,10 @@ fn strategy(src: StorageKind, dst: StorageKind) -> Strategy {
 /// Small regions scattered over pinned memory: the device could only copy them one by
 /// one, so gather them on the CPU into a slot and move the slot as one copy instead.
 fn scattered_small(segs: &[Segment], host_is_src: bool) -> bool {
-    if segs.is_empty() {
+    // A few runs cost a few copies issued at once, cheaper than a gather on an I/O
+    // worker and the hand-off to the copy thread (measured: a single 256 KiB block
+    // took 105 us through the slot, the raw copy 13 us).
+    if segs.len() < MIN_SCATTERED_RUNS {
         return false;
     }
     let avg = segs.iter().map(|s| s.len).sum::<u64>() / segs.len() as u64;
@@ -76,6 +79,8 @@ fn scattered_small(segs: &[Segment], host_is_src: bool) -> bool {
     });
     avg < LARGE_SEGMENT && 2 * contiguous.count() < segs.len()
 }
+
+const MIN_SCATTERED_RUNS: usize = 8;
 
 fn host_like(k: StorageKind) -> bool {
     matches!(k, StorageKind::Host | StorageKind::Pinned)

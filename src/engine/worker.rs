@@ -251,7 +251,9 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
         log::error!("fence thread cannot use the device: {e}");
     }
     while let Ok(Some((fence, chunk))) = recv_spinning(&rx) {
-        let waited = fence.wait();
+        // Spin only with nothing queued behind: a busy lane sleeps, leaving the cores
+        // and the driver's locks to the threads moving bytes.
+        let waited = fence.wait(rx.is_empty());
         router.copy_done(&chunk);
         match waited {
             Ok(()) => router.advance(chunk),

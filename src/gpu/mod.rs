@@ -45,9 +45,10 @@ pub fn fence_lane(kind: CopyKind, slot: u32) -> usize {
 
 /// Something to wait on for a batch of copies that was issued asynchronously.
 pub trait PendingCopy: Send {
-    /// Blocks until the copies finished (spinning for at most a short while, then
-    /// sleeping); their outcome.
-    fn wait(self: Box<Self>) -> Result<()>;
+    /// Blocks until the copies finished, their outcome. With `spin`, it looks for
+    /// completion for a short while before it sleeps (worth it when nothing else waits:
+    /// a sleeping wake-up costs about what a small copy takes).
+    fn wait(self: Box<Self>, spin: bool) -> Result<()>;
 }
 
 /// The completion of an issued batch of copies.
@@ -58,10 +59,10 @@ pub enum Fence {
 }
 
 impl Fence {
-    pub fn wait(self) -> Result<()> {
+    pub fn wait(self, spin: bool) -> Result<()> {
         match self {
             Fence::Done => Ok(()),
-            Fence::Pending(p) => p.wait(),
+            Fence::Pending(p) => p.wait(spin),
         }
     }
 }

@@ -131,13 +131,15 @@ unsafe impl Send for EventWait {}
 const FENCE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
 impl PendingCopy for EventWait {
-    fn wait(self: Box<Self>) -> Result<()> {
+    fn wait(self: Box<Self>, spin: bool) -> Result<()> {
         let start = std::time::Instant::now();
-        while start.elapsed() < FENCE_SPIN {
+        while spin && start.elapsed() < FENCE_SPIN {
             // SAFETY: as below.
             match unsafe { sys::cuEventQuery(self.0) } {
                 sys::CUresult::CUDA_SUCCESS => return Ok(()),
-                sys::CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+                // Not every few nanoseconds: each query takes the driver's locks, which
+                // the threads issuing copies need too.
+                sys::CUresult::CUDA_ERROR_NOT_READY => (0..256).for_each(|_| std::hint::spin_loop()),
                 r => return check(r, "cuEventQuery"),
             }
         }
