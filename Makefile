@@ -14,7 +14,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
 ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
 
-.PHONY: all build bench test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
@@ -44,7 +44,7 @@ bench: build
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR) nixl-libs
@@ -178,6 +178,16 @@ bench-smoke: build $(TEST_DIR)
 	@if [ "$$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then \
 	  ./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir /dev/shm --mapped; \
 	else echo "bench-smoke: --mapped skipped: /dev/shm is not tmpfs here"; fi
+
+# The Python package (python/): pip builds its wheel with the crate's cdylib inside, then
+# pytest runs its suite on the emulated device with NumPy arrays, from outside the source
+# tree so the installed copy (and its bundled library) is what is tested.
+PYENV := target/pyenv
+python-test: build
+	@python3 -m venv --help >/dev/null 2>&1 || { echo "python-test: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+	@[ -x $(PYENV)/bin/pytest ] || { python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q numpy pytest; }
+	$(PYENV)/bin/pip install -q --force-reinstall --no-deps ./python
+	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
 
 clean:
 	$(CARGO) clean

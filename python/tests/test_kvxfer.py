@@ -1,0 +1,251 @@
+"""The Python binding on the emulated device (or on `KVXFER_TEST_DEVICE=<ordinal>`) with
+NumPy arrays: round trips, layer ranges, callbacks, asyncio, and the errors a caller
+gets for bad input. Torch tests run where torch is installed and say so otherwise."""
+
+import asyncio
+import ctypes
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import kvxfer
+from kvxfer import _native as n
+
+DEVICE = int(os.environ["KVXFER_TEST_DEVICE"]) if os.environ.get("KVXFER_TEST_DEVICE") else "emulated"
+
+
+def geometry(kind="contiguous", blocks=16, layers=4):
+    return kvxfer.LayoutConfig(kind=kind, num_blocks=blocks, num_layers=layers, outer_dim=2, page_size=16, inner_dim=64, dtype_bytes=2)
+
+
+@pytest.fixture
+def engine():
+    with kvxfer.Engine(device=DEVICE, io_threads=2, bounce_bytes=1 << 20, slot_bytes=64 << 10) as e:
+        yield e
+
+
+def host_arrays(cfg, seed=0):
+    """One uint16 array per allocation of `cfg`, filled with a pattern."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 65535, size=cfg.base_bytes // 2, dtype=np.uint16) for _ in range(cfg.bases)]
+
+
+def blocks_of(arrays, cfg, block):
+    """The bytes of one block across the layout's allocations, as the layout places them."""
+    per_layer = cfg.outer_dim * cfg.page_size * cfg.inner_dim * cfg.dtype_bytes
+    if cfg.kind == "contiguous":
+        b = arrays[0].view(np.uint8)
+        return b[block * cfg.block_bytes : (block + 1) * cfg.block_bytes].tobytes()
+    out = b""
+    for a in arrays:
+        u = a.view(np.uint8)
+        if cfg.kind == "layer_block_first":
+            out += u[block * per_layer : (block + 1) * per_layer].tobytes()
+        else:  # outer first: [outer][block][page*inner]
+            half = per_layer // cfg.outer_dim
+            for o in range(cfg.outer_dim):
+                start = (o * cfg.num_blocks + block) * half
+                out += u[start : start + half].tobytes()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "layer_block_first", "layer_outer_first"])
+def test_numpy_round_trip_through_disk_and_device(engine, tmp_path, kind):
+    cfg = geometry(kind)
+    src = host_arrays(cfg, 1)
+    back = [np.zeros_like(a) for a in src]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b, engine.device_layout(cfg) as d, engine.disk_layout(
+        cfg, tmp_path / "kv.bin"
+    ) as k:
+        ids = np.array([3, 0, 7, 12], dtype=np.int64)
+        engine.submit(h, ids, k, ids[::-1]).wait()
+        engine.submit(k, ids[::-1], d, [1, 2, 3, 4]).wait()
+        engine.submit(d, range(1, 5), b, ids).wait(timeout=30)
+    for blk in ids:
+        assert blocks_of(back, cfg, blk) == blocks_of(src, cfg, blk)
+    untouched = [x for x in range(cfg.num_blocks) if x not in ids]
+    assert all(blocks_of(back, cfg, x) == bytes(cfg.block_bytes) for x in untouched)
+
+
+def test_layer_ranges_move_only_those_layers(engine):
+    cfg = geometry("layer_block_first")
+    src, back = host_arrays(cfg, 2), [np.zeros(cfg.base_bytes // 2, np.uint16) for _ in range(cfg.bases)]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b:
+        engine.submit(h, [5], b, [5], layers=(1, 3)).wait()
+        engine.submit(h, [6], b, [6], layers=slice(3, None)).wait()
+    per = cfg.block_bytes // cfg.num_layers
+    got, want = blocks_of(back, cfg, 5), blocks_of(src, cfg, 5)
+    assert got[per : 3 * per] == want[per : 3 * per] and got[:per] == bytes(per) and got[3 * per :] == bytes(per)
+    assert blocks_of(back, cfg, 6)[3 * per :] == blocks_of(src, cfg, 6)[3 * per :]
+
+
+def test_callbacks_run_once_on_a_kvxfer_thread_with_the_error(engine):
+    cfg = geometry()
+    seen = []
+    done = threading.Event()
+
+    def on_complete(req, err):
+        seen.append((threading.current_thread().name, err))
+        done.set()
+
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        r = engine.submit(h, [0, 1], d, [0, 1], on_complete=on_complete)
+        r.wait()
+        assert done.wait(10) and len(seen) == 1 and seen[0][1] is None
+        assert seen[0][0] != threading.current_thread().name
+        assert r.done()
+
+
+def test_await_a_request_in_asyncio(engine):
+    cfg = geometry()
+
+    async def main():
+        with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+            await engine.submit(h, [0, 1, 2], d, [0, 1, 2])
+            reqs = [engine.submit(d, [i], h, [i + 8]) for i in range(3)]
+            await asyncio.gather(*reqs)
+            with pytest.raises(kvxfer.OutOfRange):
+                await engine.submit(h, [0], d, [99])
+
+    asyncio.run(main())
+
+
+def test_cancelled_request_raises_cancelled(engine, tmp_path):
+    cfg = geometry(blocks=256, layers=8)
+    with engine.host_layout(cfg) as h, engine.disk_layout(cfg, tmp_path / "big.bin") as k:
+        reqs = [engine.submit(h, range(256), k, range(256)) for _ in range(4)]
+        for r in reqs:
+            r.cancel()
+        outcomes = set()
+        for r in reqs:
+            try:
+                r.wait(60)
+                outcomes.add("ok")
+            except kvxfer.Cancelled as e:
+                outcomes.add("cancelled")
+                assert e.status == 11 and "cancel" in e.message
+        assert "cancelled" in outcomes
+
+
+def test_stats_and_effective_config(engine):
+    cfg = geometry()
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        engine.submit(h, [0], d, [0]).wait()
+    s = engine.stats()
+    assert s.requests_completed == 1 and s.bytes_host_to_device == cfg.block_bytes
+    c = engine.config()
+    assert c.slot_bytes == 64 << 10 and c.io_threads == 2 and c.io_backend in ("posix", "uring", "nixl", "gds")
+    assert isinstance(c, kvxfer.EngineConfig) and isinstance(s, kvxfer.Stats)
+
+
+def test_bad_arrays_are_refused_with_the_reason(engine):
+    cfg = geometry("layer_block_first")
+    good = host_arrays(cfg)
+    with pytest.raises(kvxfer.InvalidArgument, match="4-byte elements but dtype_bytes is 2"):
+        engine.register([a.view(np.uint32) for a in good], cfg)
+    with pytest.raises(kvxfer.InvalidArgument, match="not C-contiguous"):
+        engine.register([np.zeros(cfg.base_bytes, np.uint16)[::2] for _ in range(cfg.bases)], cfg)
+    with pytest.raises(kvxfer.InvalidArgument, match="the layout needs"):
+        engine.register([a[:-1] for a in good], cfg)
+    with pytest.raises(kvxfer.InvalidArgument, match="spans 4 allocation"):
+        engine.register(good[:2], cfg)
+    ro = [a.copy() for a in good]
+    for a in ro:
+        a.setflags(write=False)
+    with pytest.raises(kvxfer.InvalidArgument, match="read-only"):
+        engine.register(ro, cfg)
+    with pytest.raises(kvxfer.InvalidArgument, match="pass a NumPy array"):
+        engine.register([b"x" * cfg.base_bytes] * cfg.bases, cfg)
+    with pytest.raises(kvxfer.InvalidArgument, match="layout kind"):
+        engine.device_layout(kvxfer.LayoutConfig(kind="paged", num_blocks=1, num_layers=1, outer_dim=1, page_size=1, inner_dim=1, dtype_bytes=1))
+
+
+def test_bad_transfers_and_settings_raise_their_status(engine):
+    cfg = geometry()
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        with pytest.raises(kvxfer.OutOfRange, match="block id 16"):
+            engine.submit(h, [16], d, [0])
+        with pytest.raises(kvxfer.InvalidArgument, match="appears twice"):
+            engine.submit(h, [0, 1], d, [2, 2])
+        with pytest.raises(kvxfer.InvalidArgument, match="negative block id"):
+            engine.submit(h, [-1], d, [0])
+        with pytest.raises(kvxfer.InvalidArgument, match="2 source ids but 1"):
+            engine.submit(h, [0, 1], d, [0])
+        with pytest.raises(kvxfer.OutOfRange, match="layer_end 9"):
+            engine.submit(h, [0], d, [0], layers=(0, 9))
+        other = geometry(layers=2)
+        with engine.device_layout(other) as o, pytest.raises(kvxfer.Incompatible, match="geometry differs"):
+            engine.submit(h, [0], o, [0])
+    with pytest.raises(kvxfer.InvalidArgument, match="unknown engine setting 'threads'"):
+        kvxfer.Engine(device="emulated", threads=4)
+    with pytest.raises(kvxfer.InvalidArgument, match="slot_bytes"):
+        kvxfer.Engine(device="emulated", slot_bytes=1000)
+    with pytest.raises(kvxfer.InvalidArgument, match="device="):
+        kvxfer.Engine(device="gpu0")
+    assert issubclass(kvxfer.OutOfRange, IndexError) and issubclass(kvxfer.Timeout, TimeoutError)
+
+
+def test_a_closed_engine_says_so(tmp_path):
+    cfg = geometry()
+    e = kvxfer.Engine(device="emulated", io_threads=2)
+    h = e.host_layout(cfg)
+    d = e.device_layout(cfg)
+    r = e.submit(h, [0], d, [0])
+    e.close()
+    e.close()  # idempotent
+    for call in (lambda: e.device_layout(cfg), lambda: e.submit(h, [0], d, [0]), e.stats, r.wait, lambda: h.base(0)):
+        with pytest.raises(kvxfer.Shutdown, match="closed"):
+            call()
+    h.close(), d.close(), r.release()  # still allowed after the engine closed
+
+
+def test_a_missing_disk_file_is_an_io_error(engine, tmp_path):
+    with pytest.raises(kvxfer.IOError, match="nope.bin"):
+        engine.disk_layout(geometry(), tmp_path / "nope.bin", create=False)
+
+
+def test_struct_layouts_match_the_library():
+    # kvx_engine_config_init and kvx_transfer_options_init write struct_size: the sizes
+    # the library expects must be the sizes ctypes lays out.
+    for cls, init in (
+        (n.EngineConfigC, n.lib.kvx_engine_config_init),
+        (n.LayoutConfigC, n.lib.kvx_layout_config_init),
+        (n.TransferOptionsC, n.lib.kvx_transfer_options_init),
+    ):
+        c = cls()
+        init(ctypes.byref(c))
+        assert c.struct_size == ctypes.sizeof(cls), cls.__name__
+
+
+def test_the_library_is_found_in_the_package_or_by_kvxfer_library():
+    assert os.path.isfile(kvxfer.library_path)
+    assert kvxfer.version().startswith("kvxfer ")
+
+
+def test_torch_cpu_tensors(engine):
+    torch = pytest.importorskip("torch", reason="torch is not installed here (the H200 run covers it)")
+    cfg = geometry("layer_block_first")
+    src = [torch.randint(0, 30000, (cfg.base_bytes // 2,), dtype=torch.int16) for _ in range(cfg.bases)]
+    back = [torch.zeros_like(t) for t in src]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b, engine.device_layout(cfg) as d:
+        ids = torch.tensor([1, 4, 9])
+        engine.submit(h, ids, d, ids).wait()
+        engine.submit(d, ids, b, ids).wait()
+    for s, t in zip(src, back):
+        per = cfg.base_bytes // cfg.num_blocks // 2
+        for blk in (1, 4, 9):
+            assert torch.equal(s[blk * per : (blk + 1) * per], t[blk * per : (blk + 1) * per])
+    with pytest.raises(kvxfer.InvalidArgument, match="not contiguous"):
+        engine.register([torch.zeros(cfg.base_bytes, dtype=torch.int16)[::2] for _ in range(cfg.bases)], cfg)
+
+
+def test_the_offload_connector_example_runs(tmp_path):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "offload_connector.py")
+    spec = importlib.util.spec_from_file_location("offload_connector", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.run(use_torch=False, num_blocks=32, steps=6, workdir=str(tmp_path))
