@@ -42,6 +42,7 @@ struct Options {
   bool buffered = false, verify = true, random_blocks = false, json = false, cold = false, checksum = false, mapped = false;
   bool latency = false, layerwise = false;
   unsigned submitters = 0;
+  std::string trace;
 };
 
 [[noreturn]] void usage(int code) {
@@ -70,7 +71,9 @@ struct Options {
       "                  beside one raw cuMemcpyAsync + synchronize of the same bytes\n"
       "  --layerwise     a request per layer for --blocks-per-batch blocks, back to back, against one request of\n"
       "                  all layers (first- and last-layer completion); --direction picks host- or disk-to-device\n"
-      "  --submitters N  N threads submitting --blocks-per-batch-block requests back to back, mixed directions\n");
+      "  --submitters N  N threads submitting --blocks-per-batch-block requests back to back, mixed directions\n"
+      "  --trace FILE    replay a schedule of `<submitter> onboard|offload <blocks>` lines against the disk file\n"
+      "                  (cpp_examples/make_trace.py writes a vLLM-like one); latency percentiles and GB/s\n");
   std::exit(code);
 }
 
@@ -130,6 +133,7 @@ Options parse(int argc, char **argv) {
       {"--bounce-bytes", [&](const char *v) { o.bounce_bytes = std::strtoull(v, nullptr, 0); }},
       {"--slot-bytes", [&](const char *v) { o.slot_bytes = std::strtoull(v, nullptr, 0); }},
       {"--submitters", [&](const char *v) { o.submitters = (unsigned)std::strtoul(v, nullptr, 0); }},
+      {"--trace", [&](const char *v) { o.trace = v; }},
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -339,7 +343,7 @@ int run(const Options &o) {
   const uint32_t nbases = hc.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o.num_layers;
   const uint64_t base_bytes = total / nbases;
 
-  bool want_disk = o.direction == "all" || o.direction.find("disk") != std::string::npos;
+  bool want_disk = o.direction == "all" || o.direction.find("disk") != std::string::npos || !o.trace.empty();
   std::string path = o.dir + "/kvx-bench-" + std::to_string(::getpid()) + ".kv";
   const std::string scratch = path + ".raw";
   uint64_t file_bytes = 0;
@@ -395,7 +399,7 @@ int run(const Options &o) {
                 o.mapped ? "mapped and pinned: moved by DMA, no file I/O" : o.buffered ? "buffered" : "O_DIRECT",
                 o.checksum ? ", checksummed" : "", o.mapped ? "none" : io_backend_name(e.io_backend()));
   std::printf("\n");
-  if (o.latency || o.layerwise || o.submitters) {
+  if (o.latency || o.layerwise || o.submitters || !o.trace.empty()) {
     if (o.latency) run_latency(e, host, device, raw, o, block_bytes);
     if (o.layerwise) {
       bool from_disk = o.direction == "disk-to-device";
@@ -403,6 +407,10 @@ int run(const Options &o) {
       run_layerwise(e, from_disk ? disk : host, device, from_disk ? "disk-to-device" : "host-to-device", o);
     }
     if (o.submitters) run_submitters(e, host, device, check_host, o, block_bytes);
+    if (!o.trace.empty()) {
+      run_pass(e, device, disk, o);  // the tier holds every block
+      run_trace(e, disk, device, o, block_bytes);
+    }
     if (want_disk) ::unlink(scratch.c_str());
     return 0;
   }

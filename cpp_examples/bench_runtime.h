@@ -223,3 +223,74 @@ inline void run_submitters(kvx::Engine &e, const kvx::Layout &host, const kvx::L
               "slowest/fastest thread p99 %.2fx; CPU %.3f s/GB\n",
               agg, ref, 100 * agg / ref, hi / lo, cpu / (bytes / 1e9));
 }
+
+// --trace FILE: replays a runtime's schedule. Each line is `<submitter> <op> <blocks>`:
+// op `onboard` moves that many random blocks from the tier (the disk file with --dir, as
+// a prefix hit) to the device, `offload` from the device to the tier; `#` starts a
+// comment. Each submitter thread runs its own lines in order, one request at a time, all
+// submitters at once. cpp_examples/make_trace.py writes a vLLM-like schedule.
+struct TraceOp {
+  bool onboard;
+  uint64_t blocks;
+};
+
+inline void run_trace(kvx::Engine &e, const kvx::Layout &tier, const kvx::Layout &device, const Options &o, uint64_t block_bytes) {
+  FILE *f = std::fopen(o.trace.c_str(), "r");
+  if (!f) { std::perror(("bench: --trace " + o.trace).c_str()); std::exit(2); }
+  std::map<unsigned, std::vector<TraceOp>> by_thread;
+  char line[256];
+  for (int no = 1; std::fgets(line, sizeof line, f); no++) {
+    if (line[0] == '#' || line[0] == '\n') continue;
+    unsigned t;
+    char op[32];
+    unsigned long long n;
+    if (std::sscanf(line, "%u %31s %llu", &t, op, &n) != 3 || (std::strcmp(op, "onboard") && std::strcmp(op, "offload")) || n == 0 ||
+        n > o.num_blocks) {
+      std::fprintf(stderr, "bench: %s:%d: expected `<submitter> onboard|offload <blocks>` with 1..%llu blocks\n", o.trace.c_str(), no,
+                   (unsigned long long)o.num_blocks);
+      std::exit(2);
+    }
+    by_thread[t].push_back({std::strcmp(op, "onboard") == 0, n});
+  }
+  std::fclose(f);
+  struct Seen {
+    std::vector<double> on_us, off_us;
+    uint64_t bytes = 0;
+  };
+  std::vector<Seen> seen(by_thread.size());
+  std::vector<std::thread> pool;
+  std::atomic<bool> go{false};
+  size_t i = 0;
+  for (auto &[t, ops] : by_thread) {
+    pool.emplace_back([&, idx = i++, tid = t, ops = &ops] {
+      uint64_t x = 0x9E3779B97F4A7C15ull * (tid + 1);
+      while (!go.load()) std::this_thread::yield();
+      for (auto &op : *ops) {
+        std::vector<uint64_t> ids;
+        while (ids.size() < op.blocks) {
+          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+          uint64_t b = x % o.num_blocks;
+          if (std::find(ids.begin(), ids.end(), b) == ids.end()) ids.push_back(b);
+        }
+        auto t0 = Clock::now();
+        if (op.onboard) e.submit(tier, ids, device, ids).wait();
+        else e.submit(device, ids, tier, ids).wait();
+        (op.onboard ? seen[idx].on_us : seen[idx].off_us).push_back(us_since(t0));
+        seen[idx].bytes += ids.size() * block_bytes;
+      }
+    });
+  }
+  double cpu0 = cpu_seconds();
+  auto t0 = Clock::now();
+  go = true;
+  for (auto &th : pool) th.join();
+  double wall = std::chrono::duration<double>(Clock::now() - t0).count(), cpu = cpu_seconds() - cpu0;
+  std::vector<double> on, off;
+  uint64_t bytes = 0;
+  for (auto &s : seen) on.insert(on.end(), s.on_us.begin(), s.on_us.end()), off.insert(off.end(), s.off_us.begin(), s.off_us.end()), bytes += s.bytes;
+  auto a = percentiles_us(on), b = percentiles_us(off);
+  std::printf("trace %s: %zu submitters, %zu onboards (p50 %.1f us, p99 %.1f us, p99.9 %.1f us), %zu offloads (p50 %.1f us, "
+              "p99 %.1f us, p99.9 %.1f us); %.2f GB/s aggregate over %.3f s; CPU %.3f s/GB\n",
+              o.trace.c_str(), seen.size(), on.size(), a.p50, a.p99, a.p999, off.size(), b.p50, b.p99, b.p999, bytes / wall / 1e9, wall,
+              cpu / (bytes / 1e9));
+}
