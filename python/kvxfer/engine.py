@@ -317,6 +317,21 @@ class Engine:
                 raise InvalidArgument("wait_event must be a recorded torch.cuda.Event or a non-NULL CUevent")
             o.wait_event = ev
         req = Request(self)
+        # Submitted from a coroutine: completion is handed to that event loop through
+        # call_soon_threadsafe, so `await request` needs no thread of its own.
+        try:
+            loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            req._future = loop.create_future()
+            user = on_complete
+
+            def on_complete(r: "Request", err: Optional[Error], _loop=loop, _fut=req._future, _user=user) -> None:
+                if _user is not None:
+                    _user(r, err)
+                _loop.call_soon_threadsafe(_settle, _fut, err)
+
         key = 0
         if on_complete is not None:
             global _next_key
@@ -351,6 +366,11 @@ def _layer_range(layers: Layers, num_layers: int) -> Tuple[int, int]:
     if isinstance(layers, tuple) and len(layers) == 2:
         return int(layers[0]), int(layers[1])
     raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
+
+
+def _settle(fut: "asyncio.Future[None]", err: Optional[Error]) -> None:
+    if not fut.done():
+        fut.set_exception(err) if err is not None else fut.set_result(None)
 
 
 class Layout:
@@ -400,12 +420,16 @@ class Layout:
 
 
 class Request:
-    """A submitted transfer. `wait()` raises the failure; `await request` works in
-    asyncio (the wait runs off the event loop's thread)."""
+    """A submitted transfer. `wait()` raises the failure. `await request` works in
+    asyncio: a request submitted inside a running loop is settled on that loop from
+    kvxfer's thread (`call_soon_threadsafe`); one submitted elsewhere is waited for on
+    the loop's executor."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self._h: Optional[int] = None
+        #: Set when submitted inside a running event loop: settled on that loop.
+        self._future: "Optional[asyncio.Future[None]]" = None
 
     def _handle(self) -> int:
         self.engine._handle()
@@ -437,8 +461,10 @@ class Request:
         _check(n.lib.kvx_request_cancel(self._handle()))
 
     def __await__(self):
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self.wait).__await__()
+        if self._future is not None and self._future.get_loop() is asyncio.get_running_loop():
+            return self._future.__await__()
+        # Submitted outside this loop: wait on the loop's executor instead.
+        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
     def release(self) -> None:
         h, self._h = self._h, None

@@ -112,6 +112,26 @@ def test_await_a_request_in_asyncio(engine):
     asyncio.run(main())
 
 
+def test_await_is_settled_on_the_loop_without_a_thread(engine):
+    cfg = geometry()
+    seen = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+            reqs = [engine.submit(h, [i], d, [i], on_complete=lambda r, e: seen.append(e)) for i in range(8)]
+            assert all(r._future is not None and r._future.get_loop() is loop for r in reqs)
+            await asyncio.wait_for(asyncio.gather(*reqs), 30)
+            outside = []
+            t = threading.Thread(target=lambda: outside.append(engine.submit(h, [9], d, [9])))
+            t.start(), t.join()
+            assert outside[0]._future is None
+            await outside[0]  # falls back to the executor
+
+    asyncio.run(main())
+    assert seen == [None] * 8  # the caller's own callback still runs
+
+
 def test_cancelled_request_raises_cancelled(engine, tmp_path):
     cfg = geometry(blocks=256, layers=8)
     with engine.host_layout(cfg) as h, engine.disk_layout(cfg, tmp_path / "big.bin") as k:
