@@ -368,12 +368,38 @@ def _layer_range(layers: Layers, num_layers: int) -> Tuple[int, int]:
     raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
 
 
+class _Owned:
+    """A C handle owned by this object: dropped once, by close(), `with` or collection."""
+
+    _h: Optional[int]
+
+    def _drop(self, free: Callable[[int], None]) -> None:
+        h, self._h = self._h, None
+        if h:
+            free(h)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 def _settle(fut: "asyncio.Future[None]", err: Optional[Error]) -> None:
     if not fut.done():
         fut.set_exception(err) if err is not None else fut.set_result(None)
 
 
-class Layout:
+class Layout(_Owned):
     """Block geometry plus the memory or file holding it. `close()` (or the context
     manager) drops it; requests using it keep it alive until they end."""
 
@@ -402,24 +428,11 @@ class Layout:
         return v.value
 
     def close(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            n.lib.kvx_layout_destroy(h)
-
-    def __enter__(self) -> "Layout":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        """Drops the caller's reference; requests using the layout keep it until they end."""
+        self._drop(n.lib.kvx_layout_destroy)
 
 
-class Request:
+class Request(_Owned):
     """A submitted transfer. `wait()` raises the failure. `await request` works in
     asyncio: a request submitted inside a running loop is settled on that loop from
     kvxfer's thread (`call_soon_threadsafe`); one submitted elsewhere is waited for on
@@ -467,18 +480,7 @@ class Request:
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
     def release(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            n.lib.kvx_request_release(h)
+        """Drops the handle; a running transfer still completes."""
+        self._drop(n.lib.kvx_request_release)
 
-    def __enter__(self) -> "Request":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:
-            pass
+    close = release
