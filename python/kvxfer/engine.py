@@ -124,7 +124,33 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
 _TRAMPOLINE = n.COMPLETION_FN(_trampoline)
 
 
-class Engine:
+class _Owned:
+    """A C handle owned by this object: dropped once, by close(), `with` or collection."""
+
+    _h: Optional[int]
+
+    def _drop(self, free: Callable[[int], None]) -> None:
+        h, self._h = self._h, None
+        if h:
+            free(h)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Engine(_Owned):
     """A kvxfer engine on a device: `"auto"` (GPU 0 if there is one, else emulated),
     `"emulated"`, or a CUDA ordinal. Keyword settings as `kvx_engine_config`:
     `io_threads`, `io_backend` (`"auto"`, `"posix"`, `"uring"`, `"nixl"`, `"gds"`),
@@ -162,21 +188,7 @@ class Engine:
         """Cancels requests not started, waits for the others and frees the engine.
         Layouts and requests of it raise `Shutdown` afterwards. Idempotent."""
         with self._lock:
-            h, self._h = self._h, None
-        if h:
-            n.lib.kvx_engine_destroy(h)
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+            self._drop(n.lib.kvx_engine_destroy)
 
     def _handle(self) -> int:
         h = self._h
@@ -366,32 +378,6 @@ def _layer_range(layers: Layers, num_layers: int) -> Tuple[int, int]:
     if isinstance(layers, tuple) and len(layers) == 2:
         return int(layers[0]), int(layers[1])
     raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
-
-
-class _Owned:
-    """A C handle owned by this object: dropped once, by close(), `with` or collection."""
-
-    _h: Optional[int]
-
-    def _drop(self, free: Callable[[int], None]) -> None:
-        h, self._h = self._h, None
-        if h:
-            free(h)
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self):  # type: ignore[no-untyped-def]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _settle(fut: "asyncio.Future[None]", err: Optional[Error]) -> None:
