@@ -59,3 +59,33 @@ fn unaligned_geometry_round_trips_with_and_without_layer_ranges() {
     // MLA (outer_dim 1), odd dtype, regions larger than a slot.
     run_matrix(&cfg(8, 2, 1, 7, 3001, 5), 0..1);
 }
+
+/// Scattered small regions of pinned memory move without a CPU gather when the device
+/// maps that memory (the emulated device does; so does CUDA pinned memory under unified
+/// addressing): no host memcpy stage runs, and the bytes are exact both ways. Pageable
+/// memory, which the device cannot reach, is still gathered on the CPU.
+#[test]
+fn scattered_pinned_regions_move_without_a_cpu_gather() {
+    let e = engine();
+    let c = cfg(64, 4, 2, 16, 128, 2); // 4 KiB regions
+    let kind = LayoutKind::LayerSeparate { block_first: true };
+    let ids: Vec<u64> = (0..32).map(|i| (i * 37 + 5) % 64).collect(); // 32 distinct, scattered
+    let slots: Vec<u64> = (0..32).collect();
+    let pairs: Vec<(u64, u64)> = ids.iter().copied().zip(slots.iter().copied()).collect();
+    let host = make_layout(&e, &c, kind, StorageKind::Pinned);
+    let dev = make_layout(&e, &c, kind, StorageKind::Device);
+    let back = make_layout(&e, &c, kind, StorageKind::Pinned);
+    fill(&host, 1);
+    fill(&dev, 2);
+    fill(&back, 3);
+    assert_eq!(transfer(&e, &host, &ids, &dev, &slots, &Default::default()), Status::Ok);
+    check(&dev, 2, 1, &pairs, 0..4, "pinned → device");
+    assert_eq!(transfer(&e, &dev, &slots, &back, &ids, &Default::default()), Status::Ok);
+    check(&back, 3, 1, &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..4, "device → pinned");
+    assert_eq!(e.stats().host_copy_ns, 0, "a scattered pinned transfer ran a host memcpy stage (a CPU gather)");
+    let pageable = make_layout(&e, &c, kind, StorageKind::Host);
+    fill(&pageable, 4);
+    assert_eq!(transfer(&e, &pageable, &ids, &dev, &slots, &Default::default()), Status::Ok);
+    check(&dev, 2, 4, &pairs, 0..4, "pageable → device");
+    assert!(e.stats().host_copy_ns > 0, "pageable memory goes through the slots");
+}

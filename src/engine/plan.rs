@@ -11,7 +11,7 @@
 //! Disk bytes are placed in a slot at the same offset modulo the I/O alignment as in the
 //! file, so reads can be widened to aligned `O_DIRECT` reads and writes stay aligned.
 
-use crate::gpu::{CopyKind, CopyOp};
+use crate::gpu::{CopyKind, CopyOp, HostSide, MAX_OPS_PER_COPY};
 use crate::io::{Extent, Io};
 use crate::layout::{align_down, align_up, push_run, Loc, Run, Segment};
 use crate::memory::{Layout, StorageKind};
@@ -23,9 +23,9 @@ pub enum Op {
     WriteDisk { file: Arc<Layout>, extents: Vec<Extent> },
     /// memcpy on an I/O worker.
     HostCopy(Vec<CopyOp>),
-    /// On the copy thread. `host_is_bounce`: the host side is the chunk's bounce slot.
+    /// On the copy thread. `host`: what the host side is (a slot, mapped or pinned memory).
     /// `after`: a captured caller event the copies wait for.
-    DeviceCopy { kind: CopyKind, ops: Vec<CopyOp>, host_is_bounce: bool, after: Option<u64> },
+    DeviceCopy { kind: CopyKind, ops: Vec<CopyOp>, host: HostSide, after: Option<u64> },
     /// cuFile between the file and device memory, on an I/O worker (`Io::addr` is a
     /// device address).
     DiskDevice { file: Arc<Layout>, write: bool, ios: Vec<Io> },
@@ -140,7 +140,12 @@ impl Planner {
             (StorageKind::Device, StorageKind::Pinned) => Some(false),
             _ => None,
         };
-        if pinned_device.is_some_and(|host_is_src| scattered_small(&segs, host_is_src)) {
+        // Scattered small regions of pinned memory: the device's kernels reach them in
+        // place if it maps that memory (one launch per chunk, no CPU), else the CPU
+        // gathers them into a slot.
+        let scattered = pinned_device.filter(|&host_is_src| scattered_small(&segs, host_is_src));
+        let zero_copy = scattered.is_some_and(|host_is_src| if host_is_src { src.device_maps() } else { dst.device_maps() });
+        if scattered.is_some() && !zero_copy {
             strategy = Strategy::Bounce;
         }
         let primary_is_src = src.kind() == StorageKind::Disk;
@@ -158,7 +163,7 @@ impl Planner {
         let device = src.kind() == StorageKind::Device || dst.kind() == StorageKind::Device;
         let avg = segs.iter().map(|s| s.len).sum::<u64>() / segs.len().max(1) as u64;
         let direct_chunk = match strategy {
-            Strategy::Direct if device && avg >= LARGE_SEGMENT => DIRECT_DEVICE_CHUNK.max(slot_bytes),
+            Strategy::Direct if device && (avg >= LARGE_SEGMENT || zero_copy) => DIRECT_DEVICE_CHUNK.max(slot_bytes),
             _ => slot_bytes,
         };
         let region_cut = (checksummed(&src) || checksummed(&dst)).then(|| if primary_is_src { src.placement } else { dst.placement });
@@ -210,11 +215,11 @@ impl Planner {
         }
     }
 
-    /// Up to `direct_chunk` bytes, cut anywhere.
+    /// Up to `direct_chunk` bytes in at most `MAX_OPS_PER_COPY` pieces, cut anywhere.
     fn take_direct(&mut self) -> Vec<Piece> {
         let mut pieces = Vec::new();
         let mut total = 0;
-        while self.idx < self.segs.len() && total < self.direct_chunk {
+        while self.idx < self.segs.len() && total < self.direct_chunk && pieces.len() < MAX_OPS_PER_COPY {
             let (s, d, rem) = self.current();
             let take = rem.min(self.direct_chunk - total);
             pieces.push(self.piece(s, d, 0, take));
@@ -295,7 +300,9 @@ impl Planner {
             (_, StorageKind::Device) => CopyKind::HostToDevice,
             _ => return Op::HostCopy(ops),
         };
-        Op::DeviceCopy { kind, ops, host_is_bounce: false, after: self.after }
+        let host_layout = if kind == CopyKind::HostToDevice { &self.src } else { &self.dst };
+        let host = if host_layout.device_maps() { HostSide::Mapped } else { HostSide::Pinned };
+        Op::DeviceCopy { kind, ops, host, after: self.after }
     }
 
     /// File ↔ device through cuFile: aligned runs on the `O_DIRECT` descriptor (which
@@ -324,7 +331,7 @@ impl Planner {
                 file: self.src.clone(),
                 extents: self.extents(&self.src, pieces.iter().map(|p| (p.src, p.slot_off, p.len)), slot, false),
             },
-            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host_is_bounce: true, after: self.after },
+            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host: HostSide::Bounce, after: self.after },
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(to_slot())
@@ -340,7 +347,7 @@ impl Planner {
                 file: self.dst.clone(),
                 extents: self.extents(&self.dst, pieces.iter().map(|p| (p.dst, p.slot_off, p.len)), slot, true),
             },
-            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::HostToDevice, ops: from_slot(), host_is_bounce: true, after: self.after },
+            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::HostToDevice, ops: from_slot(), host: HostSide::Bounce, after: self.after },
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(from_slot())
@@ -440,6 +447,35 @@ mod tests {
         let Some([Some(Op::DeviceCopy { ops, .. }), None]) = planner.next_chunk(0) else { panic!("one direct device copy") };
         assert_eq!(ops.len(), 2, "{ops:?}");
         assert!(ops.iter().all(|o| o.len == per_layer));
+    }
+
+    /// Scattered small regions of pinned memory the device maps go as direct chunks of
+    /// zero-copy ops, never more per copy than a backend's region table holds.
+    #[test]
+    fn scattered_mapped_pinned_regions_are_direct_chunks_of_bounded_ops() {
+        let gpu: Arc<dyn Gpu> = Arc::new(Emulated::default());
+        let cfg = LayoutConfig { num_blocks: 4096, num_layers: 3, outer_dim: 2, page_size: 1, inner_dim: 8, dtype_bytes: 2 };
+        let g = cfg.validate().unwrap();
+        let kind = LayoutKind::LayerSeparate { block_first: true };
+        let host = Arc::new(Layout::create_memory(1, &gpu, kind, g, StorageKind::Pinned).unwrap());
+        let dev = Arc::new(Layout::create_memory(1, &gpu, kind, g, StorageKind::Device).unwrap());
+        assert!(host.device_maps(), "the emulated device maps pinned memory");
+        // Reversed ids: no two regions are adjacent on either side.
+        let pairs: Vec<(u64, u64)> = (0..4096).map(|b| (4095 - b, b)).collect();
+        for (src, dst, want) in [(host.clone(), dev.clone(), CopyKind::HostToDevice), (dev.clone(), host.clone(), CopyKind::DeviceToHost)] {
+            let segs = segments(&src.placement, &dst.placement, &pairs, 0..3);
+            let total: u64 = segs.iter().map(|s| s.len).sum();
+            assert!(segs.len() > MAX_OPS_PER_COPY, "the case must need more than one copy");
+            let mut planner = Planner::new(src, dst, segs, 64 << 10, None, false);
+            let mut moved = 0;
+            while let Some(stages) = planner.next_chunk(0) {
+                let [Some(Op::DeviceCopy { kind, ops, host, .. }), None] = stages else { panic!("one direct device copy per chunk") };
+                assert_eq!((kind, host), (want, HostSide::Mapped));
+                assert!(ops.len() <= MAX_OPS_PER_COPY, "{} ops in one copy", ops.len());
+                moved += ops.iter().map(|o| o.len).sum::<u64>();
+            }
+            assert_eq!(moved, total);
+        }
     }
 
     /// With cuFile, a disk <-> device transfer is planned as one stage per chunk whose

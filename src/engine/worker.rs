@@ -202,9 +202,9 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
 /// Issues a chunk's device copies; a finished fence moves the chunk on at once, a
 /// pending one goes to its lane's fence thread.
 fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chunk: Chunk) {
-    let Op::DeviceCopy { kind, ops, host_is_bounce, after } = op else { unreachable!("only device copies are issued here") };
+    let Op::DeviceCopy { kind, ops, host, after } = op else { unreachable!("only device copies are issued here") };
     chunk.issued = Some(std::time::Instant::now());
-    let issued = bound.and_then(|_| gpu.copy(kind, &ops, chunk.slot, host_is_bounce, after));
+    let issued = bound.and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after));
     match issued {
         Ok(fence) => {
             let bytes: u64 = ops.iter().map(|o| o.len).sum();

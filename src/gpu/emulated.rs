@@ -1,6 +1,6 @@
 //! The emulated device: host memory plays device memory, memcpy plays the DMA engine.
 
-use super::{CopyKind, CopyOp, Device, Fence, Gpu};
+use super::{CopyKind, CopyOp, Device, Fence, Gpu, HostSide};
 use crate::error::{bail, Result};
 use crate::host::{map_anonymous, unmap};
 use std::collections::BTreeMap;
@@ -68,6 +68,10 @@ impl Gpu for Emulated {
         self.check_device_range(addr, bytes)
     }
 
+    fn maps_host(&self, _addr: u64, _bytes: u64) -> bool {
+        true // its "device" is the host: scattered pinned regions take the zero-copy plan
+    }
+
     fn register_host(&self, _addr: u64, _bytes: u64) -> Result<()> {
         Ok(()) // the emulated device copies with memcpy: any host memory will do
     }
@@ -88,7 +92,7 @@ impl Gpu for Emulated {
 
     fn release_event(&self, _event: u64) {}
 
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host_is_bounce: bool, _after: Option<u64>) -> Result<Fence> {
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host: HostSide, _after: Option<u64>) -> Result<Fence> {
         if crate::fault::check(crate::fault::Site::DeviceCopy).is_some() {
             bail!(Cuda, "device copy failed (injected fault)");
         }

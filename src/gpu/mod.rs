@@ -31,6 +31,22 @@ pub struct CopyOp {
     pub len: u64,
 }
 
+/// What the host side of a device copy is, which decides how a backend may move it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostSide {
+    /// A bounce slot: its bytes between the ops are scratch and may be overwritten.
+    Bounce,
+    /// A layout's pinned memory that the device's kernels address directly (`maps_host`),
+    /// so scattered small regions can move in one kernel launch, no CPU gather.
+    Mapped,
+    /// Pinned memory that only the DMA engines reach.
+    Pinned,
+}
+
+/// The most ops one `copy` is given; the planner cuts chunks so none has more (a
+/// backend's region table holds this many).
+pub const MAX_OPS_PER_COPY: usize = 8192;
+
 /// Fences complete in issue order within a *lane*: a (direction, slot parity) pair,
 /// matching the streams a backend may use. One fence thread waits per lane.
 pub const FENCE_LANES: usize = 4;
@@ -93,6 +109,10 @@ pub trait Gpu: Send + Sync + 'static {
     /// Checks that `[addr, addr + bytes)` is page-locked host memory.
     fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()>;
 
+    /// Whether the device's kernels can read and write `[addr, addr + bytes)` of pinned
+    /// host memory at those same addresses (zero-copy over the bus).
+    fn maps_host(&self, addr: u64, bytes: u64) -> bool;
+
     /// Page-locks existing host memory (a mapped file) for the device's copies until
     /// `unregister_host`.
     fn register_host(&self, addr: u64, bytes: u64) -> Result<()>;
@@ -114,11 +134,11 @@ pub trait Gpu: Send + Sync + 'static {
     fn leave(&self) {}
 
     /// Issues `ops` (all of one kind) for the chunk holding bounce slot `slot`, after the
-    /// captured event `after` (see `capture_event`), and returns their fence. The host side
-    /// is the bounce slot itself when `host_is_bounce` (its unused bytes may be
-    /// overwritten). Called on the copy thread, or on a submitting thread between `enter`
-    /// and `leave`.
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host_is_bounce: bool, after: Option<u64>) -> Result<Fence>;
+    /// captured event `after` (see `capture_event`), and returns their fence; `host` says
+    /// what the host side is (unused for device-to-device). At most `MAX_OPS_PER_COPY`
+    /// ops. Called on the copy thread, or on a submitting thread between `enter` and
+    /// `leave`.
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> Result<Fence>;
 
     /// Captures the caller's CUDA event as of now into an event of ours that copies can
     /// wait on, so re-recording the caller's event later changes nothing.

@@ -71,6 +71,8 @@ pub struct Layout {
     /// The host can dereference its bases: host memory, or any memory of the emulated
     /// device (which is host memory too).
     host_addressable: bool,
+    /// Pinned, and the device's kernels address every base directly (`Gpu::maps_host`).
+    device_maps: bool,
 }
 
 static NEXT_LAYOUT_ID: AtomicU64 = AtomicU64::new(1);
@@ -79,7 +81,16 @@ impl Layout {
     fn new(engine_id: u64, gpu: &Arc<dyn Gpu>, placement: Placement, storage: Storage) -> Layout {
         let on_device = matches!(storage, Storage::Memory { kind: StorageKind::Device, .. });
         let host_addressable = !on_device || gpu.device() == crate::gpu::Device::Emulated;
-        Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable }
+        let mut layout = Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable, device_maps: false };
+        let bytes = layout.placement.base_bytes();
+        layout.device_maps = layout.kind() == StorageKind::Pinned && layout.bases().is_some_and(|b| b.iter().all(|&a| gpu.maps_host(a, bytes)));
+        layout
+    }
+
+    /// Whether it is pinned memory the device's kernels can read and write in place, so
+    /// scattered regions need no CPU gather (see `HostSide::Mapped`).
+    pub fn device_maps(&self) -> bool {
+        self.device_maps
     }
 
     /// Whether the host may dereference `bases()` (false for memory of a real GPU).

@@ -6,13 +6,14 @@
 //!   use the H2D streams.
 //! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
 //!   thread with blocking sync (sleeps, never spins), then the slot is free again.
-//! - Many small regions move as one large PCIe copy plus one kernel launch (see
-//!   `regions.rs`); large ones as one async memcpy each.
+//! - Many small regions move as one large PCIe copy plus one kernel launch, or, scattered
+//!   over mapped pinned memory, as one kernel launch that reads or writes the host over
+//!   the bus (see `regions.rs`); large ones as one async memcpy each.
 
 pub mod driver;
 mod regions;
 
-use super::{CopyKind, CopyOp, Device, Fence, Gpu, PendingCopy};
+use super::{CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
 use crate::error::{bail, Error, Result, Status};
 use driver::{check, sys};
 use regions::{RegionKernel, SlotResources};
@@ -234,10 +235,23 @@ impl Gpu for CudaGpu {
         Ok(())
     }
 
+    fn maps_host(&self, addr: u64, bytes: u64) -> bool {
+        use sys::CUpointer_attribute_enum::CU_POINTER_ATTRIBUTE_DEVICE_POINTER;
+        // Without the region kernel nothing would use the mapping.
+        if self.kernel.is_none() || bytes == 0 || self.bind().is_err() {
+            return false;
+        }
+        // Under unified addressing, pinned memory the device maps has the host's address
+        // on the device too; memory pinned without a mapping reports no device pointer.
+        [addr, addr + bytes - 1].iter().all(|&a| self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a) == Ok(a))
+    }
+
     fn register_host(&self, addr: u64, bytes: u64) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller's mapping of `bytes` at `addr`; PORTABLE so every context sees it.
-        let r = unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, bytes as usize, sys::CU_MEMHOSTREGISTER_PORTABLE) };
+        // SAFETY: the caller's mapping of `bytes` at `addr`; PORTABLE so every context sees
+        // it, DEVICEMAP so the region kernel can address it (`maps_host`).
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        let r = unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, bytes as usize, flags) };
         if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             bail!(NoMemory, "page-locking {bytes} bytes of a mapped file for the device: out of memory");
         }
@@ -271,7 +285,7 @@ impl Gpu for CudaGpu {
         unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host_is_bounce: bool, after: Option<u64>) -> Result<Fence> {
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> Result<Fence> {
         let stream = self.stream(kind, slot);
         let res = self.slots.get().expect("prepare_slots runs before any copy");
         // SAFETY: copy thread, context bound; ops lie in validated layouts and this
@@ -281,7 +295,7 @@ impl Gpu for CudaGpu {
                 check(sys::cuStreamWaitEvent(stream, ev as sys::CUevent, 0), "cuStreamWaitEvent")?;
             }
             let batched = match &self.kernel {
-                Some(k) => regions::try_batched(k, res, slot, kind, ops, host_is_bounce, stream)?,
+                Some(k) => regions::try_batched(k, res, slot, kind, ops, host, stream)?,
                 None => false,
             };
             if !batched {
