@@ -5,7 +5,8 @@
 //!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
 //!   use the H2D streams.
 //! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
-//!   thread with blocking sync (sleeps, never spins), then the slot is free again.
+//!   thread (briefly by query when its lane is idle, then in blocking sync), then the slot
+//!   is free again.
 //! - Many small regions move as one large PCIe copy plus one kernel launch, or, scattered
 //!   over mapped pinned memory, as one kernel launch that reads or writes the host over
 //!   the bus (see `regions.rs`); large ones as one async memcpy each.
