@@ -52,7 +52,10 @@ rust-test: $(TEST_DIR) nixl-libs
 	KVX_TEST_IO_BACKEND=uring $(CARGO) test --release --test roundtrip --test faults --test integrity
 	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
 	  echo "NIXL suites, with $(NIXL_LIBS)"; \
-	  LD_LIBRARY_PATH=$(NIXL_LIBS) KVX_TEST_IO_BACKEND=nixl $(CARGO) test --release --test roundtrip --test integrity --test backends; \
+	  LD_LIBRARY_PATH=$(NIXL_LIBS) KVX_TEST_IO_BACKEND=nixl $(CARGO) test --release --test roundtrip --test integrity --test backends && \
+	  echo "remote layouts over UCX: the transports UCX picks on one host, then TCP on loopback only" && \
+	  LD_LIBRARY_PATH=$(NIXL_LIBS) $(CARGO) test --release --test remote && \
+	  LD_LIBRARY_PATH=$(NIXL_LIBS) UCX_TLS=tcp UCX_NET_DEVICES=lo $(CARGO) test --release --test remote; \
 	else echo "NIXL suites skipped: NIXL's libraries could not be fetched (see above)"; fi
 
 # NIXL's libraries from the nixl-cu13 wheel (PyPI), so the NIXL backend is tested here

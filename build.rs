@@ -18,7 +18,9 @@ fn main() {
         .lines()
         .find_map(|l| l.trim().strip_prefix("abi_major = "))
         .expect("Cargo.toml: [package.metadata.kvxfer] abi_major");
+    let abi_minor = manifest.lines().find_map(|l| l.trim().strip_prefix("abi_minor = ")).expect("Cargo.toml: abi_minor");
     println!("cargo:rerun-if-changed=Cargo.toml");
+    println!("cargo:rustc-env=KVX_CARGO_ABI_MINOR={abi_minor}");
     println!("cargo:rustc-env=KVX_CARGO_ABI_MAJOR={abi_major}");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libkvxfer.so.{abi_major}");
     let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml");
@@ -29,6 +31,7 @@ fn main() {
         .with_src(crate_dir.join("src/ffi/layout.rs"))
         .with_src(crate_dir.join("src/ffi/transfer.rs"))
         .with_src(crate_dir.join("src/ffi/logger.rs"))
+        .with_src(crate_dir.join("src/ffi/remote.rs"))
         .with_src(crate_dir.join("src/ffi/api.rs"))
         .generate()
         .expect("cbindgen could not generate the header");

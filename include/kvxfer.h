@@ -21,7 +21,8 @@
 // 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`,
 // `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
 // 1.2: `KVX_DISK_MAPPED`.
-#define KVX_ABI_MINOR 2
+// 1.3: remote layouts: `kvx_engine_export`, `kvx_blob_*`, `kvx_engine_import`, `KVX_ERR_REMOTE`.
+#define KVX_ABI_MINOR 3
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 #define KVX_DEVICE_AUTO -2
@@ -85,6 +86,10 @@
 // as without it, so the same file can be opened either way. The file must not be
 // truncated while the layout lives.
 #define KVX_DISK_MAPPED 32
+
+// Bytes an engine exported (`kvx_engine_export`): read them with `kvx_blob_bytes`,
+// free with `kvx_blob_destroy`. (1.3)
+typedef struct kvx_blob kvx_blob;
 
 // An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 // free with `kvx_engine_destroy`.
@@ -248,6 +253,23 @@ typedef struct kvx_api {
   kvx_status (*engine_io_backend)(const struct kvx_engine*, uint32_t*);
   // ABI 1.1.
   kvx_status (*engine_config_get)(const struct kvx_engine*, struct kvx_engine_config*);
+  // ABI 1.3.
+  kvx_status (*engine_export)(struct kvx_engine*,
+                              const struct kvx_layout*const *,
+                              size_t,
+                              struct kvx_blob**);
+  // ABI 1.3.
+  const uint8_t *(*blob_bytes)(const struct kvx_blob*, size_t*);
+  // ABI 1.3.
+  void (*blob_destroy)(struct kvx_blob*);
+  // ABI 1.3.
+  kvx_status (*engine_import)(struct kvx_engine*,
+                              const uint8_t*,
+                              size_t,
+                              uint32_t,
+                              struct kvx_layout**,
+                              size_t,
+                              size_t*);
 } kvx_api;
 
 #define KVX_OK 0
@@ -290,6 +312,11 @@ typedef struct kvx_api {
 #define KVX_ERR_VERSION 15
 
 #define KVX_ERR_INTERNAL 16
+
+// A remote peer (an imported layout's engine) failed a transfer, did not answer within
+// the import's timeout, or exited; local work is unaffected. Re-import its blob once it
+// is back. (1.3)
+#define KVX_ERR_REMOTE 17
 
 #ifdef __cplusplus
 extern "C" {
@@ -430,6 +457,45 @@ void kvx_request_release(struct kvx_request *r);
 // from the log callback (`KVX_ERR_INVALID_ARG`). `log_fn` NULL restores the default:
 // stderr, filtered by the `KVX_LOG` environment variable (default warn) and `max_level`.
 kvx_status kvx_set_logger(kvx_log_fn log_fn, void *user_data, uint32_t max_level);
+
+// Exports `layouts` (device, pinned or host memory layouts of `engine`) as one blob
+// that another engine — in this process, another one, or on another host — imports
+// with `kvx_engine_import` to reach exactly these layouts (and no other memory of this
+// engine). Moving the bytes to the peer is the caller's business (a socket, a file,
+// the runtime's control plane). Each export is newer than the last: a peer importing
+// it replaces what it imported from this engine before. The layouts stay reachable
+// while they live. `*out` is freed with `kvx_blob_destroy`. `KVX_ERR_UNSUPPORTED` with
+// the reason when NIXL or its UCX plugin is not found at run time. (1.3)
+kvx_status kvx_engine_export(struct kvx_engine *e,
+                             const struct kvx_layout *const *layouts,
+                             size_t num_layouts,
+                             struct kvx_blob **out);
+
+// The blob's bytes and, in `*len`, their count. Valid until `kvx_blob_destroy`.
+// NULL (and `*len` 0) for a NULL blob.
+const uint8_t *kvx_blob_bytes(const struct kvx_blob *blob, size_t *len);
+
+// Frees a blob; NULL is a no-op.
+void kvx_blob_destroy(struct kvx_blob *blob);
+
+// Imports a peer's blob (`blob_len` bytes): writes one layout handle per exported
+// layout, in export order, to `layouts[0..*num_layouts]` (at most `capacity`; with
+// `layouts` NULL and `capacity` 0 it only sets `*num_layouts`, after the same checks).
+// The handles are used in `kvx_transfer_submit` like local ones, with a local memory
+// or disk layout on the other side; each is freed with `kvx_layout_destroy`.
+// `timeout_ms`: how long one transfer with this peer may take before its request ends
+// with `KVX_ERR_REMOTE` (0: 10 000). A newer blob of the same peer replaces the older
+// import (transfers with the older handles are then refused). `KVX_ERR_INVALID_ARG`
+// with the reason for a damaged, truncated or foreign blob, one of another ABI major,
+// an older export than the one imported, or this engine's own blob;
+// `KVX_ERR_UNSUPPORTED` without NIXL/UCX. (1.3)
+kvx_status kvx_engine_import(struct kvx_engine *e,
+                             const uint8_t *blob,
+                             size_t blob_len,
+                             uint32_t timeout_ms,
+                             struct kvx_layout **layouts,
+                             size_t capacity,
+                             size_t *num_layouts);
 
 // `(KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR` of the loaded library.
 uint32_t kvx_abi_version(void);

@@ -24,11 +24,12 @@ pub enum Status {
     Integrity = 14,
     Version = 15,
     Internal = 16,
+    Remote = 17,
 }
 
 impl Status {
     /// Every status, in code order (index == code).
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::Pending,
         Status::InvalidArg,
@@ -46,6 +47,7 @@ impl Status {
         Status::Integrity,
         Status::Version,
         Status::Internal,
+        Status::Remote,
     ];
 
     pub fn code(self) -> u32 {
@@ -76,6 +78,7 @@ impl Status {
             Status::Integrity => "KVX_ERR_INTEGRITY",
             Status::Version => "KVX_ERR_VERSION",
             Status::Internal => "KVX_ERR_INTERNAL",
+            Status::Remote => "KVX_ERR_REMOTE",
         }
     }
 }
@@ -127,6 +130,6 @@ mod tests {
             assert_eq!(s.code() as usize, i);
             assert_eq!(Status::from_code(i as u32), Some(*s));
         }
-        assert_eq!(Status::from_code(17), None);
+        assert_eq!(Status::from_code(18), None);
     }
 }

@@ -20,6 +20,7 @@ pub mod host;
 pub mod io;
 pub mod layout;
 pub mod memory;
+pub mod remote;
 
 pub use engine::{Engine, EngineConfig, IoBackend, OnComplete, Request, Stats, TransferOptions};
 pub use error::{Error, Result, Status};
@@ -33,8 +34,9 @@ pub use memory::{Layout, StorageKind};
 #[cfg(test)]
 mod layering {
     const ALLOWED: &[(&str, &[&str])] = &[
-        ("engine", &["memory", "file", "io", "gpu", "layout", "host", "error"]),
-        ("memory", &["file", "gpu", "layout", "host", "error"]),
+        ("engine", &["memory", "remote", "file", "io", "gpu", "layout", "host", "error"]),
+        ("memory", &["remote", "file", "gpu", "layout", "host", "error"]),
+        ("remote", &["io", "gpu", "layout", "error"]),
         ("file", &["io", "gpu", "layout", "host", "error"]),
         ("io", &["gpu", "host", "fault", "error"]),
         ("gpu", &["host", "fault", "error"]),

@@ -12,11 +12,13 @@ mod bounce;
 mod config;
 mod dispatch;
 mod plan;
+mod remote;
 mod request;
 pub mod stats;
 mod worker;
 
 pub use config::*;
+pub use remote::DEFAULT_TIMEOUT as DEFAULT_REMOTE_TIMEOUT;
 pub use request::{OnComplete, Request};
 pub use stats::Stats;
 
@@ -57,6 +59,8 @@ pub struct Engine {
     router: Arc<Router>,
     intake: RwLock<Intake>,
     threads: Mutex<Threads>,
+    /// NIXL with UCX, for remote layouts: started by the first export or import.
+    link: Mutex<Option<Arc<crate::remote::Link>>>,
 }
 
 /// The engine's threads: the dispatcher is joined first (it stops taking requests),
@@ -94,6 +98,7 @@ impl Engine {
         let counters = Arc::new(Counters::default());
         let (io_tx, io_rx) = crossbeam_channel::unbounded();
         let (copy_tx, copy_rx) = crossbeam_channel::unbounded();
+        let (remote_tx, remote_rx) = crossbeam_channel::unbounded();
         let (fence_tx, fence_rx): (Vec<_>, Vec<_>) = (0..gpu::FENCE_LANES).map(|_| crossbeam_channel::unbounded()).unzip();
         // Unbounded: admission is the in-flight count, checked in `submit`. A request
         // cancelled while queued leaves that count but stays in the queue until the
@@ -104,6 +109,7 @@ impl Engine {
             counters: counters.clone(),
             io_tx,
             copy_tx,
+            remote_tx,
             fence_tx,
             shutdown: Default::default(),
             gds: io.gds,
@@ -121,6 +127,7 @@ impl Engine {
             router: router.clone(),
             intake: RwLock::new(Intake { accepting: true, tx: req_tx }),
             threads: Mutex::new(Threads::default()),
+            link: Mutex::new(None),
         };
         // If a spawn fails, dropping `engine` stops the threads already started.
         {
@@ -131,6 +138,8 @@ impl Engine {
             }
             let (r, g) = (router.clone(), gpu.clone());
             threads.stages.push(spawn(id, "kvx-copy".into(), move || worker::copy_thread(r, g, copy_rx))?);
+            let r = router.clone();
+            threads.stages.push(spawn(id, "kvx-remote".into(), move || worker::remote_thread(r, remote_rx))?);
             for (lane, rx) in fence_rx.into_iter().enumerate() {
                 let (r, g) = (router.clone(), gpu.clone());
                 threads.stages.push(spawn(id, format!("kvx-fence-{lane}"), move || worker::fence_thread(r, g, rx))?);
@@ -304,6 +313,7 @@ impl Engine {
                 bail!(InvalidArg, "block {b} is both a source and a destination in the same layout; the result would depend on timing");
             }
         }
+        self.validate_remote(src, dst)?;
         let wait = match opts.wait_event {
             0 => None,
             ev => Some(request::CapturedEvent::new(self.gpu.clone(), ev)?),
@@ -342,6 +352,7 @@ impl Engine {
                 let _ = router.io_tx.send(Job::Stop);
             }
             let _ = router.copy_tx.send(Job::Stop);
+            let _ = router.remote_tx.send(Job::Stop);
             for tx in &router.fence_tx {
                 let _ = tx.send(None);
             }

@@ -15,6 +15,7 @@ use crate::gpu::{CopyKind, CopyOp, HostSide, MAX_OPS_PER_COPY};
 use crate::io::{Extent, Io};
 use crate::layout::{align_down, align_up, push_run, Loc, Run, Segment};
 use crate::memory::{Layout, StorageKind};
+use crate::remote::{blob::Mem, Peer};
 use std::sync::Arc;
 
 /// One stage of a chunk.
@@ -29,6 +30,9 @@ pub enum Op {
     /// cuFile between the file and device memory, on an I/O worker (`Io::addr` is a
     /// device address).
     DiskDevice { file: Arc<Layout>, write: bool, ios: Vec<Io> },
+    /// One NIXL transfer with an imported peer, on the remote thread: `write` local →
+    /// remote (each op's `src` local, `dst` in the peer), else remote → local.
+    Remote { peer: Arc<Peer>, write: bool, local: Mem, remote: Mem, ops: Vec<CopyOp> },
 }
 
 impl Op {
@@ -54,7 +58,9 @@ enum Strategy {
 fn strategy(src: StorageKind, dst: StorageKind) -> Strategy {
     use StorageKind::*;
     match (src, dst) {
+        // Remote bytes reach a disk through a slot, like any other memory.
         (Disk, _) | (_, Disk) => Strategy::Bounce,
+        (Remote, _) | (_, Remote) => Strategy::Direct,
         // A DMA engine cannot read pageable memory at full speed (and CUDA stages it
         // synchronously); bounce through pinned slots instead.
         (Host, Device) | (Device, Host) => Strategy::Bounce,
@@ -128,6 +134,9 @@ pub struct Planner {
     after: Option<u64>,
     /// With checksums, chunks end on region boundaries of the primary disk side.
     region_cut: Option<crate::layout::Placement>,
+    /// Memory ↔ remote: what NIXL calls the local side's memory (set when the engine
+    /// registered it with its link, before submitting).
+    local_mem: Option<Mem>,
 }
 
 impl Planner {
@@ -162,12 +171,21 @@ impl Planner {
         // cuFile chunks stay slot-sized, so several I/O workers share even one block.
         let device = src.kind() == StorageKind::Device || dst.kind() == StorageKind::Device;
         let avg = segs.iter().map(|s| s.len).sum::<u64>() / segs.len().max(1) as u64;
+        let remote = src.kind() == StorageKind::Remote || dst.kind() == StorageKind::Remote;
         let direct_chunk = match strategy {
+            // Many descriptors in one NIXL transfer; several transfers in flight.
+            Strategy::Direct if remote => DIRECT_DEVICE_CHUNK,
             Strategy::Direct if device && (avg >= LARGE_SEGMENT || zero_copy) => DIRECT_DEVICE_CHUNK.max(slot_bytes),
             _ => slot_bytes,
         };
         let region_cut = (checksummed(&src) || checksummed(&dst)).then(|| if primary_is_src { src.placement } else { dst.placement });
-        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after, region_cut }
+        let local_mem = match (src.remote(), dst.remote()) {
+            (Some(_), None) if strategy == Strategy::Direct => dst.registration.lock().unwrap().as_ref().map(|r| r.mem()),
+            (None, Some(_)) if strategy == Strategy::Direct => src.registration.lock().unwrap().as_ref().map(|r| r.mem()),
+            _ => None,
+        };
+        debug_assert!(!remote || strategy != Strategy::Direct || local_mem.is_some(), "the local side of a remote transfer is registered in validate");
+        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after, region_cut, local_mem }
     }
 
     fn addr(layout: &Layout, loc: Loc) -> u64 {
@@ -292,8 +310,21 @@ impl Planner {
         coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))))
     }
 
+    /// A NIXL transfer between the peer and `local` (the local layout's memory or a slot).
+    fn remote_op(&self, ops: Vec<CopyOp>, local: Mem) -> Op {
+        let (write, remote) = match (self.src.remote(), self.dst.remote()) {
+            (Some((p, m)), _) => (false, (p, m)),
+            (_, Some((p, m))) => (true, (p, m)),
+            (None, None) => unreachable!("a remote op needs a remote side"),
+        };
+        Op::Remote { peer: remote.0.clone(), write, local, remote: remote.1, ops }
+    }
+
     fn direct_op(&self, pieces: &[Piece]) -> Op {
         let ops = Self::runs(pieces);
+        if let Some(local) = self.local_mem {
+            return self.remote_op(ops, local);
+        }
         let kind = match (self.src.kind(), self.dst.kind()) {
             (StorageKind::Device, StorageKind::Device) => CopyKind::DeviceToDevice,
             (StorageKind::Device, _) => CopyKind::DeviceToHost,
@@ -332,6 +363,7 @@ impl Planner {
                 extents: self.extents(&self.src, pieces.iter().map(|p| (p.src, p.slot_off, p.len)), slot, false),
             },
             StorageKind::Device => Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host: HostSide::Bounce, after: self.after },
+            StorageKind::Remote => self.remote_op(to_slot(), Mem::Dram),
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(to_slot())
@@ -348,6 +380,7 @@ impl Planner {
                 extents: self.extents(&self.dst, pieces.iter().map(|p| (p.dst, p.slot_off, p.len)), slot, true),
             },
             StorageKind::Device => Op::DeviceCopy { kind: CopyKind::HostToDevice, ops: from_slot(), host: HostSide::Bounce, after: self.after },
+            StorageKind::Remote => self.remote_op(from_slot(), Mem::Dram),
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(from_slot())

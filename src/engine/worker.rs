@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::gds::Gds;
 use crate::io::Port;
+use crate::remote::Posted;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,6 +42,8 @@ pub struct Router {
     pub counters: Arc<Counters>,
     pub io_tx: Sender<Job>,
     pub copy_tx: Sender<Job>,
+    /// The remote thread: NIXL transfers to and from imported layouts.
+    pub remote_tx: Sender<Job>,
     /// One fence thread per lane (`gpu::fence_lane`), so a slow stream never holds up
     /// another; `None` tells a fence thread to stop.
     pub fence_tx: Vec<Sender<Option<(Fence, Chunk)>>>,
@@ -67,7 +70,11 @@ impl Router {
         match chunk.stages.get_mut(chunk.next).and_then(|s| s.as_ref()) {
             None => self.finish(chunk),
             Some(op) => {
-                let tx = if op.on_copy_thread() { &self.copy_tx } else { &self.io_tx };
+                let tx = match op {
+                    Op::Remote { .. } => &self.remote_tx,
+                    op if op.on_copy_thread() => &self.copy_tx,
+                    _ => &self.io_tx,
+                };
                 // The receivers live until `Stop`, which is sent only after every slot came back.
                 tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("stage thread gone with chunks in flight"));
             }
@@ -171,6 +178,7 @@ fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) ->
             Ok(())
         }
         Op::DeviceCopy { .. } => unreachable!("device copies run on the copy thread"),
+        Op::Remote { .. } => unreachable!("remote transfers run on the remote thread"),
         Op::DiskDevice { file, write, ios } => {
             let gds = router.gds.as_ref().expect("cuFile chunks are planned only when the engine opened cuFile");
             bound.clone()?;
@@ -261,3 +269,61 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
         }
     }
 }
+
+/// Remote thread: posts each chunk's NIXL transfer and checks every posted one until it
+/// ends, fails, or passes its peer's timeout, so many chunks (of many requests) are in
+/// flight at once. With nothing posted it sleeps on its queue.
+pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
+    let mut posted: Vec<(Posted, Chunk)> = Vec::new();
+    loop {
+        let job = if posted.is_empty() {
+            rx.recv().ok()
+        } else {
+            match rx.recv_timeout(REMOTE_POLL) {
+                Ok(job) => Some(job),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(Job::Stop),
+            }
+        };
+        match job {
+            // Stop comes only after every slot, hence every posted chunk, came back.
+            Some(Job::Stop) => return,
+            Some(Job::Run(mut chunk)) => {
+                let Op::Remote { peer, write, local, remote, ops } = Router::take_op(&mut chunk) else {
+                    unreachable!("only remote transfers are queued here")
+                };
+                match peer.post(write, local, remote, &ops) {
+                    Ok(p) => posted.push((p, chunk)),
+                    Err(e) => router.fail(chunk, e),
+                }
+            }
+            None => {}
+        }
+        let now = std::time::Instant::now();
+        let mut i = 0;
+        while i < posted.len() {
+            let p = &mut posted[i].0;
+            let outcome = match p.done() {
+                Ok(false) if now < p.deadline => None,
+                Ok(false) => Some(Err(p.timed_out())),
+                Ok(true) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
+            };
+            match outcome {
+                None => i += 1,
+                Some(result) => {
+                    // Released (aborted if still running) before the chunk's slot is reused.
+                    let (p, chunk) = posted.swap_remove(i);
+                    drop(p);
+                    match result {
+                        Ok(()) => router.advance(chunk),
+                        Err(e) => router.fail(chunk, e),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How often posted remote transfers are checked while new chunks may still arrive.
+const REMOTE_POLL: std::time::Duration = std::time::Duration::from_micros(20);

@@ -6,6 +6,7 @@ use super::engine::*;
 use super::layout::*;
 use super::logger::*;
 use super::transfer::*;
+use super::remote::*;
 use super::types::*;
 use crate::error::Status;
 use std::ffi::{c_char, c_void, CString};
@@ -101,6 +102,14 @@ pub struct kvx_api {
     pub engine_io_backend: unsafe extern "C" fn(*const kvx_engine, *mut u32) -> kvx_status,
     /// ABI 1.1.
     pub engine_config_get: unsafe extern "C" fn(*const kvx_engine, *mut kvx_engine_config) -> kvx_status,
+    /// ABI 1.3.
+    pub engine_export: unsafe extern "C" fn(*mut kvx_engine, *const *const kvx_layout, usize, *mut *mut kvx_blob) -> kvx_status,
+    /// ABI 1.3.
+    pub blob_bytes: unsafe extern "C" fn(*const kvx_blob, *mut usize) -> *const u8,
+    /// ABI 1.3.
+    pub blob_destroy: unsafe extern "C" fn(*mut kvx_blob),
+    /// ABI 1.3.
+    pub engine_import: unsafe extern "C" fn(*mut kvx_engine, *const u8, usize, u32, *mut *mut kvx_layout, usize, *mut usize) -> kvx_status,
 }
 
 static API: kvx_api = kvx_api {
@@ -135,6 +144,10 @@ static API: kvx_api = kvx_api {
     set_logger: kvx_set_logger,
     engine_io_backend: kvx_engine_io_backend,
     engine_config_get: kvx_engine_config_get,
+    engine_export: kvx_engine_export,
+    blob_bytes: kvx_blob_bytes,
+    blob_destroy: kvx_blob_destroy,
+    engine_import: kvx_engine_import,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

@@ -7,7 +7,7 @@
 //!   reference, requests in flight hold others, and the object lives until the last one.
 
 use super::boundary::null;
-use super::types::{kvx_engine, kvx_layout, kvx_request};
+use super::types::{kvx_blob, kvx_engine, kvx_layout, kvx_request};
 use crate::engine::{Engine, Request};
 use crate::error::Result;
 use crate::memory::Layout;
@@ -92,3 +92,8 @@ impl Handle for kvx_request {
     type Object = Request;
 }
 impl ArcHandle for kvx_request {}
+
+impl Handle for kvx_blob {
+    type Object = Vec<u8>;
+}
+impl BoxHandle for kvx_blob {}

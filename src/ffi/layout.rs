@@ -195,6 +195,9 @@ pub unsafe extern "C" fn kvx_layout_base(l: *const kvx_layout, layer: u64, addr_
         || {
             let out = Out::new(addr_out, "addr_out")?;
             let l = layout(l, "layout")?;
+            if l.remote().is_some() {
+                bail!(Unsupported, "an imported layout's memory is in its peer; it has no address here");
+            }
             let Some(bases) = l.bases() else {
                 bail!(Unsupported, "a disk layout has no base address");
             };

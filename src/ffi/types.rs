@@ -30,12 +30,17 @@ pub const KVX_ERR_BUSY: kvx_status = 13;
 pub const KVX_ERR_INTEGRITY: kvx_status = 14;
 pub const KVX_ERR_VERSION: kvx_status = 15;
 pub const KVX_ERR_INTERNAL: kvx_status = 16;
+/// A remote peer (an imported layout's engine) failed a transfer, did not answer within
+/// the import's timeout, or exited; local work is unaffected. Re-import its blob once it
+/// is back. (1.3)
+pub const KVX_ERR_REMOTE: kvx_status = 17;
 
 pub const KVX_ABI_MAJOR: u32 = 1;
 /// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`,
 /// `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
 /// 1.2: `KVX_DISK_MAPPED`.
-pub const KVX_ABI_MINOR: u32 = 2;
+/// 1.3: remote layouts: `kvx_engine_export`, `kvx_blob_*`, `kvx_engine_import`, `KVX_ERR_REMOTE`.
+pub const KVX_ABI_MINOR: u32 = 3;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 pub const KVX_DEVICE_AUTO: i32 = -2;
@@ -102,6 +107,12 @@ pub struct kvx_layout {
 
 /// A submitted transfer. Free with `kvx_request_release` (the transfer still completes).
 pub struct kvx_request {
+    _opaque: [u8; 0],
+}
+
+/// Bytes an engine exported (`kvx_engine_export`): read them with `kvx_blob_bytes`,
+/// free with `kvx_blob_destroy`. (1.3)
+pub struct kvx_blob {
     _opaque: [u8; 0],
 }
 

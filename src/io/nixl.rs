@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 /// A span NIXL registers: memory (address, bytes) or a file (offset 0, bytes, fd).
 #[derive(Debug)]
-struct Span {
-    addr: u64,
-    len: u64,
-    mem: MemType,
-    dev: u64,
+pub(crate) struct Span {
+    pub addr: u64,
+    pub len: u64,
+    pub mem: MemType,
+    pub dev: u64,
 }
 
 impl MemoryRegion for Span {

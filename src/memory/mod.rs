@@ -6,8 +6,9 @@ use crate::gpu::Gpu;
 use crate::layout::{Geometry, LayoutKind, Placement};
 use crate::file::{checksum, DiskFile, DiskFlags, Mapping};
 use std::path::Path;
+use crate::remote::{blob::Mem, Peer, Registration};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Where a layout's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +17,8 @@ pub enum StorageKind {
     Pinned,
     Host,
     Disk,
+    /// Memory of an imported peer (`crate::remote`), moved by NIXL transfers.
+    Remote,
 }
 
 /// An allocation kvxfer made and frees when the last user is gone.
@@ -34,7 +37,7 @@ impl Drop for Owned {
                 StorageKind::Device => self.gpu.free_device(self.addr, self.bytes),
                 StorageKind::Pinned => self.gpu.free_pinned(self.addr as *mut u8, self.bytes),
                 StorageKind::Host => crate::host::unmap(self.addr as *mut u8, self.bytes),
-                StorageKind::Disk => unreachable!("disk storage is not an allocation"),
+                StorageKind::Disk | StorageKind::Remote => unreachable!("disk and remote storage are not allocations"),
             }
         }
     }
@@ -45,7 +48,7 @@ fn allocate(gpu: &Arc<dyn Gpu>, kind: StorageKind, bytes: u64) -> Result<Owned> 
         StorageKind::Device => gpu.alloc_device(bytes)?,
         StorageKind::Pinned => gpu.alloc_pinned(bytes)? as u64,
         StorageKind::Host => crate::host::map_anonymous(bytes)? as u64,
-        StorageKind::Disk => unreachable!(),
+        StorageKind::Disk | StorageKind::Remote => unreachable!(),
     };
     Ok(Owned { gpu: gpu.clone(), addr, bytes, kind })
 }
@@ -56,6 +59,8 @@ pub enum Storage {
     Disk(DiskFile),
     /// `DiskFlags::MAPPED`: a disk file moved as the pinned memory it is mapped to.
     Mapped { file: DiskFile, map: Mapping },
+    /// An imported layout: its bases are addresses in the peer, never dereferenced here.
+    Remote { peer: Arc<Peer>, mem: Mem, bases: Vec<u64> },
 }
 
 /// A layout: placement math plus the storage it addresses. Shared (`Arc`) between the
@@ -63,6 +68,10 @@ pub enum Storage {
 /// request runs is safe.
 pub struct Layout {
     pub placement: Placement,
+    /// The memory's registration with the engine's remote link, made on its first
+    /// export or remote transfer; declared before `storage` so it is dropped (and the
+    /// memory deregistered) before the memory is freed.
+    pub registration: Mutex<Option<Registration>>,
     pub storage: Storage,
     /// The engine this layout belongs to; transfers across engines are refused.
     pub engine_id: u64,
@@ -80,8 +89,9 @@ static NEXT_LAYOUT_ID: AtomicU64 = AtomicU64::new(1);
 impl Layout {
     fn new(engine_id: u64, gpu: &Arc<dyn Gpu>, placement: Placement, storage: Storage) -> Layout {
         let on_device = matches!(storage, Storage::Memory { kind: StorageKind::Device, .. });
-        let host_addressable = !on_device || gpu.device() == crate::gpu::Device::Emulated;
-        let mut layout = Layout { placement, storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable, device_maps: false };
+        let remote = matches!(storage, Storage::Remote { .. });
+        let host_addressable = !remote && (!on_device || gpu.device() == crate::gpu::Device::Emulated);
+        let mut layout = Layout { placement, registration: Mutex::new(None), storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable, device_maps: false };
         let bytes = layout.placement.base_bytes();
         layout.device_maps = layout.kind() == StorageKind::Pinned && layout.bases().is_some_and(|b| b.iter().all(|&a| gpu.maps_host(a, bytes)));
         layout
@@ -104,6 +114,7 @@ impl Layout {
             Storage::Memory { kind, .. } => *kind,
             Storage::Disk(_) => StorageKind::Disk,
             Storage::Mapped { .. } => StorageKind::Pinned,
+            Storage::Remote { .. } => StorageKind::Remote,
         }
     }
 
@@ -116,6 +127,7 @@ impl Layout {
         match &self.storage {
             Storage::Memory { bases, .. } => Some(bases),
             Storage::Mapped { map, .. } => Some(map.bases()),
+            Storage::Remote { bases, .. } => Some(bases),
             Storage::Disk(_) => None,
         }
     }
@@ -124,7 +136,7 @@ impl Layout {
     pub fn disk(&self) -> Option<&DiskFile> {
         match &self.storage {
             Storage::Disk(f) => Some(f),
-            Storage::Memory { .. } | Storage::Mapped { .. } => None,
+            Storage::Memory { .. } | Storage::Mapped { .. } | Storage::Remote { .. } => None,
         }
     }
 
@@ -132,8 +144,30 @@ impl Layout {
     pub fn file(&self) -> Option<&DiskFile> {
         match &self.storage {
             Storage::Disk(f) | Storage::Mapped { file: f, .. } => Some(f),
-            Storage::Memory { .. } => None,
+            Storage::Memory { .. } | Storage::Remote { .. } => None,
         }
+    }
+
+    /// The peer and its memory type, for an imported layout.
+    pub fn remote(&self) -> Option<(&Arc<Peer>, Mem)> {
+        match &self.storage {
+            Storage::Remote { peer, mem, .. } => Some((peer, *mem)),
+            _ => None,
+        }
+    }
+
+    /// What NIXL calls this (local, in-memory) layout's memory: device memory of a real
+    /// GPU is VRAM, everything else (the emulated device too) host DRAM.
+    pub fn local_mem(&self, gpu: &dyn Gpu) -> Mem {
+        match (self.kind(), gpu.device()) {
+            (StorageKind::Device, crate::gpu::Device::Cuda(d)) => Mem::Vram(d),
+            _ => Mem::Dram,
+        }
+    }
+
+    /// A layout of an imported peer; its geometry and bases were validated on import.
+    pub fn import(engine_id: u64, gpu: &Arc<dyn Gpu>, kind: LayoutKind, geom: Geometry, peer: Arc<Peer>, mem: Mem, bases: Vec<u64>) -> Layout {
+        Layout::new(engine_id, gpu, Placement::memory(kind, geom), Storage::Remote { peer, mem, bases })
     }
 
     /// Memory owned by kvxfer: device (`StorageKind::Device`) or host (pinned or not).

@@ -250,6 +250,52 @@ static void versions_and_table(void) {
   EXPECT(kvx_last_error()[0] != '\0', "kvx_get_api(2) leaves a message");
 }
 
+/* Remote layouts (1.3): the import path refuses what is not a whole blob of this ABI
+ * major; export works with NIXL on the library path and says why not without it. */
+static void remote_calls(kvx_engine *e) {
+  const kvx_api *api = kvx_get_api(KVX_ABI_MAJOR);
+  EXPECT(api->engine_export == kvx_engine_export && api->engine_import == kvx_engine_import &&
+             api->blob_bytes == kvx_blob_bytes && api->blob_destroy == kvx_blob_destroy,
+         "table entries for 1.3");
+  kvx_layout_config lc;
+  kvx_layout_config_init(&lc);
+  lc.num_blocks = 4; lc.num_layers = 2; lc.outer_dim = 2; lc.page_size = 4; lc.inner_dim = 16; lc.dtype_bytes = 2;
+  kvx_layout *host = NULL;
+  OK(kvx_layout_create_host(e, &lc, 1, &host));
+  kvx_layout *got[4] = {NULL, NULL, NULL, NULL};
+  size_t n = 77;
+  const uint8_t garbage[] = "KVXBLOB not really";
+  expect_fail(kvx_engine_import(e, garbage, sizeof garbage, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import garbage");
+  expect_fail(kvx_engine_import(e, NULL, 10, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import NULL blob");
+  expect_fail(kvx_engine_import(e, garbage, sizeof garbage, 0, NULL, 4, &n), KVX_ERR_INVALID_ARG, "import NULL layouts, capacity 4");
+  expect_fail(kvx_engine_import(e, garbage, sizeof garbage, 0, got, 4, NULL), KVX_ERR_INVALID_ARG, "import NULL num_layouts");
+  EXPECT(n == 77 && got[0] == NULL, "outputs untouched by failed imports");
+  expect_fail(kvx_engine_export(e, NULL, 1, NULL), KVX_ERR_INVALID_ARG, "export NULL out");
+  size_t len = 5;
+  EXPECT(kvx_blob_bytes(NULL, &len) == NULL && len == 0, "kvx_blob_bytes(NULL)");
+  kvx_blob_destroy(NULL);
+  kvx_blob *blob = NULL;
+  const kvx_layout *shared[1] = {host};
+  kvx_status s = kvx_engine_export(e, shared, 1, &blob);
+  if (s == KVX_OK) {
+    const uint8_t *bytes = kvx_blob_bytes(blob, &len);
+    EXPECT(bytes != NULL && len > 64, "blob of %zu bytes", len);
+    uint8_t *copy = malloc(len);
+    memcpy(copy, bytes, len);
+    expect_fail(kvx_engine_import(e, copy, len, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import own blob");
+    expect_fail(kvx_engine_import(e, copy, len - 1, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import truncated blob");
+    copy[8] ^= 0x7f; /* the ABI major */
+    expect_fail(kvx_engine_import(e, copy, len, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import blob of another ABI major");
+    free(copy);
+    kvx_blob_destroy(blob);
+  } else {
+    EXPECT(s == KVX_ERR_UNSUPPORTED && strstr(kvx_last_error(), "NIXL") != NULL, "export without NIXL: %s: %s", kvx_status_str(s),
+           kvx_last_error());
+    bad_calls++;
+  }
+  kvx_layout_destroy(host);
+}
+
 int main(void) {
   const char *dir = getenv("KVX_TEST_DIR") ? getenv("KVX_TEST_DIR") : "/tmp";
   kvx_engine_config ec;
@@ -282,6 +328,7 @@ int main(void) {
   versions_and_table();
   round_trip(e, dir);
   bad_calls_suite(e, dir);
+  remote_calls(e);
   kvx_engine_destroy(e);
   EXPECT(bad_calls >= 15, "only %d bad calls", bad_calls);
   printf("%d passed, %d failed\n", checks - failures, failures);

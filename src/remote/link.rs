@@ -1,0 +1,237 @@
+//! The engine's NIXL agent with the UCX backend: registrations, export and import,
+//! and posting and checking the transfers of remote chunks.
+
+use super::blob::{Blob, Mem, Shared};
+use crate::error::{bail, Error, Result, Status};
+use crate::io::nixl::{missing, Span};
+use nixl_sys::{Agent, AgentConfig, MemType, OptArgs, RegDescList, RegistrationHandle, ThreadSync, XferDescList, XferOp, XferRequest, XferStatus};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// The agent, created on the engine's first export or import.
+pub struct Link {
+    agent: Agent,
+    opts: Opts,
+    name: String,
+    generation: AtomicU64,
+    /// The peers imported, by agent name: the newest import of each (weak: a peer
+    /// lives as long as its layouts, and holds the link).
+    peers: Mutex<HashMap<String, Weak<Peer>>>,
+    /// The bounce ring's registration, for remote ↔ disk chunks.
+    _slots: Registration,
+}
+
+/// NIXL's option list is a raw handle (not `Send`); it is built once, never changed
+/// after, and NIXL only reads it, so sharing it between threads is sound.
+struct Opts(OptArgs);
+unsafe impl Send for Opts {}
+unsafe impl Sync for Opts {}
+
+/// Memory registered with the link; kept by what it covers and dropped before that
+/// memory is freed.
+pub struct Registration {
+    handles: Vec<RegistrationHandle>,
+    mem: Mem,
+    spans: Vec<(u64, u64)>,
+}
+
+/// One imported peer: its agent's name, and the import it came from.
+pub struct Peer {
+    pub name: String,
+    generation: u64,
+    /// Set when a newer blob of this peer was imported.
+    stale: AtomicBool,
+    /// How long one of its transfers may take before it ends with `KVX_ERR_REMOTE`.
+    pub timeout: Duration,
+    link: Arc<Link>,
+}
+
+/// The C ABI's major version (Cargo.toml), which both ends of a blob must share.
+pub fn abi_major() -> u32 {
+    env!("KVX_CARGO_ABI_MAJOR").parse().expect("abi_major")
+}
+
+fn mem_type(mem: Mem) -> (MemType, u64) {
+    match mem {
+        Mem::Dram => (MemType::Dram, 0),
+        Mem::Vram(d) => (MemType::Vram, d as u64),
+    }
+}
+
+fn nixl_failed(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(Status::Remote, format!("NIXL/UCX: {what} failed ({e})"))
+}
+
+impl Link {
+    /// An agent with the UCX backend, the bounce ring registered. `Unsupported` with
+    /// the reason when NIXL or its UCX plugin is not there.
+    pub fn new(engine: u64, slots: (u64, u64)) -> Result<Arc<Link>> {
+        if let Some(why) = missing() {
+            bail!(Unsupported, "remote layouts need NIXL: {why}");
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let name = format!("kvxfer-{}-{}-{engine}", host.trim(), std::process::id());
+        // The progress thread serves peers' transfers into our exported memory over
+        // transports that need the target to take part (TCP); it sleeps between polls.
+        let cfg = AgentConfig { enable_prog_thread: true, enable_listen_thread: false, thread_sync: ThreadSync::Strict, pthr_delay_us: 1000, ..AgentConfig::default() };
+        let unsupported = |what: &str, e: nixl_sys::NixlError| {
+            Error::new(Status::Unsupported, format!("remote layouts: {what} ({e}); check that NIXL's plugins/libplugin_UCX.so and UCX's libraries are installed, or NIXL_PLUGIN_DIR"))
+        };
+        let agent = Agent::new_configured(&name, &cfg).map_err(|e| unsupported("creating a NIXL agent failed", e))?;
+        let (_mems, params) = agent.get_plugin_params("UCX").map_err(|e| unsupported("the UCX plugin was not found", e))?;
+        let backend = agent.create_backend("UCX", &params).map_err(|e| unsupported("the UCX backend did not start", e))?;
+        let mut opts = OptArgs::new().map_err(|e| nixl_failed("creating options", e))?;
+        opts.add_backend(&backend).map_err(|e| nixl_failed("choosing the UCX backend", e))?;
+        let opts = Opts(opts);
+        let _slots = register(&agent, &opts, Mem::Dram, &[slots])?;
+        Ok(Arc::new(Link { agent, opts, name, generation: AtomicU64::new(0), peers: Mutex::new(HashMap::new()), _slots }))
+    }
+
+    /// Registers memory spans (address, bytes) of one memory type.
+    pub fn register(&self, mem: Mem, spans: &[(u64, u64)]) -> Result<Registration> {
+        register(&self.agent, &self.opts, mem, spans)
+    }
+
+    /// The blob for these registered layouts: (id, what, geometry, registration).
+    pub fn export(&self, layouts: Vec<(Shared, &Registration)>) -> Result<Vec<u8>> {
+        let empty = RegDescList::new(MemType::Dram).map_err(|e| nixl_failed("building a descriptor list", e))?;
+        let connection = self.agent.get_local_partial_md(&empty, Some(&self.opts.0)).map_err(|e| nixl_failed("reading the agent's connection metadata", e))?;
+        let mut shared = Vec::with_capacity(layouts.len());
+        for (mut s, reg) in layouts {
+            let (mt, dev) = mem_type(reg.mem);
+            let mut descs = RegDescList::new(mt).map_err(|e| nixl_failed("building a descriptor list", e))?;
+            reg.spans.iter().for_each(|&(a, n)| descs.add_desc(a as usize, n as usize, dev));
+            s.metadata = self.agent.get_local_partial_md(&descs, Some(&self.opts.0)).map_err(|e| nixl_failed("reading a layout's metadata", e))?;
+            shared.push(s);
+        }
+        let blob = Blob {
+            abi_major: abi_major(),
+            abi_minor: env!("KVX_CARGO_ABI_MINOR").parse().expect("abi_minor"),
+            generation: self.generation.fetch_add(1, Ordering::AcqRel) + 1,
+            agent: self.name.clone(),
+            connection,
+            layouts: shared,
+        };
+        Ok(blob.encode())
+    }
+
+    /// Loads a decoded blob's metadata: the peer it names, replacing an older import of
+    /// the same peer. A blob older than the one already imported is refused.
+    pub fn import(self: &Arc<Link>, blob: &Blob, timeout: Duration) -> Result<Arc<Peer>> {
+        if blob.agent == self.name {
+            bail!(InvalidArg, "the blob is this engine's own export; use its local layouts instead");
+        }
+        let mut peers = self.peers.lock().unwrap();
+        if let Some(old) = peers.remove(&blob.agent) {
+            if let Some(old) = old.upgrade() {
+                if blob.generation < old.generation {
+                    let older = (blob.generation, old.generation);
+                    peers.insert(blob.agent.clone(), Arc::downgrade(&old));
+                    bail!(InvalidArg, "the blob is export {} of {}, older than export {} already imported; import the newest blob", older.0, blob.agent, older.1);
+                }
+                old.stale.store(true, Ordering::Release);
+            }
+            // Forget the old registrations before loading the new ones.
+            let _ = self.agent.invalidate_remote_md(&blob.agent);
+        }
+        for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
+            let name = self.agent.load_remote_md(md).map_err(|e| Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL")))?;
+            if name != blob.agent {
+                let _ = self.agent.invalidate_remote_md(&name);
+                bail!(InvalidArg, "the blob names agent {} but its metadata belongs to {name}", blob.agent);
+            }
+        }
+        let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), timeout, link: self.clone() });
+        peers.insert(blob.agent.clone(), Arc::downgrade(&peer));
+        Ok(peer)
+    }
+}
+
+fn register(agent: &Agent, opts: &Opts, mem: Mem, spans: &[(u64, u64)]) -> Result<Registration> {
+    let (mt, dev) = mem_type(mem);
+    let handles = spans
+        .iter()
+        .map(|&(addr, len)| agent.register_memory(&Span { addr, len, mem: mt, dev }, Some(&opts.0)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| nixl_failed("registering memory with UCX", e))?;
+    Ok(Registration { handles, mem, spans: spans.to_vec() })
+}
+
+impl Registration {
+    pub fn mem(&self) -> Mem {
+        self.mem
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.handles.clear();
+    }
+}
+
+/// A posted transfer; dropping it releases it (NIXL aborts it if it still runs).
+pub struct Posted {
+    req: Option<XferRequest>,
+    pub peer: Arc<Peer>,
+    pub deadline: std::time::Instant,
+}
+
+impl Peer {
+    /// Whether a newer blob of this peer has replaced the one its layouts came from.
+    pub fn stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
+
+    fn failed(&self, what: &str, e: impl std::fmt::Display) -> Error {
+        Error::new(
+            Status::Remote,
+            format!("remote peer {}: {what} failed ({e}); the peer may have exited or be unreachable — re-import its blob once it is back", self.name),
+        )
+    }
+
+    /// Posts one NIXL transfer of `ops` (source, destination, bytes): `write` from
+    /// local `local` memory to the peer's `remote` memory, else from the peer to local.
+    pub fn post(self: &Arc<Peer>, write: bool, local: Mem, remote: Mem, ops: &[crate::gpu::CopyOp]) -> Result<Posted> {
+        if self.stale() {
+            bail!(Remote, "remote peer {}: a newer blob of it was imported; use the layouts of that import", self.name);
+        }
+        let link = &self.link;
+        let ((lt, ld), (rt, rd)) = (mem_type(local), mem_type(remote));
+        let mut l = XferDescList::new(lt).map_err(|e| nixl_failed("building a transfer", e))?;
+        let mut r = XferDescList::new(rt).map_err(|e| nixl_failed("building a transfer", e))?;
+        for op in ops {
+            let (la, ra) = if write { (op.src, op.dst) } else { (op.dst, op.src) };
+            l.add_desc(la as usize, op.len as usize, ld);
+            r.add_desc(ra as usize, op.len as usize, rd);
+        }
+        let xop = if write { XferOp::Write } else { XferOp::Read };
+        let req = link.agent.create_xfer_req(xop, &l, &r, &self.name, Some(&link.opts.0)).map_err(|e| self.failed("preparing a transfer", e))?;
+        let running = link.agent.post_xfer_req(&req, Some(&link.opts.0)).map_err(|e| self.failed("posting a transfer", e))?;
+        let deadline = std::time::Instant::now() + self.timeout;
+        Ok(Posted { req: running.then_some(req), peer: self.clone(), deadline })
+    }
+}
+
+impl Posted {
+    /// `Ok(true)` once the transfer has ended well; an error once it failed.
+    pub fn done(&mut self) -> Result<bool> {
+        let Some(req) = &self.req else { return Ok(true) };
+        match self.peer.link.agent.get_xfer_status(req) {
+            Ok(XferStatus::Success) => {
+                self.req = None;
+                Ok(true)
+            }
+            Ok(XferStatus::InProgress) => Ok(false),
+            Err(e) => Err(self.peer.failed("a transfer", e)),
+        }
+    }
+
+    pub fn timed_out(&self) -> Error {
+        Error::new(
+            Status::Remote,
+            format!("remote peer {}: a transfer did not complete within {} ms (the import's timeout); the peer may be gone or overloaded", self.peer.name, self.peer.timeout.as_millis()),
+        )
+    }
+}

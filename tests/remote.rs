@@ -1,0 +1,278 @@
+//! Remote layouts across two processes on loopback: this binary spawns itself as the
+//! peer (`KVX_REMOTE_PEER`), which exports a host and an emulated-device layout and
+//! prints the blob; the test imports it and moves blocks both ways through NIXL's UCX
+//! backend, byte-exact, with random ids and layer ranges, to and from memory and disk.
+//! Then the peer is SIGKILLed mid-transfer: the survivor's requests end with
+//! `KVX_ERR_REMOTE` within the import's timeout and local work goes on. Bad blobs are
+//! refused. Skipped (and counted) without NIXL's libraries on the library path.
+mod common;
+use common::cases::{case, run};
+use common::*;
+use kvxfer::{DiskFlags, Engine, LayoutKind, Status, StorageKind, TransferOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const FC: LayoutKind = LayoutKind::FullyContiguous;
+const OUTER_FIRST: LayoutKind = LayoutKind::LayerSeparate { block_first: false };
+const PEER_SEEDS: [u64; 2] = [71, 72];
+
+fn peer_cfg(blocks: u64) -> kvxfer::LayoutConfig {
+    cfg(blocks, 4, 2, 4, 96, 2)
+}
+
+/// The peer: exports [host FC, emulated-device outer-first] layouts filled with
+/// `PEER_SEEDS`, prints two blobs (exports 1 and 2) as hex lines, then serves until
+/// stdin closes.
+fn peer_main(blocks: u64) {
+    let e = engine();
+    let host = make_layout(&e, &peer_cfg(blocks), FC, StorageKind::Host);
+    let dev = make_layout(&e, &peer_cfg(blocks), OUTER_FIRST, StorageKind::Device);
+    fill(&host, PEER_SEEDS[0]);
+    fill(&dev, PEER_SEEDS[1]);
+    let mut out = std::io::stdout().lock();
+    for _ in 0..2 {
+        let blob = e.export(&[host.clone(), dev.clone()]).expect("export");
+        writeln!(out, "{}", blob.iter().map(|b| format!("{b:02x}")).collect::<String>()).unwrap();
+    }
+    out.flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+struct Peer {
+    child: Child,
+    blobs: Vec<Vec<u8>>,
+}
+
+impl Peer {
+    fn spawn(blocks: u64) -> Peer {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env("KVX_REMOTE_PEER", blocks.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning the peer");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let blobs = (0..2)
+            .map(|_| {
+                let hex = lines.next().expect("the peer exited before printing its blob").unwrap();
+                (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+            })
+            .collect();
+        Peer { child, blobs }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn import(e: &Engine, blob: &[u8], timeout: Duration) -> Vec<Arc<kvxfer::Layout>> {
+    let ls = e.import(blob, timeout).expect("import");
+    assert_eq!(ls.len(), 2);
+    ls
+}
+
+/// A permutation of 0..n from a seed.
+fn shuffled(n: u64, seed: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (0..n).collect();
+    let r = random_bytes(seed, n as usize * 8);
+    for i in (1..v.len()).rev() {
+        let j = u64::from_le_bytes(r[i * 8..i * 8 + 8].try_into().unwrap()) as usize % (i + 1);
+        v.swap(i, j);
+    }
+    v
+}
+
+fn layers(begin: u32, end: u32) -> TransferOptions {
+    TransferOptions { layer_begin: begin, layer_end: end, ..Default::default() }
+}
+
+/// Remote → local memory and disk, local → remote, byte-exact; random ids, a layer range.
+fn moves_blocks_both_ways() {
+    let peer = Peer::spawn(32);
+    let e = engine();
+    let remote = import(&e, &peer.blobs[1], Duration::from_secs(20));
+    let c = peer_cfg(32);
+    for (r, (rl, &seed)) in remote.iter().zip(PEER_SEEDS.iter()).enumerate() {
+        for (kind, storage) in [(FC, StorageKind::Host), (OUTER_FIRST, StorageKind::Device), (LayoutKind::LayerSeparate { block_first: true }, StorageKind::Pinned)] {
+            let what = format!("remote {r} -> {storage:?}");
+            let local = make_layout(&e, &c, kind, storage);
+            fill(&local, 5);
+            let src = shuffled(32, r as u64 + 1)[..12].to_vec();
+            let dst = shuffled(32, r as u64 + 9)[..12].to_vec();
+            assert_eq!(transfer(&e, rl, &src, &local, &dst, &TransferOptions::default()), Status::Ok, "{what}");
+            let pairs: Vec<_> = src.iter().copied().zip(dst.iter().copied()).collect();
+            check(&local, 5, seed, &pairs, 0..4, &what);
+            // A layer range of other blocks on top.
+            let (s2, d2) = (vec![30, 31], vec![0, 1]);
+            assert_eq!(transfer(&e, rl, &s2, &local, &d2, &layers(1, 3)), Status::Ok, "{what}, layers 1..3");
+            for (sb, db) in s2.iter().zip(&d2) {
+                for l in 0..4 {
+                    let want = if (1..3).contains(&l) { region_pattern(seed, *sb, l, 0, 768) } else if pairs.iter().any(|p| p.1 == *db) { region_pattern(seed, pairs.iter().find(|p| p.1 == *db).unwrap().0, l, 0, 768) } else { region_pattern(5, *db, l, 0, 768) };
+                    assert!(read_region(&local, *db, l, 0) == want, "{what}: block {db} layer {l} after the layer range");
+                }
+            }
+        }
+        // Local -> remote: write blocks 0..8 (from a local pattern), read them back into
+        // a fresh layout; the blocks not written still hold the peer's pattern.
+        let what = format!("local -> remote {r}");
+        let local = make_layout(&e, &c, FC, StorageKind::Pinned);
+        fill(&local, 44);
+        let written: Vec<u64> = shuffled(32, 77 + r as u64)[..8].to_vec();
+        let from: Vec<u64> = (0..8).collect();
+        assert_eq!(transfer(&e, &local, &from, rl, &written, &TransferOptions::default()), Status::Ok, "{what}");
+        let back = make_layout(&e, &c, FC, StorageKind::Host);
+        fill(&back, 3);
+        let all: Vec<u64> = (0..32).collect();
+        assert_eq!(transfer(&e, rl, &all, &back, &all, &TransferOptions::default()), Status::Ok, "{what}: reading back");
+        for b in 0..32u64 {
+            let want_src = written.iter().position(|&w| w == b).map(|i| (44, from[i])).unwrap_or((seed, b));
+            for l in 0..4 {
+                assert!(read_region(&back, b, l, 1) == region_pattern(want_src.0, want_src.1, l, 1, 768), "{what}: block {b} layer {l}");
+            }
+        }
+        // Remote -> disk -> remote through the bounce ring.
+        let what = format!("remote {r} <-> disk");
+        let path = temp_path(&format!("remote-{r}"));
+        let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+        assert_eq!(transfer(&e, rl, &all, &disk, &all, &TransferOptions::default()), Status::Ok, "{what}");
+        let check_back = make_layout(&e, &c, FC, StorageKind::Host);
+        assert_eq!(transfer(&e, &disk, &all, &check_back, &all, &TransferOptions::default()), Status::Ok, "{what}: disk -> host");
+        for b in 0..32u64 {
+            assert!(read_region(&check_back, b, 2, 0) == read_region(&back, b, 2, 0), "{what}: block {b}");
+        }
+        assert_eq!(transfer(&e, &disk, &[0], rl, &[31], &TransferOptions::default()), Status::Ok, "{what}: disk -> remote");
+        let one = make_layout(&e, &c, FC, StorageKind::Host);
+        assert_eq!(transfer(&e, rl, &[31], &one, &[0], &TransferOptions::default()), Status::Ok, "{what}: reading back");
+        assert!(read_region(&one, 0, 3, 1) == read_region(&back, 0, 3, 1), "{what}: block 31 holds block 0");
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Same geometry rules as local layouts; the peer's bounds are checked before posting;
+/// remote to remote and the address of remote memory are refused.
+fn remote_layouts_follow_the_local_rules() {
+    let peer = Peer::spawn(16);
+    let e = engine();
+    let remote = import(&e, &peer.blobs[1], Duration::from_secs(20));
+    let local = make_layout(&e, &peer_cfg(16), FC, StorageKind::Host);
+    let other = make_layout(&e, &cfg(16, 4, 2, 4, 64, 2), FC, StorageKind::Host);
+    let err = |r: kvxfer::Result<Arc<kvxfer::Request>>| r.err().expect("refused").status;
+    assert_eq!(err(e.submit(&remote[0], &[16], &local, &[0], &TransferOptions::default())), Status::OutOfRange);
+    assert_eq!(err(e.submit(&remote[0], &[0], &other, &[0], &TransferOptions::default())), Status::Incompatible);
+    assert_eq!(err(e.submit(&remote[0], &[0], &remote[1], &[0], &TransferOptions::default())), Status::Unsupported);
+    assert_eq!(err(e.submit(&local, &[0], &remote[1], &[0], &layers(2, 5))), Status::OutOfRange);
+    // Another engine's import is not this engine's layout.
+    let e2 = engine();
+    assert_eq!(err(e2.submit(&remote[0], &[0], &local, &[0], &TransferOptions::default())), Status::InvalidArg);
+}
+
+/// Garbage, truncated, altered, foreign-ABI and own blobs are `InvalidArg` with a
+/// reason; an older export after a newer one is refused, a newer one replaces the older
+/// import and the older handles are then refused.
+fn bad_and_replaced_blobs() {
+    let peer = Peer::spawn(4);
+    let e = engine();
+    let good = &peer.blobs[0];
+    let refused = |b: &[u8], want: &str| {
+        let err = e.import(b, Duration::ZERO).err().expect("refused");
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+        assert!(err.message.contains(want), "wanted '{want}': {}", err.message);
+    };
+    refused(b"not a blob at all", "not a kvxfer export blob");
+    refused(&good[..good.len() / 2], "checksum");
+    let mut altered = good.clone();
+    let mid = altered.len() / 2;
+    altered[mid] ^= 1;
+    refused(&altered, "checksum");
+    let mut other_major = good.clone();
+    other_major[8] = 99;
+    refused(&other_major, "ABI 99");
+    let own_engine = engine();
+    let own = make_layout(&own_engine, &peer_cfg(4), FC, StorageKind::Host);
+    let blob = own_engine.export(&[own.clone()]).expect("export");
+    let err = own_engine.import(&blob, Duration::ZERO).err().expect("own blob refused");
+    assert!(err.status == Status::InvalidArg && err.message.contains("own export"), "{}", err.message);
+    drop((own, own_engine));
+
+    let old = import(&e, &peer.blobs[0], Duration::ZERO);
+    let new = import(&e, &peer.blobs[1], Duration::ZERO);
+    refused(&peer.blobs[0], "older than export 2");
+    let local = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
+    fill(&local, 0);
+    let err = e.submit(&old[0], &[0], &local, &[0], &TransferOptions::default()).err().expect("stale handle refused");
+    assert!(err.status == Status::InvalidArg && err.message.contains("older blob"), "{}", err.message);
+    assert_eq!(transfer(&e, &new[0], &[1], &local, &[1], &TransferOptions::default()), Status::Ok);
+    check(&local, 0, PEER_SEEDS[0], &[(1, 1)], 0..4, "after re-import");
+}
+
+/// The peer is SIGKILLed while big reads run: every request ends, the ones after the
+/// kill with `KVX_ERR_REMOTE`, within the import's timeout; local work goes on.
+fn killed_peer_ends_requests_in_time() {
+    let blocks = 2048; // 12 MiB per layout
+    let mut peer = Peer::spawn(blocks);
+    let e = engine_with(|c| c.bounce_bytes = 8 << 20);
+    let timeout = Duration::from_secs(3);
+    let remote = import(&e, &peer.blobs[1], timeout);
+    let c = peer_cfg(blocks);
+    let local = make_layout(&e, &c, FC, StorageKind::Host);
+    let all: Vec<u64> = (0..blocks).collect();
+    assert_eq!(transfer(&e, &remote[0], &all, &local, &all, &TransferOptions::default()), Status::Ok, "before the kill");
+    let inflight: Vec<_> = (0..4).map(|_| e.submit(&remote[0], &all, &local, &all, &TransferOptions::default()).expect("submit")).collect();
+    peer.child.kill().expect("SIGKILL");
+    let _ = peer.child.wait();
+    let killed = Instant::now();
+    let after: Vec<_> = (0..4).map(|_| e.submit(&remote[1], &all[..64], &local, &all[..64], &TransferOptions::default()).expect("submit")).collect();
+    for (i, r) in inflight.iter().chain(&after).enumerate() {
+        let s = r.wait(Some(timeout * 3));
+        assert_ne!(s, Status::Pending, "request {i} still pending {:?} after the kill", killed.elapsed());
+        if i >= inflight.len() {
+            assert_eq!(s, Status::Remote, "request {i} after the kill: {}", r.error_message().to_string_lossy());
+            let msg = r.error_message().to_string_lossy().to_string();
+            assert!(msg.contains("re-import") || msg.contains("within"), "{msg}");
+        } else {
+            assert!(s == Status::Ok || s == Status::Remote, "request {i} in flight at the kill: {s:?}");
+        }
+    }
+    assert!(killed.elapsed() < timeout * 2, "requests took {:?} to end after the kill", killed.elapsed());
+    let (a, b) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, FC, StorageKind::Device));
+    fill(&a, 9);
+    fill(&b, 0);
+    assert_eq!(transfer(&e, &a, &all, &b, &all, &TransferOptions::default()), Status::Ok, "local work after the kill");
+    check(&b, 0, 9, &all.iter().map(|&x| (x, x)).collect::<Vec<_>>(), 0..4, "local work after the kill");
+    assert_eq!(e.slots().0, e.slots().1, "every slot came back");
+}
+
+/// Without NIXL at run time, export and import say why; local work is as before.
+fn without_nixl_export_and_import_are_unsupported() {
+    let e = engine();
+    let l = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
+    let err = e.export(&[l.clone()]).err().expect("export refused");
+    assert!(err.status == Status::Unsupported && err.message.contains("libnixl_capi.so"), "{err}");
+    let err = e.import(b"not a blob", Duration::ZERO).err().expect("import refused");
+    assert_eq!(err.status, Status::InvalidArg, "{err}");
+    let d = make_layout(&e, &peer_cfg(4), FC, StorageKind::Device);
+    assert_eq!(transfer(&e, &l, &[0, 1], &d, &[2, 3], &TransferOptions::default()), Status::Ok);
+}
+
+fn main() {
+    if let Ok(blocks) = std::env::var("KVX_REMOTE_PEER") {
+        peer_main(blocks.parse().unwrap());
+        return;
+    }
+    let why = kvxfer::io::nixl::missing();
+    run(vec![
+        case("moves_blocks_both_ways", moves_blocks_both_ways).unless(why.clone()),
+        case("remote_layouts_follow_the_local_rules", remote_layouts_follow_the_local_rules).unless(why.clone()),
+        case("bad_and_replaced_blobs", bad_and_replaced_blobs).unless(why.clone()),
+        case("killed_peer_ends_requests_in_time", killed_peer_ends_requests_in_time).unless(why.clone()),
+        case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
+            .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),
+    ])
+}
