@@ -146,6 +146,30 @@ class Engine {
     return make(
         [&](kvx_layout **out) { return kvx_layout_register_host(h_.get(), &c, bases.data(), bases.size(), flags, out); });
   }
+  // The blob another engine imports to reach exactly `layouts` (ABI 1.3); its bytes are
+  // the caller's to send (a socket, a file, the runtime's control plane).
+  std::vector<uint8_t> export_layouts(const std::vector<const Layout *> &layouts) {
+    std::vector<const kvx_layout *> handles;
+    for (const Layout *l : layouts) handles.push_back(l->get());
+    kvx_blob *b = nullptr;
+    check(kvx_engine_export(h_.get(), handles.data(), handles.size(), &b));
+    size_t n = 0;
+    const uint8_t *p = kvx_blob_bytes(b, &n);
+    std::vector<uint8_t> out(p, p + n);
+    kvx_blob_destroy(b);
+    return out;
+  }
+  // A peer's layouts, in its export order; `timeout_ms` bounds each transfer with it
+  // (0: the library's default).
+  std::vector<Layout> import_layouts(const std::vector<uint8_t> &blob, uint32_t timeout_ms = 0) {
+    size_t n = 0;
+    check(kvx_engine_import(h_.get(), blob.data(), blob.size(), timeout_ms, nullptr, 0, &n));
+    std::vector<kvx_layout *> raw(n);
+    check(kvx_engine_import(h_.get(), blob.data(), blob.size(), timeout_ms, raw.data(), raw.size(), &n));
+    std::vector<Layout> out;
+    for (size_t i = 0; i < n; i++) out.emplace_back(raw[i]);
+    return out;
+  }
   // Submits src_blocks[i] -> dst_blocks[i]; `opts` may be null (all layers, no callback).
   Request submit(const Layout &src, const std::vector<uint64_t> &src_blocks, const Layout &dst,
                  const std::vector<uint64_t> &dst_blocks, const kvx_transfer_options *opts = nullptr) {

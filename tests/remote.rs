@@ -175,7 +175,8 @@ fn remote_layouts_follow_the_local_rules() {
 
 /// Garbage, truncated, altered, foreign-ABI and own blobs are `InvalidArg` with a
 /// reason; an older export after a newer one is refused, a newer one replaces the older
-/// import and the older handles are then refused.
+/// import and the older handles are then refused; counting a blob's layouts imports
+/// nothing.
 fn bad_and_replaced_blobs() {
     let peer = Peer::spawn(4);
     let e = engine();
@@ -204,6 +205,10 @@ fn bad_and_replaced_blobs() {
     let old = import(&e, &peer.blobs[0], Duration::ZERO);
     let new = import(&e, &peer.blobs[1], Duration::ZERO);
     refused(&peer.blobs[0], "older than export 2");
+    // The count query (C: `layouts` NULL) checks like an import but replaces nothing.
+    assert_eq!(e.import_count(&peer.blobs[1]).expect("count"), 2);
+    let err = e.import_count(&peer.blobs[0]).err().expect("older blob's count refused");
+    assert!(err.message.contains("older than export 2"), "{}", err.message);
     let local = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
     fill(&local, 0);
     let err = e.submit(&old[0], &[0], &local, &[0], &TransferOptions::default()).err().expect("stale handle refused");

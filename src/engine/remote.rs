@@ -74,6 +74,13 @@ impl Engine {
         link.export(shared)
     }
 
+    /// How many layouts `blob` holds, after the checks `import` makes; imports nothing.
+    pub fn import_count(&self, blob: &[u8]) -> Result<usize> {
+        let blob = Blob::decode(blob, abi_major())?;
+        self.link()?.may_import(&blob)?;
+        Ok(blob.layouts.len())
+    }
+
     /// The layouts of a peer's blob, in the order it exported them. `timeout`: how long
     /// one remote transfer may take before it fails (zero: `DEFAULT_TIMEOUT`).
     pub fn import(&self, blob: &[u8], timeout: Duration) -> Result<Vec<Arc<Layout>>> {

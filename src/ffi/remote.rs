@@ -53,7 +53,8 @@ pub unsafe extern "C" fn kvx_blob_destroy(blob: *mut kvx_blob) {
 
 /// Imports a peer's blob (`blob_len` bytes): writes one layout handle per exported
 /// layout, in export order, to `layouts[0..*num_layouts]` (at most `capacity`; with
-/// `layouts` NULL and `capacity` 0 it only sets `*num_layouts`, after the same checks).
+/// `layouts` NULL and `capacity` 0 it only sets `*num_layouts`, after the same checks,
+/// and imports nothing).
 /// The handles are used in `kvx_transfer_submit` like local ones, with a local memory
 /// or disk layout on the other side; each is freed with `kvx_layout_destroy`.
 /// `timeout_ms`: how long one transfer with this peer may take before its request ends
@@ -83,19 +84,20 @@ pub unsafe extern "C" fn kvx_engine_import(
                 bail!(InvalidArg, "layouts is NULL but capacity is {capacity}");
             }
             let bytes = std::slice::from_raw_parts(blob, blob_len);
-            let header_only = layouts.is_null();
-            let imported = e.import(bytes, Duration::from_millis(timeout_ms as u64))?;
-            if !header_only && imported.len() > capacity {
-                bail!(InvalidArg, "the blob holds {} layouts but capacity is {capacity}", imported.len());
+            // The count query imports nothing: it must not replace an earlier import.
+            let count = e.import_count(bytes)?;
+            if layouts.is_null() {
+                return Ok((n_out, count, None));
             }
-            Ok((n_out, imported, header_only))
+            if count > capacity {
+                bail!(InvalidArg, "the blob holds {count} layouts but capacity is {capacity}");
+            }
+            Ok((n_out, count, Some(e.import(bytes, Duration::from_millis(timeout_ms as u64))?)))
         },
-        |(n, imported, header_only)| {
-            n.write(imported.len());
-            if !header_only {
-                for (i, l) in imported.into_iter().enumerate() {
-                    layouts.add(i).write(kvx_layout::into_c(l));
-                }
+        |(n, count, imported)| {
+            n.write(count);
+            for (i, l) in imported.into_iter().flatten().enumerate() {
+                layouts.add(i).write(kvx_layout::into_c(l));
             }
         },
     )

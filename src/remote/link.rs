@@ -120,17 +120,10 @@ impl Link {
     /// Loads a decoded blob's metadata: the peer it names, replacing an older import of
     /// the same peer. A blob older than the one already imported is refused.
     pub fn import(self: &Arc<Link>, blob: &Blob, timeout: Duration) -> Result<Arc<Peer>> {
-        if blob.agent == self.name {
-            bail!(InvalidArg, "the blob is this engine's own export; use its local layouts instead");
-        }
         let mut peers = self.peers.lock().unwrap();
+        self.check(&peers, blob)?;
         if let Some(old) = peers.remove(&blob.agent) {
             if let Some(old) = old.upgrade() {
-                if blob.generation < old.generation {
-                    let older = (blob.generation, old.generation);
-                    peers.insert(blob.agent.clone(), Arc::downgrade(&old));
-                    bail!(InvalidArg, "the blob is export {} of {}, older than export {} already imported; import the newest blob", older.0, blob.agent, older.1);
-                }
                 old.stale.store(true, Ordering::Release);
             }
             // Forget the old registrations before loading the new ones.
@@ -146,6 +139,24 @@ impl Link {
         let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), timeout, link: self.clone() });
         peers.insert(blob.agent.clone(), Arc::downgrade(&peer));
         Ok(peer)
+    }
+
+    /// Whether `blob` may be imported now, without importing it (the blob's count
+    /// query must not replace what is imported).
+    pub fn may_import(&self, blob: &Blob) -> Result<()> {
+        self.check(&self.peers.lock().unwrap(), blob)
+    }
+
+    fn check(&self, peers: &HashMap<String, Weak<Peer>>, blob: &Blob) -> Result<()> {
+        if blob.agent == self.name {
+            bail!(InvalidArg, "the blob is this engine's own export; use its local layouts instead");
+        }
+        if let Some(old) = peers.get(&blob.agent).and_then(Weak::upgrade) {
+            if blob.generation < old.generation {
+                bail!(InvalidArg, "the blob is export {} of {}, older than export {} already imported; import the newest blob", blob.generation, blob.agent, old.generation);
+            }
+        }
+        Ok(())
     }
 }
 
