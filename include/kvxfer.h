@@ -480,7 +480,8 @@ void kvx_blob_destroy(struct kvx_blob *blob);
 
 // Imports a peer's blob (`blob_len` bytes): writes one layout handle per exported
 // layout, in export order, to `layouts[0..*num_layouts]` (at most `capacity`; with
-// `layouts` NULL and `capacity` 0 it only sets `*num_layouts`, after the same checks).
+// `layouts` NULL and `capacity` 0 it only sets `*num_layouts`, after the same checks,
+// and imports nothing).
 // The handles are used in `kvx_transfer_submit` like local ones, with a local memory
 // or disk layout on the other side; each is freed with `kvx_layout_destroy`.
 // `timeout_ms`: how long one transfer with this peer may take before its request ends
