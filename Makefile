@@ -176,11 +176,14 @@ exports-test: build
 	echo "exports-test: $$(nm -D --defined-only $(LIB) | wc -l) symbols, all kvx_"
 
 # The benchmark runs and its byte check passes (small, not timed).
-bench-smoke: build $(TEST_DIR)
+bench-smoke: build $(TEST_DIR) nixl-libs
 	./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR)
 	@if [ "$$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then \
 	  ./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir /dev/shm --mapped; \
 	else echo "bench-smoke: --mapped skipped: /dev/shm is not tmpfs here"; fi
+	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
+	  LD_LIBRARY_PATH=$(NIXL_LIBS) ./cpp_examples/bench --remote --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4; \
+	else echo "bench-smoke: --remote skipped: NIXL's libraries could not be fetched (see nixl-libs)"; fi
 
 # The Python package (python/): pip builds its wheel with the crate's cdylib inside, then
 # pytest runs its suite on the emulated device with NumPy arrays, from outside the source

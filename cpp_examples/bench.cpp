@@ -40,7 +40,7 @@ struct Options {
   uint32_t io_threads = 0, io_backend = KVX_IO_AUTO;
   uint64_t bounce_bytes = 0, slot_bytes = 0;
   bool buffered = false, verify = true, random_blocks = false, json = false, cold = false, checksum = false, mapped = false;
-  bool latency = false, layerwise = false;
+  bool latency = false, layerwise = false, remote = false;
   unsigned submitters = 0;
   std::string trace;
 };
@@ -73,7 +73,11 @@ struct Options {
       "                  all layers (first- and last-layer completion); --direction picks host- or disk-to-device\n"
       "  --submitters N  N threads submitting --blocks-per-batch-block requests back to back, mixed directions\n"
       "  --trace FILE    replay a schedule of `<submitter> onboard|offload <blocks>` lines against the disk file\n"
-      "                  (cpp_examples/make_trace.py writes a vLLM-like one); latency percentiles and GB/s\n");
+      "                  (cpp_examples/make_trace.py writes a vLLM-like one); latency percentiles and GB/s\n"
+      "  --remote        a second bench process on this host exports a device and a pinned host layout; this one\n"
+      "                  imports them (NIXL's UCX backend) and moves blocks to and from them: batch GB/s and\n"
+      "                  per-request latency; --direction remote-device-to-device|device-to-remote-device|\n"
+      "                  remote-host-to-device|device-to-remote-host|all\n");
   std::exit(code);
 }
 
@@ -147,6 +151,7 @@ Options parse(int argc, char **argv) {
     if (a == "--mapped") { o.mapped = true; continue; }
     if (a == "--latency") { o.latency = true; continue; }
     if (a == "--layerwise") { o.layerwise = true; continue; }
+    if (a == "--remote") { o.remote = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -259,6 +264,34 @@ int32_t device_of(const std::string &s) {
   return (int32_t)std::atoi(s.c_str());
 }
 
+kvx_engine_config engine_config(const Options &o) {
+  kvx_engine_config ec;
+  kvx_engine_config_init(&ec);
+  ec.device = device_of(o.device);
+  ec.io_threads = o.io_threads;
+  ec.io_backend = o.io_backend;
+  ec.bounce_bytes = o.bounce_bytes;
+  ec.slot_bytes = o.slot_bytes;
+  return ec;
+}
+
+// The device layout's config and the pinned host layouts' (same geometry, --host-layout's kind).
+std::pair<kvx_layout_config, kvx_layout_config> layout_configs(const Options &o) {
+  const kvx_layout_config lc = kvx::layout_config(layout_kind(o.layout), o.num_blocks, o.num_layers, o.outer_dim,
+                                                  o.page_size, o.inner_dim, o.dtype_bytes);
+  kvx_layout_config hc = lc;
+  hc.kind = layout_kind(o.host_layout);
+  return {lc, hc};
+}
+
+// Known bytes in every block of a host layout: word i of base l is a hash of i, l and `salt`.
+void fill_pattern(const kvx::Layout &host, uint32_t nbases, uint64_t base_bytes, uint64_t salt) {
+  for (uint32_t l = 0; l < nbases; l++) {
+    auto *p = reinterpret_cast<uint64_t *>(host.base(l));
+    for (uint64_t i = 0; i < base_bytes / 8; i++) p[i] = (i * 0x9E3779B97F4A7C15ull) ^ l ^ salt;
+  }
+}
+
 // Copies of the same bytes between the pinned host layout's and the device layout's
 // allocations outside kvxfer: the link's limit (as few copies as the allocations allow)
 // or the naive way (one copy per region).
@@ -303,6 +336,7 @@ struct RawCopy {
 };
 
 #include "bench_runtime.h"
+#include "bench_remote.h"
 
 }  // namespace
 
@@ -311,6 +345,8 @@ int run(const Options &o);
 int main(int argc, char **argv) {
   Options o = parse(argc, argv);
   try {
+    // Forks its serving peer before this process touches CUDA or NIXL.
+    if (o.remote) return run_remote(o);
     return run(o);
   } catch (const kvx::Error &err) {
     std::fprintf(stderr, "bench: %s\n", err.what());
@@ -319,20 +355,11 @@ int main(int argc, char **argv) {
 }
 
 int run(const Options &o) {
-  kvx_engine_config ec;
-  kvx_engine_config_init(&ec);
-  ec.device = device_of(o.device);
-  ec.io_threads = o.io_threads;
-  ec.io_backend = o.io_backend;
-  ec.bounce_bytes = o.bounce_bytes;
-  ec.slot_bytes = o.slot_bytes;
+  const kvx_engine_config ec = engine_config(o);
   kvx::Engine e(&ec);
   const int32_t dev = e.device();
 
-  const kvx_layout_config lc = kvx::layout_config(layout_kind(o.layout), o.num_blocks, o.num_layers, o.outer_dim,
-                                                  o.page_size, o.inner_dim, o.dtype_bytes);
-  kvx_layout_config hc = lc;
-  hc.kind = layout_kind(o.host_layout);
+  const auto [lc, hc] = layout_configs(o);
   kvx::Layout device = e.create_device_layout(lc);
   kvx::Layout host = e.create_host_layout(hc, KVX_HOST_PINNED);
   kvx::Layout check_host(nullptr), disk(nullptr);
@@ -374,12 +401,8 @@ int run(const Options &o) {
   raw.total = total;
   raw.region_bytes = o.page_size * o.inner_dim * o.dtype_bytes;
   for (uint32_t l = 0; l < dev_nbases; l++) raw.dev_bases.push_back(device.base(l));
-  for (uint32_t l = 0; l < nbases; l++) {
-    uint64_t h = host.base(l);
-    raw.host_bases.push_back(h);
-    auto *p = reinterpret_cast<uint64_t *>(h);
-    for (uint64_t i = 0; i < base_bytes / 8; i++) p[i] = (i * 0x9E3779B97F4A7C15ull) ^ l;
-  }
+  for (uint32_t l = 0; l < nbases; l++) raw.host_bases.push_back(host.base(l));
+  fill_pattern(host, nbases, base_bytes, 0);
   if (dev >= 0 && !raw.cuda.open(dev)) {
     std::fprintf(stderr, "bench: cannot load the CUDA driver for the raw-copy baseline\n");
     return 1;
