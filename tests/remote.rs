@@ -119,22 +119,27 @@ fn moves_blocks_both_ways() {
                 }
             }
         }
-        // Local -> remote: write blocks 0..8 (from a local pattern), read them back into
-        // a fresh layout; the blocks not written still hold the peer's pattern.
-        let what = format!("local -> remote {r}");
-        let local = make_layout(&e, &c, FC, StorageKind::Pinned);
-        fill(&local, 44);
-        let written: Vec<u64> = shuffled(32, 77 + r as u64)[..8].to_vec();
-        let from: Vec<u64> = (0..8).collect();
-        assert_eq!(transfer(&e, &local, &from, rl, &written, &TransferOptions::default()), Status::Ok, "{what}");
-        let back = make_layout(&e, &c, FC, StorageKind::Host);
-        fill(&back, 3);
+        // Local -> remote, from pinned memory and from the device: write blocks 0..8
+        // (from a local pattern), read them back into a fresh layout; the blocks not
+        // written still hold the peer's pattern (or the previous writer's).
         let all: Vec<u64> = (0..32).collect();
-        assert_eq!(transfer(&e, rl, &all, &back, &all, &TransferOptions::default()), Status::Ok, "{what}: reading back");
-        for b in 0..32u64 {
-            let want_src = written.iter().position(|&w| w == b).map(|i| (44, from[i])).unwrap_or((seed, b));
-            for l in 0..4 {
-                assert!(read_region(&back, b, l, 1) == region_pattern(want_src.0, want_src.1, l, 1, 768), "{what}: block {b} layer {l}");
+        let back = make_layout(&e, &c, FC, StorageKind::Host);
+        let mut last: Vec<(u64, u64)> = all.iter().map(|&b| (seed, b)).collect();
+        for (storage, local_seed) in [(StorageKind::Pinned, 44), (StorageKind::Device, 45)] {
+            let what = format!("local {storage:?} -> remote {r}");
+            let local = make_layout(&e, &c, FC, storage);
+            fill(&local, local_seed);
+            let written: Vec<u64> = shuffled(32, local_seed + r as u64)[..8].to_vec();
+            let from: Vec<u64> = (0..8).collect();
+            assert_eq!(transfer(&e, &local, &from, rl, &written, &TransferOptions::default()), Status::Ok, "{what}");
+            written.iter().zip(&from).for_each(|(&w, &f)| last[w as usize] = (local_seed, f));
+            fill(&back, 3);
+            assert_eq!(transfer(&e, rl, &all, &back, &all, &TransferOptions::default()), Status::Ok, "{what}: reading back");
+            for b in 0..32u64 {
+                let (want_seed, want_block) = last[b as usize];
+                for l in 0..4 {
+                    assert!(read_region(&back, b, l, 1) == region_pattern(want_seed, want_block, l, 1, 768), "{what}: block {b} layer {l}");
+                }
             }
         }
         // Remote -> disk -> remote through the bounce ring.
