@@ -42,6 +42,7 @@ struct Options {
   bool buffered = false, verify = true, random_blocks = false, json = false, cold = false, checksum = false, mapped = false;
   bool latency = false, layerwise = false, remote = false;
   unsigned submitters = 0;
+  uint64_t requests = 0;  // --remote's one-at-a-time requests (0: 100 per iteration)
   std::string trace;
 };
 
@@ -76,8 +77,9 @@ struct Options {
       "                  (cpp_examples/make_trace.py writes a vLLM-like one); latency percentiles and GB/s\n"
       "  --remote        a second bench process on this host exports a device and a pinned host layout; this one\n"
       "                  imports them (NIXL's UCX backend) and moves blocks to and from them: batch GB/s and\n"
-      "                  per-request latency; --direction remote-device-to-device|device-to-remote-device|\n"
-      "                  remote-host-to-device|device-to-remote-host|all\n");
+      "                  per-request latency (--requests N one at a time, default 100 per iteration); --direction\n"
+      "                  remote-device-to-device|device-to-remote-device|remote-host-to-device|device-to-remote-host|\n"
+      "                  remote-host-to-host|host-to-remote-host|all (host: pinned)\n");
   std::exit(code);
 }
 
@@ -138,6 +140,7 @@ Options parse(int argc, char **argv) {
       {"--slot-bytes", [&](const char *v) { o.slot_bytes = std::strtoull(v, nullptr, 0); }},
       {"--submitters", [&](const char *v) { o.submitters = (unsigned)std::strtoul(v, nullptr, 0); }},
       {"--trace", [&](const char *v) { o.trace = v; }},
+      {"--requests", [&](const char *v) { o.requests = std::strtoull(v, nullptr, 0); }},
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];

@@ -127,9 +127,11 @@ inline int run_remote(const Options &o) {
   const Dir dirs[] = {{"remote-device-to-device", rdev, device},
                       {"device-to-remote-device", device, rdev},
                       {"remote-host-to-device", rhost, device},
-                      {"device-to-remote-host", device, rhost}};
+                      {"device-to-remote-host", device, rhost},
+                      {"remote-host-to-host", rhost, check_host},
+                      {"host-to-remote-host", host, rhost}};
   bool any = false;
-  const size_t nreq = (size_t)o.iterations * 100;
+  const size_t nreq = o.requests ? (size_t)o.requests : (size_t)o.iterations * 100;
   for (const Dir &d : dirs) {
     if (o.direction != "all" && o.direction != d.name) continue;
     any = true;

@@ -9,7 +9,7 @@
 //!
 //! Flags (the bench's, same defaults): --num-layers --inner-dim --page-size --outer-dim
 //! --dtype-bytes --num-blocks --blocks-per-batch --iterations --warmup --layout
-//! --host-layout --device auto|emulated|N --direction --random-blocks --json.
+//! --host-layout --device auto|emulated|N --direction --requests --random-blocks --json.
 use kvxfer::layout::{segments, Placement};
 use kvxfer::{Device, Engine, EngineConfig, Layout, LayoutConfig, LayoutKind, StorageKind};
 use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
@@ -30,6 +30,7 @@ struct Opts {
     json: bool,
     device: Device,
     direction: String,
+    requests: usize,
 }
 
 fn kind(s: &str) -> LayoutKind {
@@ -58,6 +59,7 @@ fn parse(args: &[String]) -> Opts {
         json: false,
         device: Device::Auto,
         direction: "all".into(),
+        requests: 0,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -80,6 +82,7 @@ fn parse(args: &[String]) -> Opts {
                     "--layout" => o.layout = (v.clone(), kind(v)),
                     "--host-layout" => o.host_layout = (v.clone(), kind(v)),
                     "--direction" => o.direction = v.clone(),
+                    "--requests" => o.requests = n() as usize,
                     "--device" => {
                         o.device = match v.as_str() {
                             "auto" => Device::Auto,
@@ -303,25 +306,28 @@ fn main() {
     let peer = s.agent.load_remote_md(&md).unwrap_or_else(|e| fail(&format!("loading the peer's metadata: {e}")));
     // The peer's memory types are ours: same device, same kinds.
     let dev = &s.layouts[0];
+    // (name, local layout, the peer's layout, write): 0 device, 1 pinned host.
     let dirs = [
-        ("remote-device-to-device", 0, false),
-        ("device-to-remote-device", 0, true),
-        ("remote-host-to-device", 1, false),
-        ("device-to-remote-host", 1, true),
+        ("remote-device-to-device", 0, 0, false),
+        ("device-to-remote-device", 0, 0, true),
+        ("remote-host-to-device", 0, 1, false),
+        ("device-to-remote-host", 0, 1, true),
+        ("remote-host-to-host", 1, 1, false),
+        ("host-to-remote-host", 1, 1, true),
     ];
     let block_bytes = dev.placement.geom.block_bytes;
     let total = block_bytes * o.cfg.num_blocks;
-    let nreq = o.iterations * 100;
+    let nreq = if o.requests > 0 { o.requests } else { o.iterations * 100 };
     println!("NIXL's UCX backend driven directly (the limit of bench --remote): peer process {}, layout {} (host {}), {} blocks x {:.2} MB, {} blocks/batch, {} iterations",
         child.id(), o.layout.0, o.host_layout.0, o.cfg.num_blocks, block_bytes as f64 / 1e6, o.per_request, o.iterations);
     println!("{:<24} {:>9} {:>9} {:>9} {:>11} {:>11} {:>11} {:>9}", "direction", "GB/s", "p50 ms", "p99 ms", "req p50 us", "req p99 us", "req p99.9 us", "CPU s/GB");
     let mut any = false;
-    for (name, r, write) in dirs {
+    for (name, l, r, write) in dirs {
         if o.direction != "all" && o.direction != name {
             continue;
         }
         any = true;
-        let d = Dir { name, local: dev, local_mem: s.mems[0], remote_bases: &bases[r], remote_placement: &s.layouts[r].placement, remote_mem: s.mems[r], write };
+        let d = Dir { name, local: &s.layouts[l], local_mem: s.mems[l], remote_bases: &bases[r], remote_placement: &s.layouts[r].placement, remote_mem: s.mems[r], write };
         let batches: Vec<_> = pass_ids(o.cfg.num_blocks, o.per_request, o.random).iter().map(|v| d.lists(v)).collect();
         // One pass: every request posted at once, then each seen done.
         let pass = |batch_ms: &mut Vec<f64>| {
