@@ -222,6 +222,60 @@ fn bad_and_replaced_blobs() {
     check(&local, 0, PEER_SEEDS[0], &[(1, 1)], 0..4, "after re-import");
 }
 
+/// Remote requests keep the local request semantics: `on_complete` sees the status,
+/// `poll` spins to it, and a cancel ends queued requests as cancelled and running ones
+/// when their posted transfers end; every slot comes back and later transfers are exact.
+fn callbacks_poll_and_cancel_hold() {
+    let blocks = 2048; // 12 MiB per layout
+    let peer = Peer::spawn(blocks);
+    let e = engine_with(|c| c.bounce_bytes = 8 << 20);
+    let remote = import(&e, &peer.blobs[1], Duration::from_secs(20));
+    let c = peer_cfg(blocks);
+    let local = make_layout(&e, &c, FC, StorageKind::Device);
+    fill(&local, 6);
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let cb = {
+        let seen = seen.clone();
+        move |_: &kvxfer::Request, st: Status| *seen.lock().unwrap() = Some(st)
+    };
+    let opts = TransferOptions { on_complete: Some(Arc::new(cb)), ..Default::default() };
+    let ids = shuffled(blocks, 5)[..16].to_vec();
+    let r = e.submit(&remote[1], &ids, &local, &ids, &opts).expect("submit");
+    assert_eq!(r.wait(Some(Duration::from_secs(20))), Status::Ok);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.lock().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(*seen.lock().unwrap(), Some(Status::Ok), "on_complete of a remote request");
+    check(&local, 6, PEER_SEEDS[1], &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..4, "remote read with on_complete");
+
+    let ids2 = shuffled(blocks, 6)[..16].to_vec();
+    let r = e.submit(&local, &ids2, &remote[0], &ids2, &TransferOptions::default()).expect("submit");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.poll() == Status::Pending {
+        assert!(Instant::now() < deadline, "poll of a remote write never left Pending");
+        std::hint::spin_loop();
+    }
+    assert_eq!(r.poll(), Status::Ok);
+
+    let all: Vec<u64> = (0..blocks).collect();
+    let big: Vec<_> = (0..8).map(|_| e.submit(&remote[1], &all, &local, &all, &TransferOptions::default()).expect("submit")).collect();
+    big.iter().for_each(|r| r.cancel());
+    let ends: Vec<Status> = big.iter().map(|r| r.wait(Some(Duration::from_secs(20)))).collect();
+    assert!(ends.iter().all(|&s| s == Status::Ok || s == Status::Cancelled), "{ends:?}");
+    assert!(ends.contains(&Status::Cancelled), "none of 8 queued 12 MiB reads was cancelled: {ends:?}");
+    assert_eq!(e.slots().0, e.slots().1, "every slot came back");
+    let back = make_layout(&e, &c, FC, StorageKind::Host);
+    assert_eq!(transfer(&e, &remote[0], &all, &back, &all, &TransferOptions::default()), Status::Ok, "after the cancels");
+    for b in 0..blocks {
+        // The polled write put the device's bytes of then into ids2; the rest is the peer's.
+        let seed = if !ids2.contains(&b) { PEER_SEEDS[0] } else if ids.contains(&b) { PEER_SEEDS[1] } else { 6 };
+        for (l, o) in (0..4).flat_map(|l| (0..2).map(move |o| (l, o))) {
+            assert!(read_region(&back, b, l, o) == region_pattern(seed, b, l, o, 768), "peer host layout after the cancels: block {b} layer {l}");
+        }
+    }
+}
+
 /// The peer is SIGKILLed while big reads run: every request ends, the ones after the
 /// kill with `KVX_ERR_REMOTE`, within the import's timeout; local work goes on.
 fn killed_peer_ends_requests_in_time() {
@@ -281,6 +335,7 @@ fn main() {
         case("moves_blocks_both_ways", moves_blocks_both_ways).unless(why.clone()),
         case("remote_layouts_follow_the_local_rules", remote_layouts_follow_the_local_rules).unless(why.clone()),
         case("bad_and_replaced_blobs", bad_and_replaced_blobs).unless(why.clone()),
+        case("callbacks_poll_and_cancel_hold", callbacks_poll_and_cancel_hold).unless(why.clone()),
         case("killed_peer_ends_requests_in_time", killed_peer_ends_requests_in_time).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),
