@@ -18,6 +18,7 @@ Markdown table and a PNG plot (GB/s against blocks per batch, one line per syste
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -51,12 +52,20 @@ def io_mode(a):
     return "O_DIRECT" if a.direct else "hot"
 
 
-def timed(fn, iterations):
-    fn()  # warm-up
-    t0 = time.perf_counter()
+def cpu_seconds():
+    """User + system CPU seconds of this process, all its threads (KvikIO's pool too)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def timed(fn, iterations, total):
+    """(GB/s, CPU s/GB) of `fn` moving `total` bytes, after one warm-up call."""
+    fn()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     for _ in range(iterations):
         fn()
-    return (time.perf_counter() - t0) / iterations
+    secs, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    return total * iterations / secs / 1e9, cpu / (total * iterations / 1e9)
 
 
 def direction(a):
@@ -79,8 +88,8 @@ def kvxfer_runs(a, batches):
                 break
             r = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")][0]
             name = {"auto": "kvxfer", "mapped": "kvxfer, KVX_DISK_MAPPED"}.get(backend, f"kvxfer over {r['io_backend']}")
-            rows.append((name, "-", b, r["gbps"], r["limit_gbps"]))
-            print(f"{name:24} batch {b:3}: {r['gbps']:6.2f} GB/s (limit {r['limit_gbps']:.2f})", flush=True)
+            rows.append((name, "-", b, r["gbps"], r["limit_gbps"], r["cpu_s_per_gb"]))
+            print(f"{name:24} batch {b:3}: {r['gbps']:6.2f} GB/s (limit {r['limit_gbps']:.2f}), {r['cpu_s_per_gb']:.3f} CPU s/GB", flush=True)
     return rows
 
 
@@ -110,9 +119,13 @@ def nixl_ab_bounce(a, path, total, block, pieces, dev, batches):
             raise RuntimeError(f"NIXL {what}: status {status}")
 
     agent, mems, params, backend, opt = vp(), vp(), vp(), vp(), vp()
-    ok(lib.nixl_capi_create_agent(b"kvx-compare", ctypes.byref(agent)), "create agent")
-    ok(lib.nixl_capi_get_plugin_params(agent, b"POSIX", ctypes.byref(mems), ctypes.byref(params)), "POSIX plugin")
-    ok(lib.nixl_capi_create_backend(agent, b"POSIX", params, ctypes.byref(backend)), "POSIX backend")
+    try:
+        ok(lib.nixl_capi_create_agent(b"kvx-compare", ctypes.byref(agent)), "create agent")
+        ok(lib.nixl_capi_get_plugin_params(agent, b"POSIX", ctypes.byref(mems), ctypes.byref(params)), "POSIX plugin")
+        ok(lib.nixl_capi_create_backend(agent, b"POSIX", params, ctypes.byref(backend)), "POSIX backend")
+    except RuntimeError as e:
+        print(f"NIXL A/B bounce: not run: {e} (is plugins/libplugin_POSIX.so beside libnixl.so, or NIXL_PLUGIN_DIR set?)", flush=True)
+        return []
     ok(lib.nixl_capi_create_opt_args(ctypes.byref(opt)), "opt args")
     ok(lib.nixl_capi_opt_args_add_backend(opt, backend), "opt args backend")
     bufs = [cp.cuda.alloc_pinned_memory(block) for _ in range(2)]
@@ -155,9 +168,9 @@ def nixl_ab_bounce(a, path, total, block, pieces, dev, batches):
                         cp.cuda.runtime.memcpyAsync(dev.data.ptr + d, bufs[k].ptr + off - bi * block, n, 1, stream.ptr)
                     done[k].record(stream)
                 stream.synchronize()
-        g = total / timed(run, a.iterations) / 1e9
-        rows.append(("NIXL POSIX, A/B bounce", "1", b, g, None))
-        print(f"NIXL A/B bounce   batch {b:3}: {g:6.2f} GB/s", flush=True)
+        g, c = timed(run, a.iterations, total)
+        rows.append(("NIXL POSIX, A/B bounce", "1", b, g, None, c))
+        print(f"NIXL A/B bounce   batch {b:3}: {g:6.2f} GB/s, {c:.3f} CPU s/GB", flush=True)
     os.close(fd)
     return rows
 
@@ -207,9 +220,9 @@ def peer_runs(a, batches):
                                     for (off, d, n) in pieces[bi]]
                             for fu in futs:
                                 fu.get()
-                    g = total / timed(run, a.iterations) / 1e9
-                    rows.append(("KvikIO", str(threads), b, g, None))
-                    print(f"KvikIO {threads:2} threads batch {b:3}: {g:6.2f} GB/s", flush=True)
+                    g, c = timed(run, a.iterations, total)
+                    rows.append(("KvikIO", str(threads), b, g, None, c))
+                    print(f"KvikIO {threads:2} threads batch {b:3}: {g:6.2f} GB/s, {c:.3f} CPU s/GB", flush=True)
         if a.write:
             print("NIXL A/B bounce: reads only", flush=True)
         else:
@@ -230,9 +243,9 @@ def peer_runs(a, batches):
                             cp.cuda.runtime.memcpy(dev.data.ptr + d, h, n, 1)  # cudaMemcpyHostToDevice
                     if a.write:
                         os.pwritev(fd, [host], bi * block)
-            g = total / timed(naive, a.iterations) / 1e9
-            rows.append(("naive cudaMemcpy + pwrite" if a.write else "naive pread + cudaMemcpy", "1", b, g, None))
-            print(f"naive             batch {b:3}: {g:6.2f} GB/s", flush=True)
+            g, c = timed(naive, a.iterations, total)
+            rows.append(("naive cudaMemcpy + pwrite" if a.write else "naive pread + cudaMemcpy", "1", b, g, None, c))
+            print(f"naive             batch {b:3}: {g:6.2f} GB/s, {c:.3f} CPU s/GB", flush=True)
         os.close(fd)
     finally:
         os.unlink(path)
@@ -242,16 +255,16 @@ def peer_runs(a, batches):
 def report(a, rows):
     os.makedirs(a.out, exist_ok=True)
     best_kvikio = {}
-    for s, t, b, g, _ in rows:
+    for s, t, b, g, *_ in rows:
         if s == "KvikIO":
             best_kvikio[b] = max(best_kvikio.get(b, 0), g)
     what = "device -> disk" if a.write else "disk -> device"
     md = [f"# {what}, {a.layout}, {a.num_blocks} blocks x {a.num_layers * 2 * a.page_size * a.inner_dim * 2 / 1e6:.2f} MB, "
-          f"file in {a.dir} ({io_mode(a)})", "", "| system | threads | blocks/batch | GB/s | x best KvikIO | limit GB/s |",
-          "|---|---|---|---|---|---|"]
-    for s, t, b, g, lim in rows:
+          f"file in {a.dir} ({io_mode(a)})", "", "| system | threads | blocks/batch | GB/s | x best KvikIO | limit GB/s | CPU s/GB |",
+          "|---|---|---|---|---|---|---|"]
+    for s, t, b, g, lim, cpu in rows:
         ratio = f"{g / best_kvikio[b]:.2f}" if b in best_kvikio else ""
-        md.append(f"| {s} | {t} | {b} | {g:.2f} | {ratio} | {'' if lim is None else f'{lim:.2f}'} |")
+        md.append(f"| {s} | {t} | {b} | {g:.2f} | {ratio} | {'' if lim is None else f'{lim:.2f}'} | {cpu:.3f} |")
     with open(os.path.join(a.out, "compare.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
@@ -260,7 +273,7 @@ def report(a, rows):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key in sorted({(s, t) for s, t, *_ in rows}):
-        pts = sorted((b, g) for s, t, b, g, _ in rows if (s, t) == key)
+        pts = sorted((b, g) for s, t, b, g, *_ in rows if (s, t) == key)
         label = key[0] if key[1] in ("-", "1") and key[0] != "KvikIO" else f"{key[0]} ({key[1]} threads)"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
