@@ -6,10 +6,13 @@
 //   batch       one cudaMemcpyBatchAsync for all regions (CUDA 12.8+)
 //   kernel      one kernel: SMs load/store the pinned host memory directly (zero-copy),
 //               swept over the number of thread blocks
+//   both ways   host-to-device and device-to-host at once on two streams (what mixed
+//               submitters do): DMA both ways, kernels both ways, and one of each
 // Build on the GPU machine: nvcc -O2 -o scatter_limit scatter_limit.cu
 // Run: ./scatter_limit [region_bytes=32768] [regions=2048] [pool_regions=65536]
 #include <cuda_runtime.h>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -132,5 +135,62 @@ int main(int argc, char **argv) {
   CK(cudaMemcpy(want.data(), dev + ids[(5 * 7919) % pool] * rb, rb, cudaMemcpyDeviceToHost));
   bool ok = std::equal(want.begin(), want.end(), host + ids[5] * rb);
   std::printf("kernel check: %s\n", ok ? "bytes match" : "MISMATCH");
+  // Both directions at once, on disjoint regions: H2D from host ids[i], D2H to host
+  // ids[n + i] (7919 is odd, so i -> i * 7919 mod pool never repeats a device region).
+  {
+    cudaStream_t s2;
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    Region *t2, *dt[2];
+    CK(cudaHostAlloc(&t2, 2 * n * sizeof(Region), 0));
+    std::vector<void *> d[2], sr[2];
+    std::vector<size_t> sizes(n, rb);
+    for (int k = 0; k < 2; k++) {
+      CK(cudaMalloc(&dt[k], n * sizeof(Region)));
+      for (size_t i = 0; i < n; i++) {
+        size_t j = k * n + i;
+        char *hp = host + ids[j] * rb, *dp = dev + ids[(j * 7919) % pool] * rb;
+        sr[k].push_back(k == 0 ? (void *)hp : (void *)dp);
+        d[k].push_back(k == 0 ? (void *)dp : (void *)hp);
+        t2[j] = {(unsigned long long)d[k][i], (unsigned long long)sr[k][i], rb};
+      }
+      CK(cudaMemcpy(dt[k], t2 + k * n, n * sizeof(Region), cudaMemcpyHostToDevice));
+    }
+    cudaStream_t st[2] = {s, s2};
+    auto both = [&](auto f) {  // wall time of both directions, median of 9
+      std::vector<double> v;
+      for (int it = 0; it < 10; it++) {
+        auto t0 = std::chrono::steady_clock::now();
+        f(0), f(1);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaStreamSynchronize(s2));
+        if (it) v.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(v.begin(), v.end());
+      return 2.0 * bytes / v[v.size() / 2] / 1e9;
+    };
+    auto dma = [&](int k) {
+      CK(cudaMemcpyAsync(k == 0 ? dev : host + bytes * 2, k == 0 ? host : dev + bytes * 2, bytes, cudaMemcpyDefault, st[k]));
+    };
+    auto kernel = [&](int k, unsigned blocks) { copy_regions<<<blocks, 512, 0, st[k]>>>(dt[k], (unsigned)n); };
+    std::printf("both ways contiguous DMA      %6.2f GB/s\n", both(dma));
+    for (unsigned b : {33u, 66u, 132u}) std::printf("both ways kernels %3u blocks   %6.2f GB/s\n", b, both([&](int k) { kernel(k, b); }));
+#if CUDART_VERSION >= 12080
+    cudaMemcpyAttributes attr = {};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t idx0 = 0;
+    auto batch = [&](int k) {
+#if CUDART_VERSION >= 13000
+      CK(cudaMemcpyBatchAsync(d[k].data(), sr[k].data(), sizes.data(), n, &attr, &idx0, 1, st[k]));
+#else
+      size_t fail;
+      CK(cudaMemcpyBatchAsync(d[k].data(), sr[k].data(), sizes.data(), n, &attr, &idx0, 1, &fail, st[k]));
+#endif
+    };
+    std::printf("both ways batch DMA           %6.2f GB/s\n", both(batch));
+    std::printf("kernel H2D + batch DMA D2H    %6.2f GB/s\n", both([&](int k) { k == 0 ? kernel(0, 132) : batch(1); }));
+    std::printf("batch DMA H2D + kernel D2H    %6.2f GB/s\n", both([&](int k) { k == 0 ? batch(0) : kernel(1, 132); }));
+#endif
+  }
   return ok ? 0 : 1;
 }
