@@ -12,7 +12,8 @@
 //! --host-layout --device auto|emulated|N --direction --requests --random-blocks --json.
 use kvxfer::layout::{segments, Placement};
 use kvxfer::{Device, Engine, EngineConfig, Layout, LayoutConfig, LayoutKind, StorageKind};
-use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
+use kvxfer::io::nixl::Span;
+use nixl_sys::{Agent, AgentConfig, MemType, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -104,32 +105,6 @@ fn parse(args: &[String]) -> Opts {
     o
 }
 
-/// A span NIXL registers.
-#[derive(Debug)]
-struct Span {
-    addr: u64,
-    len: u64,
-    mem: (MemType, u64),
-}
-
-impl MemoryRegion for Span {
-    unsafe fn as_ptr(&self) -> *const u8 {
-        self.addr as *const u8
-    }
-    fn size(&self) -> usize {
-        self.len as usize
-    }
-}
-
-impl NixlDescriptor for Span {
-    fn mem_type(&self) -> MemType {
-        self.mem.0
-    }
-    fn device_id(&self) -> u64 {
-        self.mem.1
-    }
-}
-
 /// The memory of one process: a kvxfer engine (for its allocations only), a device and
 /// a pinned host layout, and a NIXL agent with UCX and both registered.
 struct Side {
@@ -157,7 +132,7 @@ fn side(o: &Opts, name: &str) -> Side {
     let mut regs = Vec::new();
     for (l, mem) in [(&dev, dev_mem), (&host, (MemType::Dram, 0))] {
         for &b in l.bases().unwrap() {
-            let span = Span { addr: b, len: l.placement.base_bytes(), mem };
+            let span = Span { addr: b, len: l.placement.base_bytes(), mem: mem.0, dev: mem.1 };
             regs.push(agent.register_memory(&span, Some(&opts)).unwrap_or_else(|e| fail(&format!("registering memory: {e}"))));
         }
     }

@@ -18,8 +18,9 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// A span NIXL registers: memory (address, bytes) or a file (offset 0, bytes, fd).
+/// Public for programs that drive NIXL beside kvxfer (examples/remote_limit.rs).
 #[derive(Debug)]
-pub(crate) struct Span {
+pub struct Span {
     pub addr: u64,
     pub len: u64,
     pub mem: MemType,
