@@ -55,11 +55,19 @@ enum Strategy {
     DiskDevice,
 }
 
-fn strategy(src: StorageKind, dst: StorageKind) -> Strategy {
+fn strategy(src: &Layout, dst: &Layout) -> Strategy {
     use StorageKind::*;
-    match (src, dst) {
+    // Between a peer's host memory and our device UCX has no direct path of its own
+    // unless the fabric does GPUDirect RDMA: it emulates one over TCP (0.9 GB/s on the
+    // H200 host). Through a pinned slot the peer's side becomes host to host, which
+    // every UCX transport moves zero-copy, and the PCIe leg is our copy thread's,
+    // pipelined over the ring.
+    let remote_host = |l: &Layout| l.remote().is_some_and(|(_, m)| m == Mem::Dram);
+    match (src.kind(), dst.kind()) {
         // Remote bytes reach a disk through a slot, like any other memory.
         (Disk, _) | (_, Disk) => Strategy::Bounce,
+        (Remote, Device) if remote_host(src) => Strategy::Bounce,
+        (Device, Remote) if remote_host(dst) => Strategy::Bounce,
         (Remote, _) | (_, Remote) => Strategy::Direct,
         // A DMA engine cannot read pageable memory at full speed (and CUDA stages it
         // synchronously); bounce through pinned slots instead.
@@ -143,7 +151,7 @@ impl Planner {
     /// `gds`: the engine opened cuFile, so unchecksummed disk <-> device transfers skip
     /// the bounce slots (checksums are computed and verified on host bytes).
     pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<u64>, gds: bool) -> Planner {
-        let mut strategy = strategy(src.kind(), dst.kind());
+        let mut strategy = strategy(&src, &dst);
         let pinned_device = match (src.kind(), dst.kind()) {
             (StorageKind::Pinned, StorageKind::Device) => Some(true),
             (StorageKind::Device, StorageKind::Pinned) => Some(false),
@@ -155,16 +163,6 @@ impl Planner {
         let scattered = pinned_device.filter(|&host_is_src| scattered_small(&segs, host_is_src));
         let zero_copy = scattered.is_some_and(|host_is_src| if host_is_src { src.device_maps() } else { dst.device_maps() });
         if scattered.is_some() && !zero_copy {
-            strategy = Strategy::Bounce;
-        }
-        // Between a peer's host memory and our device UCX has no direct path of its own
-        // unless the fabric does GPUDirect RDMA: it emulates one over TCP (0.9 GB/s on
-        // the H200 host). Through a pinned slot the peer's side becomes host to host,
-        // which every UCX transport moves zero-copy, and the PCIe leg is our copy
-        // thread's, pipelined over the ring.
-        let remote_host = |l: &Layout| l.remote().is_some_and(|(_, m)| m == Mem::Dram);
-        let device = |l: &Layout| l.kind() == StorageKind::Device;
-        if (remote_host(&src) && device(&dst)) || (device(&src) && remote_host(&dst)) {
             strategy = Strategy::Bounce;
         }
         let primary_is_src = src.kind() == StorageKind::Disk;

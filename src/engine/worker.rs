@@ -344,6 +344,7 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
 
 /// How often posted remote transfers are checked while new chunks may still arrive.
 const REMOTE_POLL: std::time::Duration = std::time::Duration::from_micros(20);
+/// The remote thread's timer slack: its 20 us polls wake within a microsecond of it.
 const REMOTE_TIMER_SLACK_NS: libc::c_ulong = 1_000;
 /// How long after a post or a completion posted transfers are checked without sleeping.
 const REMOTE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
