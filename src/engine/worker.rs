@@ -255,6 +255,8 @@ fn recv_spinning<T>(rx: &Receiver<T>) -> std::result::Result<T, crossbeam_channe
 
 /// Fence thread: waits for one stream's copies in issue order.
 pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<(Fence, Chunk)>>) {
+    // A fence with nothing queued behind it polls in short sleeps (`PendingCopy::wait`).
+    tight_timer_slack();
     if let Err(e) = gpu.bind_thread() {
         log::error!("fence thread cannot use the device: {e}");
     }
@@ -276,10 +278,7 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
 /// `REMOTE_SPIN` (a small transfer ends within it: 20 us for 256 KiB by CUDA IPC on the
 /// H200), then every `REMOTE_POLL`; with nothing posted it sleeps on its queue.
 pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
-    // Linux stretches a sleep by the thread's timer slack (50 us by default); the poll
-    // interval is the point of this thread's sleeps, so keep them to it.
-    // SAFETY: PR_SET_TIMERSLACK only changes this thread's slack.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, REMOTE_TIMER_SLACK_NS) };
+    tight_timer_slack();
     let mut posted: Vec<(Posted, Chunk)> = Vec::new();
     let mut progress = std::time::Instant::now();
     loop {
@@ -344,7 +343,12 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
 
 /// How often posted remote transfers are checked while new chunks may still arrive.
 const REMOTE_POLL: std::time::Duration = std::time::Duration::from_micros(20);
-/// The remote thread's timer slack: its 20 us polls wake within a microsecond of it.
-const REMOTE_TIMER_SLACK_NS: libc::c_ulong = 1_000;
+/// Linux stretches a sleep by the thread's timer slack (50 us by default). The fence and
+/// remote threads sleep between polls of microseconds, whose interval is the point:
+/// keep it to within a microsecond.
+fn tight_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK only changes the calling thread's slack.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong) };
+}
 /// How long after a post or a completion posted transfers are checked without sleeping.
 const REMOTE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
