@@ -340,7 +340,12 @@ impl Planner {
             _ => return Op::HostCopy(ops),
         };
         let host_layout = if kind == CopyKind::HostToDevice { &self.src } else { &self.dst };
-        let host = if host_layout.device_maps() { HostSide::Mapped } else { HostSide::Pinned };
+        let one_allocation = pieces.iter().all(|p| p.src_base == pieces[0].src_base);
+        let host = match host_layout.device_maps() {
+            true if kind == CopyKind::HostToDevice && one_allocation => HostSide::MappedSpan,
+            true => HostSide::Mapped,
+            false => HostSide::Pinned,
+        };
         Op::DeviceCopy { kind, ops, host, after: self.after }
     }
 
@@ -491,7 +496,9 @@ mod tests {
     }
 
     /// Scattered small regions of pinned memory the device maps go as direct chunks of
-    /// zero-copy ops, never more per copy than a backend's region table holds.
+    /// zero-copy ops, never more per copy than a backend's region table holds. A
+    /// host-to-device chunk whose ops all lie in one host allocation says so
+    /// (`MappedSpan`: its span may be read whole), one that crosses allocations does not.
     #[test]
     fn scattered_mapped_pinned_regions_are_direct_chunks_of_bounded_ops() {
         let gpu: Arc<dyn Gpu> = Arc::new(Emulated::default());
@@ -503,19 +510,28 @@ mod tests {
         assert!(host.device_maps(), "the emulated device maps pinned memory");
         // Reversed ids: no two regions are adjacent on either side.
         let pairs: Vec<(u64, u64)> = (0..4096).map(|b| (4095 - b, b)).collect();
+        let base_bytes = host.placement.base_bytes();
+        let allocation = |addr: u64| host.bases().unwrap().iter().position(|&b| (b..b + base_bytes).contains(&addr)).expect("in the host layout");
         for (src, dst, want) in [(host.clone(), dev.clone(), CopyKind::HostToDevice), (dev.clone(), host.clone(), CopyKind::DeviceToHost)] {
             let segs = segments(&src.placement, &dst.placement, &pairs, 0..3);
             let total: u64 = segs.iter().map(|s| s.len).sum();
             assert!(segs.len() > MAX_OPS_PER_COPY, "the case must need more than one copy");
             let mut planner = Planner::new(src, dst, segs, 64 << 10, None, false);
             let mut moved = 0;
+            let mut spans = 0;
             while let Some(stages) = planner.next_chunk(0) {
                 let [Some(Op::DeviceCopy { kind, ops, host, .. }), None] = stages else { panic!("one direct device copy per chunk") };
-                assert_eq!((kind, host), (want, HostSide::Mapped));
+                assert_eq!(kind, want);
+                let host_addr = |o: &CopyOp| if want == CopyKind::HostToDevice { o.src } else { o.dst };
+                let one_allocation = ops.iter().all(|o| allocation(host_addr(o)) == allocation(host_addr(&ops[0])));
+                let expect = if want == CopyKind::HostToDevice && one_allocation { HostSide::MappedSpan } else { HostSide::Mapped };
+                assert_eq!(host, expect, "one allocation: {one_allocation}");
+                spans += (host == HostSide::MappedSpan) as usize;
                 assert!(ops.len() <= MAX_OPS_PER_COPY, "{} ops in one copy", ops.len());
                 moved += ops.iter().map(|o| o.len).sum::<u64>();
             }
             assert_eq!(moved, total);
+            assert_eq!(spans > 0, want == CopyKind::HostToDevice, "host-to-device chunks within one layer's allocation");
         }
     }
 

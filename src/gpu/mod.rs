@@ -39,6 +39,11 @@ pub enum HostSide {
     /// A layout's pinned memory that the device's kernels address directly (`maps_host`),
     /// so scattered small regions can move in one kernel launch, no CPU gather.
     Mapped,
+    /// As `Mapped`, the source of a host-to-device copy whose ops all lie in one
+    /// allocation, so the span from the first to the last byte may be read whole: a
+    /// dense span moves by one DMA into staging and a device-side scatter (measured
+    /// faster than the kernel reading it in place: 0.87-0.90 against 0.81-0.82 of PCIe).
+    MappedSpan,
     /// Pinned memory that only the DMA engines reach.
     Pinned,
 }

@@ -190,8 +190,8 @@ pub unsafe fn try_batched(
             let span = hi - lo;
             let dense = bytes as f64 >= MIN_DENSITY * span as f64;
             match host_side {
-                HostSide::Bounce if span <= res.slot_bytes && dense => Some((lo, span)),
-                HostSide::Mapped => None,
+                HostSide::Bounce | HostSide::MappedSpan if span <= res.slot_bytes && dense => Some((lo, span)),
+                HostSide::Mapped | HostSide::MappedSpan => None,
                 _ => return Ok(false),
             }
         }
