@@ -7,6 +7,8 @@
 //!   scatters staging → regions;
 //! - D2H: `kvx_copy_regions` gathers regions → staging, then one copy staging → host;
 //! - D2D: `kvx_copy_regions` straight from regions to regions.
+//!   The host side is staged whole only where its bytes between the regions may be read
+//!   (a bounce slot, or a layout's dense span in one allocation, H2D) or written (a slot).
 //! - Host regions scattered too thinly to stage whole, in pinned memory the device maps:
 //!   `kvx_copy_regions` straight between host and device regions, the SMs reading or
 //!   writing the host over the bus (measured by `cpp_examples/scatter_limit.cu` on an
@@ -155,6 +157,60 @@ fn host_span(ops: &[CopyOp], host_is_src: bool) -> (u64, u64, u64) {
     (lo, hi, bytes)
 }
 
+/// How one chunk's ops move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Batch {
+    /// One copy per op (the caller's `copy_each`).
+    PerOp,
+    /// One launch moves the regions between their own addresses (device to device, or
+    /// pinned host memory the device maps).
+    InPlace,
+    /// The host side `[lo, lo + span)` moves as one copy to or from the slot's device
+    /// staging area, and one launch scatters or gathers the regions there.
+    Staged { lo: u64, span: u64 },
+}
+
+/// Picks how `ops` move, given what their host side is and how large the staging area is.
+///
+/// Staged, the host side moves as one range: so it must be dense enough to be worth
+/// copying whole and fit the staging area, and the range must be one the copy may read
+/// or write whole. A bounce slot's bytes between the ops are scratch, either way. A
+/// layout's dense span in one allocation (`MappedSpan`) may be read whole, never written
+/// whole (the bytes between its regions are the caller's). Otherwise the kernel moves
+/// the regions in place if the device maps the host side.
+fn batch_for(kind: CopyKind, ops: &[CopyOp], host_side: HostSide, staging_bytes: u64) -> Batch {
+    if ops.len() < 2 || ops.len() > MAX_REGIONS {
+        return Batch::PerOp;
+    }
+    let total: u64 = ops.iter().map(|o| o.len).sum();
+    if total / ops.len() as u64 > BATCH_MAX_REGION {
+        return Batch::PerOp;
+    }
+    if kind == CopyKind::DeviceToDevice {
+        return Batch::InPlace;
+    }
+    let h2d = kind == CopyKind::HostToDevice;
+    let (lo, hi, bytes) = host_span(ops, h2d);
+    let span = hi - lo;
+    let fits = span <= staging_bytes && bytes as f64 >= MIN_DENSITY * span as f64;
+    match host_side {
+        HostSide::Bounce if fits => Batch::Staged { lo, span },
+        HostSide::MappedSpan if fits && h2d => Batch::Staged { lo, span },
+        HostSide::Mapped | HostSide::MappedSpan => Batch::InPlace,
+        HostSide::Bounce | HostSide::Pinned => Batch::PerOp,
+    }
+}
+
+/// The region the kernel moves for `op`: the host side replaced by its place in
+/// `staging` when staged.
+fn region(kind: CopyKind, op: &CopyOp, batch: Batch, staging: u64) -> Region {
+    match (kind, batch) {
+        (CopyKind::HostToDevice, Batch::Staged { lo, .. }) => Region { dst: op.dst, src: staging + (op.src - lo), len: op.len },
+        (CopyKind::DeviceToHost, Batch::Staged { lo, .. }) => Region { dst: staging + (op.dst - lo), src: op.src, len: op.len },
+        _ => Region { dst: op.dst, src: op.src, len: op.len },
+    }
+}
+
 /// Moves `ops` with one staged copy and one launch, or one zero-copy launch, when that
 /// pays; `false` when the caller should copy one by one instead.
 ///
@@ -169,47 +225,24 @@ pub unsafe fn try_batched(
     host_side: HostSide,
     stream: sys::CUstream,
 ) -> Result<bool> {
-    if ops.len() < 2 || ops.len() > MAX_REGIONS || res.staging.is_empty() {
+    if res.staging.is_empty() {
         return Ok(false);
     }
-    let total: u64 = ops.iter().map(|o| o.len).sum();
-    if total / ops.len() as u64 > BATCH_MAX_REGION {
+    let batch = batch_for(kind, ops, host_side, res.slot_bytes);
+    if batch == Batch::PerOp {
         return Ok(false);
     }
     let staging = res.staging[slot as usize];
     let table = res.host_tables.add(slot as usize * MAX_REGIONS);
     let dtable = res.device_tables + (slot as usize * MAX_REGIONS * std::mem::size_of::<Region>()) as u64;
-    // Staged, the host side moves as one range: only a bounce slot, which is one
-    // allocation whose unused bytes are scratch (a layout's range may span several
-    // allocations, which one copy may not cross), and only if it fits the staging area
-    // and is dense enough to be worth copying whole. Otherwise the kernel moves the
-    // regions in place if the device maps the host side.
-    let host = match kind {
-        CopyKind::HostToDevice | CopyKind::DeviceToHost => {
-            let (lo, hi, bytes) = host_span(ops, kind == CopyKind::HostToDevice);
-            let span = hi - lo;
-            let dense = bytes as f64 >= MIN_DENSITY * span as f64;
-            match host_side {
-                HostSide::Bounce | HostSide::MappedSpan if span <= res.slot_bytes && dense => Some((lo, span)),
-                HostSide::Mapped | HostSide::MappedSpan => None,
-                _ => return Ok(false),
-            }
-        }
-        CopyKind::DeviceToDevice => None,
-    };
     let mut max_len = 0;
     for (i, op) in ops.iter().enumerate() {
-        let r = match (kind, host) {
-            (CopyKind::HostToDevice, Some((lo, _))) => Region { dst: op.dst, src: staging + (op.src - lo), len: op.len },
-            (CopyKind::DeviceToHost, Some((lo, _))) => Region { dst: staging + (op.dst - lo), src: op.src, len: op.len },
-            _ => Region { dst: op.dst, src: op.src, len: op.len },
-        };
-        table.add(i).write(r);
+        table.add(i).write(region(kind, op, batch, staging));
         max_len = max_len.max(op.len);
     }
     let table_bytes = ops.len() * std::mem::size_of::<Region>();
     check(sys::cuMemcpyHtoDAsync_v2(dtable, table as *const c_void, table_bytes, stream), "cuMemcpyHtoDAsync (region table)")?;
-    if let (CopyKind::HostToDevice, Some((lo, span))) = (kind, host) {
+    if let (CopyKind::HostToDevice, Batch::Staged { lo, span }) = (kind, batch) {
         check(sys::cuMemcpyHtoDAsync_v2(staging, lo as *const c_void, span as usize, stream), "cuMemcpyHtoDAsync (staging)")?;
     }
     // About 64 KiB per thread block: enough blocks per region to fill the GPU.
@@ -221,8 +254,109 @@ pub unsafe fn try_batched(
         sys::cuLaunchKernel(k.func, blocks_per_region, count, 1, 256, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
         "cuLaunchKernel (kvx_copy_regions)",
     )?;
-    if let (CopyKind::DeviceToHost, Some((lo, span))) = (kind, host) {
+    if let (CopyKind::DeviceToHost, Batch::Staged { lo, span }) = (kind, batch) {
         check(sys::cuMemcpyDtoHAsync_v2(lo as *mut c_void, staging, span as usize, stream), "cuMemcpyDtoHAsync (staging)")?;
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a batch on the CPU as the device would: the staging copy of the host span,
+    /// then the kernel's regions (for D2H the other way round).
+    fn run(kind: CopyKind, ops: &[CopyOp], batch: Batch, staging: &mut [u8]) {
+        let st = staging.as_mut_ptr() as u64;
+        let copy = |dst: u64, src: u64, len: u64| unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+        if let (CopyKind::HostToDevice, Batch::Staged { lo, span }) = (kind, batch) {
+            copy(st, lo, span);
+        }
+        for op in ops {
+            let r = region(kind, op, batch, st);
+            copy(r.dst, r.src, r.len);
+        }
+        if let (CopyKind::DeviceToHost, Batch::Staged { lo, span }) = (kind, batch) {
+            copy(lo, st, span);
+        }
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    /// 8 host regions of 4 KiB with 512-byte gaps (dense), each to or from a scattered
+    /// place on the "device" (`host`, `dev`: the buffers' addresses).
+    fn ops(host: u64, dev: u64, h2d: bool) -> Vec<CopyOp> {
+        (0..8u64)
+            .map(|i| {
+                let h = host + 100 + i * (4096 + 512);
+                let d = dev + (7 - i) * 3 * 4096;
+                if h2d { CopyOp { src: h, dst: d, len: 4096 } } else { CopyOp { src: d, dst: h, len: 4096 } }
+            })
+            .collect()
+    }
+
+    /// A dense span of one allocation moves host -> device staged, and every region's
+    /// bytes land where its op says, nothing else on the device changes.
+    #[test]
+    fn a_dense_mapped_span_is_staged_host_to_device_and_every_byte_lands() {
+        let host = pattern(64 << 10, 1);
+        let mut dev = vec![0u8; 32 * 4096];
+        let dev_addr = dev.as_mut_ptr() as u64;
+        let ops = ops(host.as_ptr() as u64, dev_addr, true);
+        let batch = batch_for(CopyKind::HostToDevice, &ops, HostSide::MappedSpan, 64 << 10);
+        let Batch::Staged { lo, span } = batch else { panic!("a dense span is staged: {batch:?}") };
+        assert_eq!((lo, span), (ops[0].src, ops[7].src + 4096 - ops[0].src));
+        let mut staging = vec![0u8; 64 << 10];
+        let mut want = dev.clone();
+        for op in &ops {
+            let (s, d) = ((op.src - host.as_ptr() as u64) as usize, (op.dst - dev_addr) as usize);
+            want[d..d + 4096].copy_from_slice(&host[s..s + 4096]);
+        }
+        run(CopyKind::HostToDevice, &ops, batch, &mut staging);
+        assert!(dev == want, "device bytes differ from the ops' sources");
+    }
+
+    /// Device -> host never writes a layout's span whole (the bytes between its regions
+    /// are the caller's): in place, and the bytes between the regions stay as they were.
+    /// A bounce slot's span may be, and its regions' bytes still land.
+    #[test]
+    fn device_to_host_stages_only_into_a_slot() {
+        let dev = pattern(32 * 4096, 7);
+        for side in [HostSide::MappedSpan, HostSide::Mapped, HostSide::Bounce] {
+            let mut host = pattern(64 << 10, 3);
+            let before = host.clone();
+            let host_addr = host.as_mut_ptr() as u64;
+            let ops = ops(host_addr, dev.as_ptr() as u64, false);
+            let batch = batch_for(CopyKind::DeviceToHost, &ops, side, 64 << 10);
+            let staged = matches!(batch, Batch::Staged { .. });
+            assert_eq!(staged, side == HostSide::Bounce, "{side:?} -> {batch:?}");
+            let mut staging = vec![0u8; 64 << 10];
+            run(CopyKind::DeviceToHost, &ops, batch, &mut staging);
+            let mut covered = vec![false; host.len()];
+            for op in &ops {
+                let (h, d) = ((op.dst - host_addr) as usize, (op.src - dev.as_ptr() as u64) as usize);
+                assert_eq!(&host[h..h + 4096], &dev[d..d + 4096], "{side:?}: a region's bytes");
+                covered[h..h + 4096].iter_mut().for_each(|c| *c = true);
+            }
+            if !staged {
+                assert!(host.iter().zip(&before).zip(&covered).all(|((a, b), c)| *c || a == b), "{side:?} wrote between the regions");
+            }
+        }
+    }
+
+    /// Sparse, too large, or not mapped: never staged; what the device cannot reach in
+    /// place is copied op by op.
+    #[test]
+    fn sparse_or_oversized_spans_are_not_staged() {
+        let (host, dev) = (1u64 << 40, 2u64 << 40); // addresses only: nothing is copied
+        let sparse: Vec<CopyOp> = (0..8u64).map(|i| CopyOp { src: host + i * 65536, dst: dev + i * 4096, len: 4096 }).collect();
+        assert_eq!(batch_for(CopyKind::HostToDevice, &sparse, HostSide::MappedSpan, 1 << 20), Batch::InPlace);
+        assert_eq!(batch_for(CopyKind::HostToDevice, &sparse, HostSide::Bounce, 1 << 20), Batch::PerOp);
+        let dense = ops(host, dev, true);
+        assert_eq!(batch_for(CopyKind::HostToDevice, &dense, HostSide::MappedSpan, 16 << 10), Batch::InPlace, "larger than the staging area");
+        assert_eq!(batch_for(CopyKind::HostToDevice, &dense, HostSide::Pinned, 64 << 10), Batch::PerOp);
+        assert_eq!(batch_for(CopyKind::HostToDevice, &dense[..1], HostSide::MappedSpan, 64 << 10), Batch::PerOp, "one op is one copy");
+    }
 }
