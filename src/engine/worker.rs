@@ -343,6 +343,9 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
 
 /// How often posted remote transfers are checked while new chunks may still arrive.
 const REMOTE_POLL: std::time::Duration = std::time::Duration::from_micros(20);
+/// How long after a post or a completion posted transfers are checked without sleeping.
+const REMOTE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// Linux stretches a sleep by the thread's timer slack (50 us by default). The fence and
 /// remote threads sleep between polls of microseconds, whose interval is the point:
 /// keep it to within a microsecond.
@@ -350,5 +353,3 @@ fn tight_timer_slack() {
     // SAFETY: PR_SET_TIMERSLACK only changes the calling thread's slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong) };
 }
-/// How long after a post or a completion posted transfers are checked without sleeping.
-const REMOTE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
