@@ -32,6 +32,8 @@ fn main() {
             .unless(no_gpu.clone()),
         case("small_regions_are_bit_exact_through_the_batched_path", small_regions_are_bit_exact_through_the_batched_path)
             .unless(no_gpu.clone()),
+        case("dense_host_spans_land_byte_exact_on_every_device_kind", dense_host_spans_land_byte_exact_on_every_device_kind)
+            .unless(no_gpu.clone()),
         case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu),
         case("wait_event_on_the_emulated_device_is_refused", wait_event_on_the_emulated_device_is_refused),
         case("a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back", a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back)
@@ -143,6 +145,45 @@ fn small_regions_are_bit_exact_through_the_batched_path() {
     let ids: Vec<u64> = (0..8).collect();
     assert_eq!(transfer(&e, &ds, &ids, &dd, &ids, &Default::default()), Status::Ok);
     check(&dd, 52, 51, &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..4, "device → device");
+}
+
+/// A contiguous pinned host layout is dense in one allocation, so host->device chunks of
+/// it move their span by one DMA into staging and scatter on the device
+/// (`HostSide::MappedSpan`), into every device kind, and back (which never stages into
+/// the caller's span). 32 KiB regions as in vLLM; 32 layers, where a chunk is one block
+/// (random ids, every block its own span), and 8 layers, where a chunk spans four
+/// adjacent blocks (ids in runs); all layers, and a layer range (spans too sparse to stage).
+fn dense_host_spans_land_byte_exact_on_every_device_kind() {
+    let e = gpu_engine();
+    for (c, in_runs) in [(cfg(48, 32, 2, 16, 1024, 2), false), (cfg(96, 8, 2, 16, 1024, 2), true)] {
+        let n = c.num_blocks;
+        // A fixed shuffle of the block ids (multiplication by a unit mod n).
+        let shuffled: Vec<u64> = (0..n).map(|i| (i * 37 + 11) % n).collect();
+        let sources: Vec<u64> = if in_runs { (0..n).collect() } else { shuffled.clone() };
+        for kind in KINDS {
+            let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Pinned);
+            let dev = make_layout(&e, &c, kind, StorageKind::Device);
+            for (per_request, layers) in [(8usize, 0..c.num_layers), (32, 0..c.num_layers), (16, 2..5)] {
+                fill(&host, 61);
+                fill(&dev, 62);
+                let opts = TransferOptions { layer_begin: layers.start as u32, layer_end: layers.end as u32, ..Default::default() };
+                let mut pairs = Vec::new();
+                for (i, src) in sources.chunks(per_request).enumerate() {
+                    let dst: Vec<u64> = shuffled.iter().rev().skip(i * per_request).take(src.len()).copied().collect();
+                    assert_eq!(transfer(&e, &host, src, &dev, &dst, &opts), Status::Ok);
+                    pairs.extend(src.iter().copied().zip(dst));
+                }
+                let what = format!("pinned contiguous -> device {kind:?}, {c:?}, {per_request} blocks per request, layers {layers:?}");
+                check(&dev, 62, 61, &pairs, layers.clone(), &what);
+                let back = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Pinned);
+                fill(&back, 63);
+                let (src, dst): (Vec<u64>, Vec<u64>) = pairs.iter().map(|&(s, d)| (d, s)).unzip();
+                assert_eq!(transfer(&e, &dev, &src, &back, &dst, &opts), Status::Ok);
+                let round: Vec<(u64, u64)> = pairs.iter().map(|&(s, _)| (s, s)).collect();
+                check(&back, 63, 61, &round, layers.clone(), &format!("{what}, and back"));
+            }
+        }
+    }
 }
 
 fn an_offload_waits_for_the_callers_event() {
