@@ -194,7 +194,7 @@ impl Sidecar {
     /// # Safety
     /// The extents must lie in slot memory the caller owns; `pl` is the file's placement.
     pub(super) unsafe fn read_verified(&self, file: &DiskFile, port: &mut Port, pl: &Placement, extents: &[Extent]) -> Result<()> {
-        let on_port = |e: &Extent| port.makes_every_read() || (e.aligned && file.is_direct());
+        let on_port = |e: &Extent| file.on_port(port, e);
         let (ported, cached): (Vec<Extent>, Vec<Extent>) = extents.iter().copied().partition(on_port);
         file.move_extents(port, false, &ported)?;
         let mut hashed = Vec::new();

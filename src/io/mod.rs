@@ -82,10 +82,10 @@ impl Port {
         }
     }
 
-    /// Whether every read of a file must go through this port, page-cache reads too
-    /// (NIXL: its caller asked for NIXL's reads), rather than some through a `pread` of
-    /// the caller's.
-    pub fn makes_every_read(&self) -> bool {
+    /// Whether all I/O of a file must go through this port, page-cache I/O too (NIXL:
+    /// its caller asked for NIXL's I/O), rather than that through a `pread`/`pwrite` of
+    /// the caller's (`DiskFile::on_port`).
+    pub fn makes_all_io(&self) -> bool {
         matches!(self, Port::Nixl(_))
     }
 }
