@@ -124,7 +124,12 @@ inline void run_latency(kvx::Engine &e, const kvx::Layout &host, const kvx::Layo
 // --layerwise: a request per layer for the first --blocks-per-batch blocks, submitted back
 // to back, against one request moving every layer; the first layer's and the last
 // layer's completion times.
-inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const char *dir, const Options &o) {
+// The first layer's floor outside kvxfer for the request's blocks, in seconds, and how
+// it was measured (bench.cpp: the layer's raw reads and one raw copy of its bytes).
+using LayerFloor = std::function<double(const std::vector<uint64_t> &blocks, std::string &how)>;
+
+inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const char *dir, const Options &o,
+                          const LayerFloor &floor) {
   auto v = request_ids(o.num_blocks, std::min(o.blocks_per_batch, o.num_blocks), 1, o.random_blocks)[0];
   std::vector<double> whole, alone, first, last;
   double cpu0 = cpu_seconds();
@@ -159,12 +164,14 @@ inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Lay
     last.push_back(since_us(t0, end));
   }
   double cpu = cpu_seconds() - cpu0;
+  std::string how;
+  double raw_us = floor(v, how) * 1e6;
   double w = percentile(whole, 0.5), f = percentile(first, 0.5), l = percentile(last, 0.5);
   std::printf("layerwise %s: %zu blocks x %llu layers, medians of %d: one request for all layers %.1f us; "
-              "a request per layer: first layer %.1f us (%.3f of all, ideal %.3f; one layer alone %.1f us), "
-              "last layer %.1f us (%.2fx all); p99 last %.1f us; CPU %.2f s\n",
+              "a request per layer: first layer %.1f us (%.3f of all, ideal %.3f; one layer alone %.1f us; "
+              "raw floor of one layer %.1f us: %s), last layer %.1f us (%.2fx all); p99 last %.1f us; CPU %.2f s\n",
               dir, v.size(), (unsigned long long)o.num_layers, o.iterations, w, f, f / w, 1.0 / o.num_layers,
-              percentile(alone, 0.5), l, l / w, percentile(last, 0.99), cpu);
+              percentile(alone, 0.5), raw_us, how.c_str(), l, l / w, percentile(last, 0.99), cpu);
 }
 
 // --submitters N: N threads, each moving its own blocks in requests of --blocks-per-batch

@@ -48,39 +48,17 @@ class RawFilePool {
   }
   uint32_t threads() const { return (uint32_t)pool_.size(); }
 
-  // Seconds for `bytes` of the file moved by `threads` workers, `io` bytes per call.
-  double pass(const std::string &path, uint64_t bytes, uint32_t threads, uint64_t io, bool buffered, bool write) {
-    int fd = ::open(path.c_str(), (write ? O_WRONLY : O_RDONLY) | (buffered ? 0 : O_DIRECT));
-    if (fd < 0) { std::perror("bench: open for the raw pass"); std::exit(1); }
-    io = std::min(io, max_io_);
-    {
-      std::lock_guard<std::mutex> g(m_);
-      job_ = Job{fd, bytes, io, std::min<uint32_t>(threads, (uint32_t)pool_.size()), write};
-      next_ = 0;
-      ready_ = 0;
-      done_ = 0;
-      go_ = false;
-      failed_ = false;
-      gen_++;
-    }
-    cv_.notify_all();
-    // The clock starts once every worker taking part is awake and waiting on `go_`.
-    while (ready_.load(std::memory_order_acquire) < job_.threads) std::this_thread::yield();
-    auto t0 = std::chrono::steady_clock::now();
-    go_.store(true, std::memory_order_release);
-    while (done_.load(std::memory_order_acquire) < job_.threads) std::this_thread::yield();
-    if (write) ::fdatasync(fd);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ::close(fd);
-    if (failed_) { std::fprintf(stderr, "bench: raw %s of %s failed\n", write ? "write" : "read", path.c_str()); std::exit(1); }
-    return s;
-  }
-
   struct Best {
     double seconds;
     uint32_t threads;
     uint64_t io;
   };
+
+  // Seconds for `bytes` of the file moved by `threads` workers, `io` bytes per call.
+  double pass(const std::string &path, uint64_t bytes, uint32_t threads, uint64_t io, bool buffered, bool write) {
+    return run(path, Job{-1, bytes, std::min(io, max_io_), threads, write, nullptr}, buffered);
+  }
+
   // The fastest of 1, 2, 4, ... workers (up to the pool's), each with I/Os of `chunk`
   // bytes or of an equal share of the file, best of `tries`.
   Best best(const std::string &path, uint64_t bytes, uint64_t chunk, bool buffered, bool write, int tries) {
@@ -102,13 +80,60 @@ class RawFilePool {
     return b;
   }
 
+  // (file offset, length) pieces, each at most the pool's buffer.
+  using Extents = std::vector<std::pair<uint64_t, uint64_t>>;
+
+  // The fastest read of `extents` by 1, 2, 4, ... workers, each taking the next extent,
+  // best of `tries`: what one scattered request's reads need at least.
+  Best best_extents(const std::string &path, const Extents &extents, bool buffered, int tries) {
+    Best b{1e30, 0, 0};
+    for (uint32_t n = 1;; n = std::min(2 * n, threads())) {
+      for (int i = 0; i < tries; i++) {
+        double s = run(path, Job{-1, 0, 0, n, false, &extents}, buffered);
+        if (s < b.seconds) b = Best{s, n, 0};
+      }
+      if (n == threads()) return b;
+    }
+  }
+
  private:
   struct Job {
     int fd = -1;
     uint64_t bytes = 0, io = 0;
     uint32_t threads = 0;
     bool write = false;
+    // When set, the pieces to read instead of `bytes` from the start.
+    const Extents *extents = nullptr;
   };
+
+  double run(const std::string &path, Job job, bool buffered) {
+    bool write = job.write;
+    int fd = ::open(path.c_str(), (write ? O_WRONLY : O_RDONLY) | (buffered ? 0 : O_DIRECT));
+    if (fd < 0) { std::perror("bench: open for the raw pass"); std::exit(1); }
+    job.fd = fd;
+    job.threads = std::min<uint32_t>(job.threads, (uint32_t)pool_.size());
+    {
+      std::lock_guard<std::mutex> g(m_);
+      job_ = job;
+      next_ = 0;
+      ready_ = 0;
+      done_ = 0;
+      go_ = false;
+      failed_ = false;
+      gen_++;
+    }
+    cv_.notify_all();
+    // The clock starts once every worker taking part is awake and waiting on `go_`.
+    while (ready_.load(std::memory_order_acquire) < job_.threads) std::this_thread::yield();
+    auto t0 = std::chrono::steady_clock::now();
+    go_.store(true, std::memory_order_release);
+    while (done_.load(std::memory_order_acquire) < job_.threads) std::this_thread::yield();
+    if (write) ::fdatasync(fd);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ::close(fd);
+    if (failed_) { std::fprintf(stderr, "bench: raw %s of %s failed\n", write ? "write" : "read", path.c_str()); std::exit(1); }
+    return s;
+  }
 
   void work(uint32_t t) {
     uint64_t seen = 0;
@@ -125,9 +150,16 @@ class RawFilePool {
       ready_.fetch_add(1, std::memory_order_acq_rel);
       while (!go_.load(std::memory_order_acquire)) std::this_thread::yield();
       for (;;) {
-        uint64_t off = next_.fetch_add(job.io);
-        if (off >= job.bytes) break;
-        size_t n = (size_t)std::min(job.io, job.bytes - off);
+        uint64_t off, n;
+        if (job.extents) {
+          uint64_t i = next_.fetch_add(1);
+          if (i >= job.extents->size()) break;
+          off = (*job.extents)[i].first, n = std::min((*job.extents)[i].second, max_io_);
+        } else {
+          off = next_.fetch_add(job.io);
+          if (off >= job.bytes) break;
+          n = std::min(job.io, job.bytes - off);
+        }
         ssize_t got = job.write ? ::pwrite(job.fd, bufs_[t], n, (off_t)off) : ::pread(job.fd, bufs_[t], n, (off_t)off);
         if (got != (ssize_t)n) {
           failed_ = true;
