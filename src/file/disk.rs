@@ -212,10 +212,10 @@ impl DiskFile {
         &self.key
     }
 
-    /// `extents` as I/Os, each on the descriptor its alignment allows.
-    fn ios(&self, extents: &[Extent]) -> Vec<Io> {
+    /// `e` as an I/O, on the descriptor its alignment allows.
+    fn io(&self, e: &Extent) -> Io {
         use std::os::fd::AsRawFd;
-        extents.iter().map(|e| Io { fd: self.fd_for(e.aligned).as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }).collect()
+        Io { fd: self.fd_for(e.aligned).as_raw_fd(), addr: e.addr, len: e.len, off: e.file_off }
     }
 
     /// A failure of an I/O on this file, naming it.
@@ -240,11 +240,15 @@ impl DiskFile {
     /// # Safety
     /// The extents must lie in slot memory the caller owns.
     pub(super) unsafe fn move_extents(&self, port: &mut Port, write: bool, extents: &[Extent]) -> Result<()> {
-        let (ported, cached): (Vec<Extent>, Vec<Extent>) = extents.iter().copied().partition(|e| self.on_port(port, e));
-        if !ported.is_empty() {
-            port.run(write, &self.key, &self.ios(&ported)).map_err(|e| self.in_file(e))?;
+        let (mut ported, mut cached) = (Vec::with_capacity(extents.len()), Vec::new());
+        for e in extents {
+            let side = if self.on_port(port, e) { &mut ported } else { &mut cached };
+            side.push(self.io(e));
         }
-        Port::Posix.run(write, &self.key, &self.ios(&cached)).map_err(|e| self.in_file(e))
+        if !ported.is_empty() {
+            port.run(write, &self.key, &ported).map_err(|e| self.in_file(e))?;
+        }
+        Port::Posix.run(write, &self.key, &cached).map_err(|e| self.in_file(e))
     }
 
     /// Reads `extents` into slot memory on `port`; a checksummed file checks every
