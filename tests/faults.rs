@@ -48,16 +48,20 @@ impl Setup {
     }
 }
 
-fn setup() -> Setup {
-    // Faults are injected at the pread/pwrite and io_uring calls; NIXL and cuFile make
-    // their own, so under those the walk runs on POSIX (and says so).
-    let backend = match test_io_backend() {
+/// Faults are injected at the pread/pwrite and io_uring calls; NIXL and cuFile make
+/// their own, so under those the walk runs on POSIX (and says so).
+fn backend() -> IoBackend {
+    match test_io_backend() {
         b @ (IoBackend::Posix | IoBackend::Uring) => b,
         _ => {
             let _ = writeln!(std::io::stderr(), "faults: KVX_TEST_IO_BACKEND has no injection points; walking the POSIX path");
             IoBackend::Posix
         }
-    };
+    }
+}
+
+fn setup() -> Setup {
+    let backend = backend();
     let e = engine_with(|c| {
         // Device copies can be made to fail on the emulated device only, so these tests
         // run there even where KVX_TEST_DEVICE names a GPU.
@@ -150,4 +154,47 @@ fn interrupted_and_short_io_is_invisible() {
         fault::clear();
         check(&s.dev, 4, 3, &s.pairs(true), 0..3, "retried");
     }
+}
+
+/// A one-block read on an idle engine is shared by the I/O workers (`engine::fanout`):
+/// each of its parts' calls in turn fails or comes back short; the request ends with
+/// the failure (or retries invisibly), its slot comes back once every part is done, and
+/// the engine keeps serving.
+#[test]
+fn every_part_of_a_shared_read_can_fail() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let e = engine_with(|c| {
+        c.device = kvxfer::Device::Emulated;
+        c.io_threads = 4;
+        c.io_backend = backend();
+        c.slot_bytes = 1 << 20;
+        c.bounce_bytes = 4 << 20;
+    });
+    let c = cfg(4, 4, 2, 16, 2048, 2); // 1 MiB blocks: one chunk, one extent
+    let disk = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
+    let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: false }, StorageKind::Device);
+    let s = Setup { e, disk, dev, disk_ids: vec![1], dev_ids: vec![2] };
+    fill(&s.disk, 5);
+    fill(&s.dev, 6);
+    let shared = s.e.stats().reads_fanned_out;
+    fault::count_only();
+    assert_eq!(transfer(&s.e, &s.disk, &s.disk_ids, &s.dev, &s.dev_ids, &Default::default()), Status::Ok);
+    let calls = fault::calls(Site::DiskRead);
+    fault::clear();
+    assert!(s.e.stats().reads_fanned_out > shared, "the read was not shared, so this test checks nothing");
+    assert!(calls >= 2, "{calls} disk reads for a shared read");
+    let mut out = format!("shared one-block read ({calls} disk calls):\n");
+    for n in 0..calls {
+        for (fault, name) in FAULTS {
+            fill(&s.dev, 6);
+            one(&s, Site::DiskRead, n, fault, name, true, &mut out);
+            if expect_for(fault).0 == Status::Ok {
+                check(&s.dev, 6, 5, &s.pairs(true), 0..4, &format!("call {n} {name}, retried"));
+            }
+        }
+    }
+    fill(&s.dev, 6);
+    assert_eq!(transfer(&s.e, &s.disk, &s.disk_ids, &s.dev, &s.dev_ids, &Default::default()), Status::Ok);
+    check(&s.dev, 6, 5, &s.pairs(true), 0..4, "after the faults");
+    let _ = std::io::stderr().write_all(out.as_bytes());
 }

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use kvxfer::{LayoutKind, Status, StorageKind, TransferOptions};
+use kvxfer::{DiskFlags, LayoutKind, Status, StorageKind, TransferOptions};
 
 /// Mixed runs: consecutive ids (coalesced), a gap, and out-of-order blocks.
 const PAIRS: [(u64, u64); 6] = [(0, 2), (1, 3), (2, 4), (5, 0), (7, 7), (3, 6)];
@@ -88,4 +88,55 @@ fn scattered_pinned_regions_move_without_a_cpu_gather() {
     assert_eq!(transfer(&e, &pageable, &ids, &dev, &slots, &Default::default()), Status::Ok);
     check(&dev, 2, 4, &pairs, 0..4, "pageable → device");
     assert!(e.stats().host_copy_ns > 0, "pageable memory goes through the slots");
+}
+
+/// A read that would leave I/O workers idle (one block, one layer) is shared among them
+/// (`engine::fanout`): every byte lands, for O_DIRECT and buffered files, whole blocks
+/// (one extent cut in parts) and one layer of scattered blocks (many extents), with
+/// regions that are not multiples of 4096 (reads widened to alignment) too.
+#[test]
+fn reads_shared_by_idle_workers_land_every_byte() {
+    let e = engine_with(|c| {
+        c.io_threads = 4;
+        c.slot_bytes = 1 << 20;
+        c.bounce_bytes = 4 << 20;
+    });
+    // 1 MiB blocks of 128 KiB regions; 4 layers of 7 x 3001 x 5 B regions (odd sizes).
+    for c in [cfg(8, 4, 2, 16, 2048, 2), cfg(8, 4, 2, 7, 3001, 5)] {
+        for flags in [DiskFlags::CREATE, DiskFlags::CREATE | DiskFlags::BUFFERED] {
+            let disk = e.create_disk_layout(&c, &temp_path("shared"), flags).unwrap();
+            let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+            let all: Vec<u64> = (0..c.num_blocks).collect();
+            fill(&host, 31);
+            assert_eq!(transfer(&e, &host, &all, &disk, &all, &Default::default()), Status::Ok);
+            let dev = make_layout(&e, &c, LayoutKind::LayerSeparate { block_first: true }, StorageKind::Device);
+            fill(&dev, 32);
+            let before = e.stats().reads_fanned_out;
+            // One block at a time, each from another block, and then layer 2 of every block.
+            let pairs: Vec<(u64, u64)> = (0..c.num_blocks).map(|b| (b, (b * 3 + 1) % c.num_blocks)).collect();
+            for &(s, d) in &pairs {
+                assert_eq!(transfer(&e, &disk, &[s], &dev, &[d], &Default::default()), Status::Ok);
+            }
+            let what = format!("{c:?} {flags:?}");
+            check(&dev, 32, 31, &pairs, 0..c.num_layers, &what);
+            assert!(e.stats().reads_fanned_out > before, "{what}: no block's read was shared, so this test checked nothing new");
+            // Layer 2 of three scattered blocks: one chunk of many extents.
+            let layer2 = TransferOptions { layer_begin: 2, layer_end: 3, ..Default::default() };
+            let three = [6, 1, 4];
+            fill(&dev, 33);
+            let before = e.stats().reads_fanned_out;
+            assert_eq!(transfer(&e, &disk, &three, &dev, &three, &layer2), Status::Ok);
+            let same: Vec<(u64, u64)> = three.iter().map(|&b| (b, b)).collect();
+            check(&dev, 33, 31, &same, 2..3, &format!("{what}, layer 2"));
+            assert!(e.stats().reads_fanned_out > before, "{what}: the layer's read was not shared");
+            // Every block: a chunk per slot, which the workers share out among themselves
+            // already, so no chunk's read is cut in parts.
+            fill(&dev, 34);
+            let before = e.stats().reads_fanned_out;
+            assert_eq!(transfer(&e, &disk, &all, &dev, &all, &Default::default()), Status::Ok);
+            let same: Vec<(u64, u64)> = all.iter().map(|&b| (b, b)).collect();
+            check(&dev, 34, 31, &same, 0..c.num_layers, &format!("{what}, every block"));
+            assert_eq!(e.stats().reads_fanned_out, before, "{what}: a read of a request of many chunks was cut in parts");
+        }
+    }
 }

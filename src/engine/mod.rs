@@ -11,6 +11,7 @@
 mod bounce;
 mod config;
 mod dispatch;
+mod fanout;
 mod plan;
 mod remote;
 mod request;
@@ -115,6 +116,7 @@ impl Engine {
             gds: io.gds,
             gpu: gpu.clone(),
             queued: AtomicU64::new(0),
+            io_idle: Default::default(),
         });
         let id = NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed);
         let engine = Engine {

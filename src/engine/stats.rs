@@ -18,6 +18,7 @@ pub struct Counters {
     pub host_copy_ns: AtomicU64,
     pub device_copy_ns: AtomicU64,
     pub slot_wait_ns: AtomicU64,
+    pub reads_fanned_out: AtomicU64,
     /// Requests admitted and not yet complete (the `max_inflight` limit applies to it).
     pub inflight: AtomicU32,
 }
@@ -42,6 +43,9 @@ pub struct Stats {
     pub device_copy_ns: u64,
     /// Nanoseconds the dispatcher waited for a free bounce slot (the ring was full).
     pub slot_wait_ns: u64,
+    /// Chunk reads an I/O worker shared with idle ones (`engine::fanout`); not in
+    /// `kvx_stats`.
+    pub reads_fanned_out: u64,
 }
 
 impl Counters {
@@ -59,6 +63,7 @@ impl Counters {
             host_copy_ns: self.host_copy_ns.load(Relaxed),
             device_copy_ns: self.device_copy_ns.load(Relaxed),
             slot_wait_ns: self.slot_wait_ns.load(Relaxed),
+            reads_fanned_out: self.reads_fanned_out.load(Relaxed),
         }
     }
 
