@@ -9,19 +9,20 @@
 //! never cut, and busy workers never split, so only requests that leave cores idle pay
 //! the hand-off.
 
-use super::worker::Chunk;
+use super::stats::Counters;
+use super::worker::{Chunk, Job, Router};
 use crate::error::Error;
-use crate::io::Extent;
+use crate::io::{Extent, Port};
 use crate::memory::Layout;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The smallest part worth a worker of its own: a hand-off costs a wake-up (tens of
 /// microseconds on a busy host), about what reading 128 KiB from the page cache takes.
-pub const MIN_PART: u64 = 128 << 10;
+const MIN_PART: u64 = 128 << 10;
 
 /// A chunk whose read is in parts.
-pub struct Fanout {
+struct Fanout {
     /// Taken by the worker that finishes the last part.
     chunk: Mutex<Option<Chunk>>,
     left: AtomicUsize,
@@ -31,14 +32,14 @@ pub struct Fanout {
 
 /// One part of a fanned-out read, run by any I/O worker.
 pub struct Part {
-    pub fan: Arc<Fanout>,
-    pub file: Arc<Layout>,
-    pub extents: Vec<Extent>,
+    fan: Arc<Fanout>,
+    file: Arc<Layout>,
+    extents: Vec<Extent>,
 }
 
 impl Fanout {
     /// The parts of `chunk`'s read of `extents` from `file`, cut into `parts` pieces.
-    pub fn new(chunk: Chunk, file: &Arc<Layout>, extents: &[Extent], parts: usize, align: u64) -> Vec<Part> {
+    fn parts(chunk: Chunk, file: &Arc<Layout>, extents: &[Extent], parts: usize, align: u64) -> Vec<Part> {
         let pieces = split(extents, parts, align);
         let fan = Arc::new(Fanout { chunk: Mutex::new(Some(chunk)), left: AtomicUsize::new(pieces.len()), failure: Mutex::new(None) });
         pieces.into_iter().map(|extents| Part { fan: fan.clone(), file: file.clone(), extents }).collect()
@@ -46,7 +47,7 @@ impl Fanout {
 
     /// Records a part's outcome; the chunk and the failure (if any part failed) once
     /// every part is done.
-    pub fn part_done(&self, outcome: Result<(), Error>) -> Option<(Chunk, Option<Error>)> {
+    fn part_done(&self, outcome: Result<(), Error>) -> Option<(Chunk, Option<Error>)> {
         if let Err(e) = outcome {
             self.failure.lock().unwrap().get_or_insert(e);
         }
@@ -60,7 +61,7 @@ impl Fanout {
 
 /// How many parts a read of `bytes` gets with `idle` workers sleeping: at most one per
 /// worker (the caller and the idle ones), none smaller than `MIN_PART`.
-pub fn parts_for(bytes: u64, idle: usize) -> usize {
+fn parts_for(bytes: u64, idle: usize) -> usize {
     (idle + 1).min((bytes / MIN_PART) as usize).max(1)
 }
 
@@ -100,6 +101,57 @@ fn piece(e: &Extent, at: u64, len: u64, align: u64) -> Extent {
     let payload = if hi > lo { (lo, p_addr + (lo - p_off), hi - lo) } else { (lo, p_addr, 0) };
     let aligned = e.aligned && at % align == 0 && len % align == 0;
     Extent { file_off: e.file_off + at, addr: e.addr + at, len, aligned, zero_tail: 0, payload }
+}
+
+/// How many parts a read gets: more than one only for a request of one chunk while other
+/// I/O workers sleep, and never for a checksummed file (its regions are verified whole,
+/// by one reader). A request of several chunks already gives the workers a chunk each;
+/// cutting those in parts too only adds hand-offs (measured: a 32-layer request 4-8 %
+/// slower).
+pub(super) fn fan_out(router: &Router, chunk: &Chunk, file: &Layout, extents: &[Extent]) -> Option<usize> {
+    let f = file.disk().expect("disk layout");
+    if !chunk.whole || f.checksum.is_some() {
+        return None;
+    }
+    let idle = router.io_idle.load(Ordering::Acquire);
+    let parts = parts_for(extents.iter().map(|e| e.len).sum(), idle);
+    (parts > 1).then_some(parts)
+}
+
+/// Queues all parts of the chunk's read but the first for the idle workers, and reads
+/// the first here.
+pub(super) fn share_read(router: &Router, port: &mut Port, chunk: Chunk, file: Arc<Layout>, extents: Vec<Extent>, parts: usize) {
+    let align = file.disk().expect("disk layout").align();
+    let mut parts = Fanout::parts(chunk, &file, &extents, parts, align).into_iter();
+    // The parts hold the layout now; the request may complete as soon as they are done.
+    drop((file, extents));
+    let mine = parts.next().expect("a read has a part");
+    Counters::add(&router.counters.reads_fanned_out, 1);
+    for part in parts {
+        router.io_tx.send(Job::Part(part)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"));
+    }
+    run_part(router, port, mine);
+}
+
+/// Reads one part; the worker that finishes the last one moves the chunk on.
+pub(super) fn run_part(router: &Router, port: &mut Port, part: Part) {
+    let start = std::time::Instant::now();
+    let f = part.file.disk().expect("disk layout");
+    // SAFETY: the part lies in its chunk's slot, which stays the chunk's until every
+    // part is done.
+    let result = unsafe { f.read_extents(port, &part.file.placement, &part.extents) };
+    let c = &router.counters;
+    Counters::add_since(&c.disk_read_ns, start);
+    if result.is_ok() {
+        Counters::add(&c.bytes_disk_read, part.extents.iter().map(|e| e.len).sum());
+    }
+    let Part { fan, file, .. } = part;
+    drop(file);
+    match fan.part_done(result) {
+        None => {}
+        Some((chunk, None)) => router.advance(chunk),
+        Some((chunk, Some(e))) => router.fail(chunk, e),
+    }
 }
 
 #[cfg(test)]

@@ -12,12 +12,11 @@ use super::plan::{Op, Stages};
 use super::request::Request;
 use super::stats::Counters;
 use super::bounce::BounceRing;
-use super::fanout::{parts_for, Fanout, Part};
+use super::fanout::{fan_out, run_part, share_read, Part};
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
-use crate::memory::Layout;
 use crate::io::gds::Gds;
-use crate::io::{Extent, Port};
+use crate::io::Port;
 use crate::remote::Posted;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -120,7 +119,7 @@ impl Router {
     }
 
     /// Records a stage's failure on its request and finishes the chunk.
-    fn fail(&self, chunk: Chunk, err: Error) {
+    pub(super) fn fail(&self, chunk: Chunk, err: Error) {
         chunk.req.fail(err);
         self.finish(chunk);
     }
@@ -176,57 +175,6 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
             router.advance(chunk)
         }
         Err(e) => router.fail(chunk, e),
-    }
-}
-
-/// How many parts a read gets: more than one only for a request of one chunk while other
-/// I/O workers sleep, and never for a checksummed file (its regions are verified whole,
-/// by one reader). A request of several chunks already gives the workers a chunk each;
-/// cutting those in parts too only adds hand-offs (measured: a 32-layer request 4-8 %
-/// slower).
-fn fan_out(router: &Router, chunk: &Chunk, file: &Layout, extents: &[Extent]) -> Option<usize> {
-    let f = file.disk().expect("disk layout");
-    if !chunk.whole || f.checksum.is_some() {
-        return None;
-    }
-    let idle = router.io_idle.load(Ordering::Acquire);
-    let parts = parts_for(extents.iter().map(|e| e.len).sum(), idle);
-    (parts > 1).then_some(parts)
-}
-
-/// Queues all parts of the chunk's read but the first for the idle workers, and reads
-/// the first here.
-fn share_read(router: &Router, port: &mut Port, chunk: Chunk, file: Arc<Layout>, extents: Vec<Extent>, parts: usize) {
-    let align = file.disk().expect("disk layout").align();
-    let mut parts = Fanout::new(chunk, &file, &extents, parts, align).into_iter();
-    // The parts hold the layout now; the request may complete as soon as they are done.
-    drop((file, extents));
-    let mine = parts.next().expect("a read has a part");
-    Counters::add(&router.counters.reads_fanned_out, 1);
-    for part in parts {
-        router.io_tx.send(Job::Part(part)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"));
-    }
-    run_part(router, port, mine);
-}
-
-/// Reads one part; the worker that finishes the last one moves the chunk on.
-fn run_part(router: &Router, port: &mut Port, part: Part) {
-    let start = std::time::Instant::now();
-    let f = part.file.disk().expect("disk layout");
-    // SAFETY: the part lies in its chunk's slot, which stays the chunk's until every
-    // part is done.
-    let result = unsafe { f.read_extents(port, &part.file.placement, &part.extents) };
-    let c = &router.counters;
-    Counters::add_since(&c.disk_read_ns, start);
-    if result.is_ok() {
-        Counters::add(&c.bytes_disk_read, part.extents.iter().map(|e| e.len).sum());
-    }
-    let Part { fan, file, .. } = part;
-    drop(file);
-    match fan.part_done(result) {
-        None => {}
-        Some((chunk, None)) => router.advance(chunk),
-        Some((chunk, Some(e))) => router.fail(chunk, e),
     }
 }
 
