@@ -244,7 +244,9 @@ impl Request {
         // since a condition-variable wake-up costs about as much again.
         let spin = WAIT_SPIN.min(timeout.unwrap_or(WAIT_SPIN));
         while !self.finished.load(Ordering::Acquire) && start.elapsed() < spin {
-            std::hint::spin_loop();
+            // Yield, not pause: the engine thread that completes the request may share
+            // this core.
+            std::thread::yield_now();
         }
         let mut st = self.final_status.lock().unwrap();
         loop {

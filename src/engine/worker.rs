@@ -271,7 +271,10 @@ fn recv_spinning<T>(rx: &Receiver<T>) -> std::result::Result<T, crossbeam_channe
         match rx.try_recv() {
             Ok(v) => return Ok(v),
             Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(crossbeam_channel::RecvError),
-            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < STAY_AWAKE => std::hint::spin_loop(),
+            // Yield, not pause: a thread woken on this core (the scheduler often puts a
+            // wakee beside its waker, e.g. the caller's) runs at once instead of after
+            // the whole stay.
+            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < STAY_AWAKE => std::thread::yield_now(),
             Err(crossbeam_channel::TryRecvError::Empty) => return rx.recv(),
         }
     }
