@@ -151,7 +151,7 @@ int main(int argc, char **argv) {
       c.push_back(copy(total));
     }
     double m = median(c);
-    std::printf("  %-48s %7.1f us  %5.1f GB/s\n", "nobody lately (clean, one copy)", m, total / m / 1e3);
+    std::printf("  %-56s %7.1f us  %5.1f GB/s\n", "nobody lately (clean, one copy)", m, total / m / 1e3);
   }
   std::vector<Handoff> handoffs = {NONE, CLFLUSHOPT};
   if (cpu_has("clwb")) handoffs.push_back(CLWB);
