@@ -127,7 +127,8 @@ struct EventWait(sys::CUevent);
 // SAFETY: events may be synchronised from any thread.
 unsafe impl Send for EventWait {}
 
-/// How long a fence looks at its event without pause: small copies are seen done at once.
+/// How long a fence keeps looking at its event, yielding between looks: small copies are
+/// seen done at once.
 const FENCE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 /// Then, up to `FENCE_POLL_FOR`, it looks every `FENCE_POLL`, sleeping in between: a
 /// blocking-sync wake-up costs tens of microseconds after the copy ends (measured: a
