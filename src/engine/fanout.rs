@@ -35,14 +35,16 @@ pub struct Part {
     fan: Arc<Fanout>,
     file: Arc<Layout>,
     extents: Vec<Extent>,
+    /// The read leaves the slot's lines in memory (`DiskFile::read_extents`).
+    stream: bool,
 }
 
 impl Fanout {
     /// The parts of `chunk`'s read of `extents` from `file`, cut into `parts` pieces.
-    fn parts(chunk: Chunk, file: &Arc<Layout>, extents: &[Extent], parts: usize, align: u64) -> Vec<Part> {
+    fn parts(chunk: Chunk, file: &Arc<Layout>, extents: &[Extent], stream: bool, parts: usize, align: u64) -> Vec<Part> {
         let pieces = split(extents, parts, align);
         let fan = Arc::new(Fanout { chunk: Mutex::new(Some(chunk)), left: AtomicUsize::new(pieces.len()), failure: Mutex::new(None) });
-        pieces.into_iter().map(|extents| Part { fan: fan.clone(), file: file.clone(), extents }).collect()
+        pieces.into_iter().map(|extents| Part { fan: fan.clone(), file: file.clone(), extents, stream }).collect()
     }
 
     /// Records a part's outcome; the chunk and the failure (if any part failed) once
@@ -120,9 +122,9 @@ pub(super) fn fan_out(router: &Router, chunk: &Chunk, file: &Layout, extents: &[
 
 /// Queues all parts of the chunk's read but the first for the idle workers, and reads
 /// the first here.
-pub(super) fn share_read(router: &Router, port: &mut Port, chunk: Chunk, file: Arc<Layout>, extents: Vec<Extent>, parts: usize) {
+pub(super) fn share_read(router: &Router, port: &mut Port, chunk: Chunk, file: Arc<Layout>, extents: Vec<Extent>, stream: bool, parts: usize) {
     let align = file.disk().expect("disk layout").align();
-    let mut parts = Fanout::parts(chunk, &file, &extents, parts, align).into_iter();
+    let mut parts = Fanout::parts(chunk, &file, &extents, stream, parts, align).into_iter();
     // The parts hold the layout now; the request may complete as soon as they are done.
     drop((file, extents));
     let mine = parts.next().expect("a read has a part");
@@ -139,7 +141,7 @@ pub(super) fn run_part(router: &Router, port: &mut Port, part: Part) {
     let f = part.file.disk().expect("disk layout");
     // SAFETY: the part lies in its chunk's slot, which stays the chunk's until every
     // part is done.
-    let result = unsafe { f.read_extents(port, &part.file.placement, &part.extents) };
+    let result = unsafe { f.read_extents(port, &part.file.placement, &part.extents, part.stream) };
     let c = &router.counters;
     Counters::add_since(&c.disk_read_ns, start);
     if result.is_ok() {

@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 /// One stage of a chunk.
 pub enum Op {
-    ReadDisk { file: Arc<Layout>, extents: Vec<Extent> },
+    /// `for_device`: a device copy out of the slot comes next (`DiskFile::read_extents`).
+    ReadDisk { file: Arc<Layout>, extents: Vec<Extent>, for_device: bool },
     WriteDisk { file: Arc<Layout>, extents: Vec<Extent> },
     /// memcpy on an I/O worker.
     HostCopy(Vec<CopyOp>),
@@ -384,6 +385,7 @@ impl Planner {
             StorageKind::Disk => Op::ReadDisk {
                 file: self.src.clone(),
                 extents: self.extents(&self.src, pieces.iter().map(|p| (p.src, p.slot_off, p.len)), slot, false),
+                for_device: self.dst.kind() == StorageKind::Device,
             },
             StorageKind::Device => Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host: HostSide::Bounce, after: self.after },
             StorageKind::Remote => self.remote_op(to_slot(), Mem::Dram),

@@ -105,6 +105,18 @@ impl Router {
         }
     }
 
+    /// Whether a disk read leaves its slot's lines in memory (`io::streamed`): when the
+    /// device copies the slot out next and half the ring or more is free. In a pipeline
+    /// that shallow the copy follows the read at once, and a plain `pread` would leave
+    /// the lines modified in the reading core's cache, where the DMA reads them at half
+    /// speed. In a full ring the slot waits for its copy while its lines settle in the
+    /// last-level cache, which spares DRAM a write and a read that streaming stores cost
+    /// (H200, hot file: one 12.6 MB block 20 % faster streamed, batches of 16 blocks 7 %
+    /// slower).
+    pub fn stream_read(&self, for_device: bool) -> bool {
+        for_device && self.ring.free_slots() * 2 >= self.ring.slots()
+    }
+
     fn copy_done(&self, chunk: &Chunk) {
         if let Some(t) = chunk.issued {
             Counters::add_since(&self.counters.device_copy_ns, t);
@@ -152,9 +164,9 @@ pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut 
 
 fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk) {
     let op = match Router::take_op(&mut chunk) {
-        Op::ReadDisk { file, extents } => match fan_out(router, &chunk, &file, &extents) {
-            Some(parts) => return share_read(router, port, chunk, file, extents, parts),
-            None => Op::ReadDisk { file, extents },
+        Op::ReadDisk { file, extents, for_device } => match fan_out(router, &chunk, &file, &extents) {
+            Some(parts) => return share_read(router, port, chunk, file, extents, router.stream_read(for_device), parts),
+            None => Op::ReadDisk { file, extents, for_device },
         },
         op => op,
     };
@@ -183,10 +195,10 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
 fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) -> Result<()> {
     let counters = &router.counters;
     match op {
-        Op::ReadDisk { file, extents } => {
+        Op::ReadDisk { file, extents, for_device } => {
             let f = file.disk().expect("disk layout");
             // SAFETY: the extents lie in this chunk's slot, which this stage owns.
-            unsafe { f.read_extents(port, &file.placement, extents) }?;
+            unsafe { f.read_extents(port, &file.placement, extents, router.stream_read(*for_device)) }?;
             Counters::add(&counters.bytes_disk_read, extents.iter().map(|e| e.len).sum());
             Ok(())
         }

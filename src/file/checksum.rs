@@ -196,7 +196,8 @@ impl Sidecar {
     pub(super) unsafe fn read_verified(&self, file: &DiskFile, port: &mut Port, pl: &Placement, extents: &[Extent]) -> Result<()> {
         let on_port = |e: &Extent| file.on_port(port, e);
         let (ported, cached): (Vec<Extent>, Vec<Extent>) = extents.iter().copied().partition(on_port);
-        file.move_extents(port, false, &ported)?;
+        // Direct I/O only (`on_port`), which never goes through a core's cache.
+        file.move_extents(port, false, false, &ported)?;
         let mut hashed = Vec::new();
         for e in &cached {
             hashed.extend(read_hashing(file, e, pl).map_err(|err| file.in_file(err))?);
@@ -218,7 +219,7 @@ impl Sidecar {
     /// As for `read_verified`.
     pub(super) unsafe fn write_hashed(&self, file: &DiskFile, port: &mut Port, pl: &Placement, extents: &[Extent]) -> Result<()> {
         let hashes: Vec<BlockHashes> = extents.iter().flat_map(|e| hash_regions(pl, e.payload.0, e.payload.1, e.payload.2)).collect();
-        file.move_extents(port, true, extents)?;
+        file.move_extents(port, true, false, extents)?;
         for (block, regions) in hashes {
             let values: Vec<u64> = regions.iter().map(|r| r.1).collect();
             self.write_regions(block, regions[0].0, &values)?;

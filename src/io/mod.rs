@@ -5,6 +5,7 @@
 pub mod gds;
 pub mod nixl;
 pub mod posix;
+pub mod streamed;
 mod posted;
 pub mod uring;
 
