@@ -8,7 +8,7 @@
 //! copy runs out of the core's cache, so the read costs about what the plain one did
 //! (two runs: read phase -10 % to +19 % against the plain `pread`s). In the engine it pays
 //! only while the copy follows the read at once (`Router::stream_read`): on the H200 one
-//! 12.6 MB hot block -16 % and a layer-wise request of all layers -25 %, where streaming
+//! 12.6 MB hot block -16 % and a layer-wise request of all layers -26 %, where streaming
 //! every read cost batches of 16 blocks 6-10 % (their slots wait in the last-level cache).
 
 use super::posix;
