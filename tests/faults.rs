@@ -156,7 +156,7 @@ fn interrupted_and_short_io_is_invisible() {
     }
 }
 
-/// A one-block read on an idle engine is shared by the I/O workers (`engine::fanout`):
+/// A one-block read on an idle engine is shared by every I/O worker (`engine::fanout`):
 /// each of its parts' calls in turn fails or comes back short; the request ends with
 /// the failure (or retries invisibly), its slot comes back once every part is done, and
 /// the engine keeps serving.

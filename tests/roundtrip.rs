@@ -90,12 +90,12 @@ fn scattered_pinned_regions_move_without_a_cpu_gather() {
     assert!(e.stats().host_copy_ns > 0, "pageable memory goes through the slots");
 }
 
-/// A read that would leave I/O workers idle (one block, one layer) is shared among them
-/// (`engine::fanout`): every byte lands, for O_DIRECT and buffered files, whole blocks
+/// A read in a shallow ring (one block, one layer, a request's first chunks) is shared
+/// by every I/O worker (`engine::fanout`): every byte lands, for O_DIRECT and buffered files, whole blocks
 /// (one extent cut in parts) and one layer of scattered blocks (many extents), with
 /// regions that are not multiples of 4096 (reads widened to alignment) too.
 #[test]
-fn reads_shared_by_idle_workers_land_every_byte() {
+fn reads_shared_in_a_shallow_ring_land_every_byte() {
     let e = engine_with(|c| {
         c.io_threads = 4;
         c.slot_bytes = 1 << 20;
@@ -129,14 +129,14 @@ fn reads_shared_by_idle_workers_land_every_byte() {
             let same: Vec<(u64, u64)> = three.iter().map(|&b| (b, b)).collect();
             check(&dev, 33, 31, &same, 2..3, &format!("{what}, layer 2"));
             assert!(e.stats().reads_fanned_out > before, "{what}: the layer's read was not shared");
-            // Every block: a chunk per slot, which the workers share out among themselves
-            // already, so no chunk's read is cut in parts.
+            // Every block: more chunks than slots. The first ones find the ring idle, so
+            // their reads are cut too, and parts of several chunks are in flight at once.
             fill(&dev, 34);
             let before = e.stats().reads_fanned_out;
             assert_eq!(transfer(&e, &disk, &all, &dev, &all, &Default::default()), Status::Ok);
             let same: Vec<(u64, u64)> = all.iter().map(|&b| (b, b)).collect();
             check(&dev, 34, 31, &same, 0..c.num_layers, &format!("{what}, every block"));
-            assert_eq!(e.stats().reads_fanned_out, before, "{what}: a read of a request of many chunks was cut in parts");
+            assert!(e.stats().reads_fanned_out >= before + 2, "{what}: the first chunks of a request of many chunks were not cut in parts");
         }
     }
 }

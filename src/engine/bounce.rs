@@ -64,6 +64,13 @@ impl BounceRing {
         self.free.lock().unwrap().len() as u32
     }
 
+    /// Half the ring or more is free: a chunk's stages then follow each other at once,
+    /// so its read is streamed (`Router::stream_read`) and shared by every I/O worker
+    /// (`fanout`).
+    pub fn shallow(&self) -> bool {
+        self.free_slots() * 2 >= self.slots()
+    }
+
     /// Blocks (sleeping) until a slot is free.
     pub fn acquire(&self) -> u32 {
         let mut free = self.free.lock().unwrap();
@@ -142,6 +149,21 @@ mod tests {
         ring.release(b);
         ring.release(a);
         assert_eq!((ring.try_acquire(), ring.try_acquire(), ring.try_acquire()), (Some(a), Some(b), Some(2)));
+    }
+
+    /// The ring is shallow while half its slots or more are free, and deep past that.
+    #[test]
+    fn a_ring_is_shallow_until_more_than_half_its_slots_are_held() {
+        let ring = BounceRing::new(Arc::new(Emulated::default()), 4, 64 << 10).unwrap();
+        assert!(ring.shallow(), "an idle ring");
+        let (a, b) = (ring.acquire(), ring.acquire());
+        assert!(ring.shallow(), "two of four held");
+        let c = ring.acquire();
+        assert!(!ring.shallow(), "three of four held");
+        ring.release(c);
+        assert!(ring.shallow(), "back to two of four");
+        ring.release(a);
+        ring.release(b);
     }
 
     /// A waiter blocked on an empty ring gets the slot that comes back.

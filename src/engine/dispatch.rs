@@ -85,7 +85,6 @@ pub fn dispatch(router: &Router, ring: &BounceRing, req: &Arc<Request>, mut plan
             ring.release(slot);
             return None;
         }
-        let first = planner.at_start();
         match planner.next_chunk(ring.addr(slot)) {
             None => {
                 ring.release(slot);
@@ -93,8 +92,7 @@ pub fn dispatch(router: &Router, ring: &BounceRing, req: &Arc<Request>, mut plan
             }
             Some(stages) => {
                 req.chunk_issued();
-                let whole = first && planner.finished();
-                let chunk = Chunk { req: req.clone(), slot, stages, next: 0, whole, issued: None };
+                let chunk = Chunk { req: req.clone(), slot, stages, next: 0, issued: None };
                 if block { router.advance(chunk) } else { router.advance_here(chunk) }
             }
         }

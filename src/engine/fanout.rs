@@ -1,17 +1,24 @@
-//! Fan-out: one chunk's disk read spread over the I/O workers that sleep.
+//! Fan-out: in a shallow ring, each chunk's disk read is shared by all I/O workers, in
+//! the chunks' order.
 //!
-//! A request of one block, or of one layer of a prefix, is one or a few chunks, and one
-//! worker reads each: a `pread` from the page cache runs at one core's copy speed (1 MiB
-//! of a hot tmpfs file in ~170 us on the H200) while the other workers wait for work.
-//! An I/O worker that takes such a read (its request's only chunk) while others are idle
-//! cuts it into parts, queues all but the first for them and reads the first itself;
-//! whichever finishes the last part moves the chunk on. Requests of several chunks are
-//! never cut, and busy workers never split, so only requests that leave cores idle pay
-//! the hand-off.
+//! A `pread` from the page cache runs at one core's copy speed (2 MiB of a hot tmpfs
+//! file in ~300 us on the H200). A request of one block (6 slots of 2 MiB) read a slot
+//! per worker finishes all its reads together, after one core's time for a whole slot,
+//! and only then do the device copies start. So while the ring is shallow
+//! (`BounceRing::shallow`), a read is cut into a part per worker when it is routed,
+//! and the parts are queued in the chunks' order: the workers fill slot 0 together, then
+//! slot 1, and the first copy starts after a part's time, not a slot's. Whichever worker
+//! finishes a chunk's last part moves it on. Every chunk is cut, not only while workers
+//! sleep: a request's last chunks are routed while the first ones' parts keep every
+//! worker busy, and cut only among the workers idle at that moment they became the
+//! request's tail (an H200 trace of one 12.6 MB block: the sixth slot's read done 135 us
+//! after the fifth's). In a deep ring every worker has a chunk of its own and the copies
+//! have work queued, so nothing is cut.
 
 use super::stats::Counters;
+use super::plan::Op;
 use super::worker::{Chunk, Job, Router};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::io::{Extent, Port};
 use crate::memory::Layout;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,7 +56,7 @@ impl Fanout {
 
     /// Records a part's outcome; the chunk and the failure (if any part failed) once
     /// every part is done.
-    fn part_done(&self, outcome: Result<(), Error>) -> Option<(Chunk, Option<Error>)> {
+    fn part_done(&self, outcome: Result<()>) -> Option<(Chunk, Option<Error>)> {
         if let Err(e) = outcome {
             self.failure.lock().unwrap().get_or_insert(e);
         }
@@ -61,10 +68,10 @@ impl Fanout {
     }
 }
 
-/// How many parts a read of `bytes` gets with `idle` workers sleeping: at most one per
-/// worker (the caller and the idle ones), none smaller than `MIN_PART`.
-fn parts_for(bytes: u64, idle: usize) -> usize {
-    (idle + 1).min((bytes / MIN_PART) as usize).max(1)
+/// How many parts a read of `bytes` gets: at most one per worker, none smaller than
+/// `MIN_PART`.
+fn parts_for(bytes: u64, workers: usize) -> usize {
+    workers.min((bytes / MIN_PART) as usize).max(1)
 }
 
 /// Cuts `extents` into at most `parts` runs of about equal bytes, in order. An extent
@@ -105,34 +112,38 @@ fn piece(e: &Extent, at: u64, len: u64, align: u64) -> Extent {
     Extent { file_off: e.file_off + at, addr: e.addr + at, len, aligned, zero_tail: 0, payload }
 }
 
-/// How many parts a read gets: more than one only for a request of one chunk while other
-/// I/O workers sleep, and never for a checksummed file (its regions are verified whole,
-/// by one reader). A request of several chunks already gives the workers a chunk each;
-/// cutting those in parts too only adds hand-offs (measured: a 32-layer request 4-8 %
-/// slower).
-pub(super) fn fan_out(router: &Router, chunk: &Chunk, file: &Layout, extents: &[Extent]) -> Option<usize> {
+/// How many parts the chunk's next stage, a disk read, gets: more than one only while
+/// the ring is shallow, and never for a checksummed file (its regions are verified
+/// whole, by one reader).
+fn fan_out(router: &Router, file: &Layout, extents: &[Extent]) -> Option<usize> {
     let f = file.disk().expect("disk layout");
-    if !chunk.whole || f.checksum.is_some() {
+    if f.checksum.is_some() || !router.ring.shallow() {
         return None;
     }
-    let idle = router.io_idle.load(Ordering::Acquire);
-    let parts = parts_for(extents.iter().map(|e| e.len).sum(), idle);
+    let parts = parts_for(extents.iter().map(|e| e.len).sum(), router.io_workers);
     (parts > 1).then_some(parts)
 }
 
-/// Queues all parts of the chunk's read but the first for the idle workers, and reads
-/// the first here.
-pub(super) fn share_read(router: &Router, port: &mut Port, chunk: Chunk, file: Arc<Layout>, extents: Vec<Extent>, stream: bool, parts: usize) {
+/// Routes a chunk whose next stage is a disk read: its parts to the I/O workers'
+/// queue, in order, or (not cut) the chunk itself.
+pub(super) fn send_read(router: &Router, mut chunk: Chunk) {
+    let Some(Some(Op::ReadDisk { file, extents, for_device })) = chunk.stages.get(chunk.next) else {
+        unreachable!("send_read routes chunks whose next stage is a disk read")
+    };
+    let Some(parts) = fan_out(router, file, extents) else {
+        return router.io_tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"));
+    };
+    let stream = router.stream_read(*for_device);
+    let Some(Op::ReadDisk { file, extents, .. }) = chunk.stages[chunk.next].take() else { unreachable!("checked above") };
+    chunk.next += 1;
     let align = file.disk().expect("disk layout").align();
-    let mut parts = Fanout::parts(chunk, &file, &extents, stream, parts, align).into_iter();
+    let parts = Fanout::parts(chunk, &file, &extents, stream, parts, align);
     // The parts hold the layout now; the request may complete as soon as they are done.
     drop((file, extents));
-    let mine = parts.next().expect("a read has a part");
     Counters::add(&router.counters.reads_fanned_out, 1);
     for part in parts {
         router.io_tx.send(Job::Part(part)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"));
     }
-    run_part(router, port, mine);
 }
 
 /// Reads one part; the worker that finishes the last one moves the chunk on.
@@ -223,9 +234,11 @@ mod tests {
 
     #[test]
     fn parts_never_go_below_the_minimum_or_past_the_workers() {
+        assert_eq!(parts_for(2 << 20, 12), 12);
         assert_eq!(parts_for(MIN_PART - 1, 11), 1);
         assert_eq!(parts_for(2 * MIN_PART, 11), 2);
-        assert_eq!(parts_for(64 << 20, 3), 4);
+        assert_eq!(parts_for(64 << 20, 3), 3);
+        assert_eq!(parts_for(64 << 20, 1), 1);
         assert_eq!(parts_for(64 << 20, 0), 1);
     }
 }

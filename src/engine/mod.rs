@@ -116,7 +116,7 @@ impl Engine {
             gds: io.gds,
             gpu: gpu.clone(),
             queued: AtomicU64::new(0),
-            io_idle: Default::default(),
+            io_workers: cfg.io_threads as usize,
         });
         let id = NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed);
         let engine = Engine {

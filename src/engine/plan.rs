@@ -204,16 +204,6 @@ impl Planner {
         }
     }
 
-    /// Whether no chunk has been planned yet.
-    pub fn at_start(&self) -> bool {
-        self.idx == 0 && self.done_in_seg == 0
-    }
-
-    /// Whether every chunk has been planned.
-    pub fn finished(&self) -> bool {
-        self.idx == self.segs.len()
-    }
-
     /// The stages of the next chunk, using the slot at `slot_addr`; `None` when done.
     pub fn next_chunk(&mut self, slot_addr: u64) -> Option<Stages> {
         if self.idx == self.segs.len() {

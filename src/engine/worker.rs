@@ -12,14 +12,14 @@ use super::plan::{Op, Stages};
 use super::request::Request;
 use super::stats::Counters;
 use super::bounce::BounceRing;
-use super::fanout::{fan_out, run_part, share_read, Part};
+use super::fanout::{run_part, send_read, Part};
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::gds::Gds;
 use crate::io::Port;
 use crate::remote::Posted;
 use crossbeam_channel::{Receiver, Sender};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A slot's worth of a request, moving through its stages.
@@ -28,8 +28,6 @@ pub struct Chunk {
     pub slot: u32,
     pub stages: Stages,
     pub next: usize,
-    /// The chunk is its request's only one (a block or a layer that fits one slot).
-    pub whole: bool,
     /// When the current device copy was issued (for `device_copy_ns`).
     pub issued: Option<std::time::Instant>,
 }
@@ -60,8 +58,8 @@ pub struct Router {
     /// Work sent to the dispatcher thread and not yet done with: while it is non-zero,
     /// submits queue behind it instead of dispatching on their own thread.
     pub queued: AtomicU64,
-    /// I/O workers waiting for a job: a disk read taken while some are is shared with them.
-    pub io_idle: AtomicUsize,
+    /// How many I/O workers share `io_tx`: a read in a shallow ring is cut into as many parts.
+    pub io_workers: usize,
 }
 
 impl Router {
@@ -76,6 +74,7 @@ impl Router {
         }
         match chunk.stages.get_mut(chunk.next).and_then(|s| s.as_ref()) {
             None => self.finish(chunk),
+            Some(Op::ReadDisk { .. }) => send_read(self, chunk),
             Some(op) => {
                 let tx = match op {
                     Op::Remote { .. } => &self.remote_tx,
@@ -114,7 +113,7 @@ impl Router {
     /// (H200, hot file, every such read streamed: one 12.6 MB block 16-20 % faster,
     /// batches of 16 blocks 6-10 % slower; gated, the batches keep their speed).
     pub fn stream_read(&self, for_device: bool) -> bool {
-        for_device && self.ring.free_slots() * 2 >= self.ring.slots()
+        for_device && self.ring.shallow()
     }
 
     fn copy_done(&self, chunk: &Chunk) {
@@ -151,10 +150,7 @@ pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut 
         None => Ok(()),
     };
     loop {
-        router.io_idle.fetch_add(1, Ordering::AcqRel);
-        let job = rx.recv();
-        router.io_idle.fetch_sub(1, Ordering::AcqRel);
-        match job {
+        match rx.recv() {
             Ok(Job::Run(chunk)) => run_io_stage(&router, &mut port, &bound, chunk),
             Ok(Job::Part(part)) => run_part(&router, &mut port, part),
             Ok(Job::Stop) | Err(_) => return,
@@ -163,13 +159,7 @@ pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut 
 }
 
 fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk) {
-    let op = match Router::take_op(&mut chunk) {
-        Op::ReadDisk { file, extents, for_device } => match fan_out(router, &chunk, &file, &extents) {
-            Some(parts) => return share_read(router, port, chunk, file, extents, router.stream_read(for_device), parts),
-            None => Op::ReadDisk { file, extents, for_device },
-        },
-        op => op,
-    };
+    let op = Router::take_op(&mut chunk);
     let start = std::time::Instant::now();
     let result = run_host_op(&op, router, port, bound);
     let c = &router.counters;
