@@ -65,8 +65,8 @@ impl BounceRing {
     }
 
     /// Half the ring or more is free: a chunk's stages then follow each other at once,
-    /// so its read is streamed (`Router::stream_read`) and shared by every I/O worker
-    /// (`fanout`).
+    /// so its read is streamed (`Router::stream_read`), shared by every I/O worker
+    /// (`fanout`), and its copy issued where the read ends (`Router::read_done`).
     pub fn shallow(&self) -> bool {
         self.free_slots() * 2 >= self.slots()
     }

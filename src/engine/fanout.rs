@@ -147,7 +147,7 @@ pub(super) fn send_read(router: &Router, mut chunk: Chunk) {
 }
 
 /// Reads one part; the worker that finishes the last one moves the chunk on.
-pub(super) fn run_part(router: &Router, port: &mut Port, part: Part) {
+pub(super) fn run_part(router: &Router, port: &mut Port, bound: &Result<()>, part: Part) {
     let start = std::time::Instant::now();
     let f = part.file.disk().expect("disk layout");
     // SAFETY: the part lies in its chunk's slot, which stays the chunk's until every
@@ -162,7 +162,7 @@ pub(super) fn run_part(router: &Router, port: &mut Port, part: Part) {
     drop(file);
     match fan.part_done(result) {
         None => {}
-        Some((chunk, None)) => router.advance(chunk),
+        Some((chunk, None)) => router.read_done(bound, chunk),
         Some((chunk, Some(e))) => router.fail(chunk, e),
     }
 }
