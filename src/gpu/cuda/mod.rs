@@ -316,7 +316,8 @@ impl Gpu for CudaGpu {
     fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> Result<Fence> {
         let stream = self.stream(kind, slot);
         let res = self.slots.get().expect("prepare_slots runs before any copy");
-        // SAFETY: copy thread, context bound; ops lie in validated layouts and this
+        // SAFETY: a thread with the context current (the copy thread, an I/O worker, a
+        // submit between `enter` and `leave`); ops lie in validated layouts and this
         // chunk's slot; the slot's resources are this chunk's until its fence completes.
         unsafe {
             if let Some(ev) = after {
