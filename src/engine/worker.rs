@@ -1,6 +1,7 @@
 //! The engine's threads and what they do to a chunk.
 //!
-//! - I/O workers (a pool sharing one queue): disk reads and writes, host memcpy.
+//! - I/O workers (a pool sharing one queue): disk reads and writes, host memcpy; in a
+//!   shallow ring also the device copy after a read (`Router::read_done`).
 //! - The copy thread: device copies, issued in order on the device's streams.
 //! - Fence threads, one per stream lane: wait for issued device copies and move their
 //!   chunks on, so the copy thread never blocks on the device.
