@@ -92,8 +92,7 @@ impl Router {
     /// right here instead of on the copy thread, in the device context pushed for the
     /// call and popped after, so the caller's own current context is left as it was.
     pub fn advance_here(&self, mut chunk: Chunk) {
-        let here = !chunk.req.stopped() && chunk.stages.get(chunk.next).and_then(|s| s.as_ref()).is_some_and(Op::on_copy_thread);
-        if !here {
+        if !Router::copy_next(&chunk) {
             return self.advance(chunk);
         }
         match self.gpu.enter() {
@@ -123,12 +122,16 @@ impl Router {
     /// first slot's read done to its copy issued), on every request's critical path.
     /// `bound`: whether this worker has the device's context current.
     pub(super) fn read_done(&self, bound: &Result<()>, mut chunk: Chunk) {
-        let copy_next = !chunk.req.stopped() && chunk.stages.get(chunk.next).and_then(|s| s.as_ref()).is_some_and(Op::on_copy_thread);
-        if copy_next && bound.is_ok() && self.ring.shallow() {
+        if Router::copy_next(&chunk) && bound.is_ok() && self.ring.shallow() {
             let op = Router::take_op(&mut chunk);
             return issue_copy(self, &*self.gpu, Ok(()), op, chunk);
         }
         self.advance(chunk)
+    }
+
+    /// The chunk's next stage is a device copy of a request still running.
+    fn copy_next(chunk: &Chunk) -> bool {
+        !chunk.req.stopped() && chunk.stages.get(chunk.next).and_then(|s| s.as_ref()).is_some_and(Op::on_copy_thread)
     }
 
     fn copy_done(&self, chunk: &Chunk) {
