@@ -211,12 +211,18 @@ fn region(kind: CopyKind, op: &CopyOp, batch: Batch, staging: u64) -> Region {
     }
 }
 
-/// Moves `ops` with one staged copy and one launch, or one zero-copy launch, when that
-/// pays; `false` when the caller should copy one by one instead.
+/// Whether `ops` move with one staged copy and one launch, or one zero-copy launch
+/// (`run_batched`), rather than a copy each.
+pub fn batches(res: &SlotResources, kind: CopyKind, ops: &[CopyOp], host_side: HostSide) -> bool {
+    !res.staging.is_empty() && batch_for(kind, ops, host_side, res.slot_bytes) != Batch::PerOp
+}
+
+/// Moves `ops` with one staged copy and one launch, or one zero-copy launch; only for
+/// ops that `batches`.
 ///
 /// # Safety
 /// Copy thread with the context current; `slot` is this chunk's.
-pub unsafe fn try_batched(
+pub unsafe fn run_batched(
     k: &RegionKernel,
     res: &SlotResources,
     slot: u32,
@@ -224,14 +230,9 @@ pub unsafe fn try_batched(
     ops: &[CopyOp],
     host_side: HostSide,
     stream: sys::CUstream,
-) -> Result<bool> {
-    if res.staging.is_empty() {
-        return Ok(false);
-    }
+) -> Result<()> {
     let batch = batch_for(kind, ops, host_side, res.slot_bytes);
-    if batch == Batch::PerOp {
-        return Ok(false);
-    }
+    debug_assert!(batch != Batch::PerOp && !res.staging.is_empty(), "run_batched on ops that do not batch");
     let staging = res.staging[slot as usize];
     let table = res.host_tables.add(slot as usize * MAX_REGIONS);
     let dtable = res.device_tables + (slot as usize * MAX_REGIONS * std::mem::size_of::<Region>()) as u64;
@@ -257,7 +258,7 @@ pub unsafe fn try_batched(
     if let (CopyKind::DeviceToHost, Batch::Staged { lo, span }) = (kind, batch) {
         check(sys::cuMemcpyDtoHAsync_v2(lo as *mut c_void, staging, span as usize, stream), "cuMemcpyDtoHAsync (staging)")?;
     }
-    Ok(true)
+    Ok(())
 }
 
 #[cfg(test)]
