@@ -45,6 +45,25 @@ fn big(e: &kvxfer::Engine) -> (Arc<kvxfer::Layout>, Arc<kvxfer::Layout>, Vec<u64
     (src, dst, (0..64).collect())
 }
 
+/// The dispatcher hands slots out in turns: a small request submitted behind a large
+/// one gets a slot after a chunk or two of the large one, not after the large one's last
+/// chunk has a slot (4096 chunks through 32 slots here, so that would be after 99 % of
+/// its bytes moved).
+#[test]
+fn a_small_request_behind_a_large_one_is_not_held_until_the_large_one_is_out() {
+    let e = engine();
+    let (src, dst, ids) = big(&e);
+    let c = cfg(1, 1, 1, 1, 64, 1);
+    let (h, d) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, FC, StorageKind::Device));
+    let large = e.submit(&src, &ids, &dst, &ids, &Default::default()).unwrap();
+    let small = e.submit(&h, &[0], &d, &[0], &Default::default()).unwrap();
+    assert_eq!(small.wait(Some(Duration::from_secs(60))), Status::Ok);
+    let moved = e.stats().bytes_host_to_device;
+    let total = src.geometry().block_bytes * ids.len() as u64;
+    assert!(moved < total / 4, "the small request completed after {moved} of the large one's {total} bytes had moved");
+    assert_eq!(large.wait(Some(Duration::from_secs(60))), Status::Ok);
+}
+
 /// Requests cancelled while queued stay in the queue until the dispatcher reaches them,
 /// but no longer count against `max_inflight`: many more of them than the limit, behind
 /// a dispatcher that cannot move, must never make `submit` wait.

@@ -5,8 +5,15 @@
 //! A request is dispatched on the submitting thread when the dispatcher has nothing in
 //! hand: its chunks go out while slots are free, and its first device copies are issued
 //! right there, so a small request costs no thread hand-off before the DMA starts. What
-//! would wait for a slot (and every request behind one that does, to keep their order)
-//! goes to the dispatcher thread, which may block.
+//! would wait for a slot (and every request behind one that does) goes to the dispatcher
+//! thread, which may block.
+//!
+//! The dispatcher hands the slots out in turns, a chunk per request in hand, not a
+//! request's every chunk before the next request's first: a request queued behind a
+//! large one gets the next free slot but a few, instead of waiting for the large one to
+//! be all but done. On the H200, a 4.3 GB upload and a 4.3 GB download submitted together
+//! ran one after the other at 70 GB/s, where eight threads sending the same bytes in
+//! small requests both ways at once reached 99.
 
 use super::bounce::BounceRing;
 use super::plan::Planner;
@@ -14,7 +21,8 @@ use super::request::Request;
 use super::stats::Counters;
 use super::worker::{Chunk, Router};
 use crate::layout::segments;
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, TryRecvError};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -30,29 +38,72 @@ pub enum Work {
     Release(Arc<Request>),
 }
 
+/// The requests in hand, each with chunks still to issue, in the order of their turns.
+type Turns = VecDeque<(Arc<Request>, Box<Planner>)>;
+
 /// Runs until the stop message (`None`), which the engine sends last, after raising its
-/// shutdown flag: requests still queued then are cancelled, not started.
+/// shutdown flag: requests still in hand or queued then are cancelled, not continued.
 pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Option<Work>>) {
-    while let Ok(Some(work)) = rx.recv() {
-        match work {
-            Work::Start(req) => {
-                if req.claim() {
-                    if router.shutting_down() {
-                        req.cancel_from_engine();
-                    } else if let Some(planner) = planner(&req, &ring, &router) {
-                        dispatch(&router, &ring, &req, planner, true);
-                    }
-                    req.release_one();
+    let mut turns = Turns::new();
+    loop {
+        // Everything queued joins the turns first; with nothing in hand, wait for work.
+        let msg = if turns.is_empty() {
+            rx.recv().unwrap_or(None).map(Some)
+        } else {
+            match rx.try_recv() {
+                Ok(msg) => msg.map(Some),
+                Err(TryRecvError::Empty) => Some(None),
+                Err(TryRecvError::Disconnected) => None,
+            }
+        };
+        match msg {
+            Some(Some(work)) => take_in(&router, &ring, &mut turns, work),
+            Some(None) => {
+                let (req, mut planner) = turns.pop_front().expect("turns are not empty here");
+                if issue_next(&router, &ring, &req, &mut planner) {
+                    turns.push_back((req, planner));
+                } else {
+                    done_with(&router, &req);
                 }
             }
-            Work::Rest(req, planner) => {
-                dispatch(&router, &ring, &req, *planner, true);
-                req.release_one();
+            // Stopped: the shutdown flag is up, so what is in hand is cancelled.
+            None => {
+                for (req, _) in turns.drain(..) {
+                    if !req.stopped() {
+                        req.cancel_from_engine();
+                    }
+                    done_with(&router, &req);
+                }
+                return;
             }
-            Work::Release(req) => req.release_one(),
         }
-        router.queued.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// Adds `work` to the turns, or finishes with it when it has no chunk to issue.
+fn take_in(router: &Router, ring: &BounceRing, turns: &mut Turns, work: Work) {
+    match work {
+        Work::Start(req) => {
+            if !req.claim() {
+                router.queued.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
+            if router.shutting_down() {
+                req.cancel_from_engine();
+            } else if let Some(planner) = planner(&req, ring, router).filter(|p| !p.done()) {
+                return turns.push_back((req, Box::new(planner)));
+            }
+            done_with(router, &req);
+        }
+        Work::Rest(req, planner) => turns.push_back((req, planner)),
+        Work::Release(req) => done_with(router, &req),
+    }
+}
+
+/// Gives up the dispatcher's hold on a request and its count of work in hand.
+fn done_with(router: &Router, req: &Arc<Request>) {
+    req.release_one();
+    router.queued.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// The request's planner; `None` if it no longer has a transfer (it completed).
@@ -62,39 +113,40 @@ pub fn planner(req: &Request, ring: &BounceRing, router: &Router) -> Option<Plan
     Some(Planner::new(p.src, p.dst, segs, ring.slot_bytes(), p.after, router.gds.is_some()))
 }
 
-/// Issues the request's chunks; stops early when it is cancelled, fails, or the engine
-/// shuts down (chunks already issued finish). With `block` false (the submitting thread)
-/// it returns the planner instead of waiting for a slot, with chunks still to issue.
-pub fn dispatch(router: &Router, ring: &BounceRing, req: &Arc<Request>, mut planner: Planner, block: bool) -> Option<Planner> {
-    loop {
-        let slot = if block {
-            let waiting = std::time::Instant::now();
-            let slot = ring.acquire();
-            Counters::add_since(&router.counters.slot_wait_ns, waiting);
-            slot
-        } else {
-            match ring.try_acquire() {
-                Some(slot) => slot,
-                None => return Some(planner),
-            }
-        };
-        if router.shutting_down() && !req.stopped() {
-            req.cancel_from_engine();
-        }
-        if req.stopped() {
-            ring.release(slot);
+/// On the submitting thread: issues the request's chunks while slots are free, the
+/// first device copies right here. The planner when chunks are left to issue.
+pub fn dispatch_here(router: &Router, ring: &BounceRing, req: &Arc<Request>, mut planner: Planner) -> Option<Planner> {
+    while let Some(slot) = ring.try_acquire() {
+        if !issue(router, ring, req, &mut planner, slot, true) {
             return None;
         }
-        match planner.next_chunk(ring.addr(slot)) {
-            None => {
-                ring.release(slot);
-                return None;
-            }
-            Some(stages) => {
-                req.chunk_issued();
-                let chunk = Chunk { req: req.clone(), slot, stages, next: 0, issued: None };
-                if block { router.advance(chunk) } else { router.advance_here(chunk) }
-            }
-        }
     }
+    Some(planner)
+}
+
+/// On the dispatcher: waits for a slot and issues the request's next chunk in it.
+fn issue_next(router: &Router, ring: &BounceRing, req: &Arc<Request>, planner: &mut Planner) -> bool {
+    let waiting = std::time::Instant::now();
+    let slot = ring.acquire();
+    Counters::add_since(&router.counters.slot_wait_ns, waiting);
+    issue(router, ring, req, planner, slot, false)
+}
+
+/// Plans the request's next chunk into `slot` and sends it on (`here`: from the
+/// submitting thread). `false` when the request has no chunk left to issue: every chunk
+/// is out, or it was cancelled, failed, or the engine is shutting down (chunks already
+/// issued finish).
+fn issue(router: &Router, ring: &BounceRing, req: &Arc<Request>, planner: &mut Planner, slot: u32, here: bool) -> bool {
+    if router.shutting_down() && !req.stopped() {
+        req.cancel_from_engine();
+    }
+    let stages = if req.stopped() { None } else { planner.next_chunk(ring.addr(slot)) };
+    let Some(stages) = stages else {
+        ring.release(slot);
+        return false;
+    };
+    req.chunk_issued();
+    let chunk = Chunk { req: req.clone(), slot, stages, next: 0, issued: None };
+    if here { router.advance_here(chunk) } else { router.advance(chunk) }
+    !planner.done()
 }

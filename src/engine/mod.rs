@@ -244,7 +244,7 @@ impl Engine {
         }
         // The dispatcher has nothing in hand: dispatch here while slots are free.
         if let Some(planner) = dispatch::planner(&req, &self.ring, &self.router) {
-            if let Some(rest) = dispatch::dispatch(&self.router, &self.ring, &req, planner, false) {
+            if let Some(rest) = dispatch::dispatch_here(&self.router, &self.ring, &req, planner) {
                 queue(dispatch::Work::Rest(req.clone(), Box::new(rest)));
                 return Ok(req);
             }

@@ -204,9 +204,14 @@ impl Planner {
         }
     }
 
+    /// Every chunk has been planned.
+    pub fn done(&self) -> bool {
+        self.idx == self.segs.len()
+    }
+
     /// The stages of the next chunk, using the slot at `slot_addr`; `None` when done.
     pub fn next_chunk(&mut self, slot_addr: u64) -> Option<Stages> {
-        if self.idx == self.segs.len() {
+        if self.done() {
             return None;
         }
         let pieces = match self.strategy {
