@@ -97,7 +97,7 @@ impl CudaGpu {
     /// the H200: 47.7-49.4 GB/s on two streams, 33.5-33.7 on one). Plain copies all take
     /// the direction's first stream: on two, the copy engine served one stream's copies
     /// while the other's waited, and with each submitter's requests held to one slot
-    /// parity by the LIFO ring, eight submitters of 25 MB requests saw p99 10-25 ms
+    /// parity by the LIFO ring, eight submitters of 25 MB requests saw p99 7.8-30 ms
     /// instead of 2.1-2.7 (H200, seventh session). Each fence lane still waits in the
     /// issue order of its stream's events, so lanes sharing a stream stay in order.
     fn stream(&self, kind: CopyKind, slot: u32, kernel: bool) -> sys::CUstream {
