@@ -46,28 +46,18 @@ type Turns = VecDeque<(Arc<Request>, Box<Planner>)>;
 pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Option<Work>>) {
     let mut turns = Turns::new();
     loop {
-        // Everything queued joins the turns first; with nothing in hand, wait for work.
-        let msg = if turns.is_empty() {
-            rx.recv().unwrap_or(None).map(Some)
-        } else {
-            match rx.try_recv() {
-                Ok(msg) => msg.map(Some),
-                Err(TryRecvError::Empty) => Some(None),
-                Err(TryRecvError::Disconnected) => None,
-            }
-        };
-        match msg {
-            Some(Some(work)) => take_in(&router, &ring, &mut turns, work),
-            Some(None) => {
-                let (req, mut planner) = turns.pop_front().expect("turns are not empty here");
+        match next_step(&rx, turns.is_empty()) {
+            Step::Take(work) => take_in(&router, &ring, &mut turns, work),
+            Step::Turn => {
+                let (req, mut planner) = turns.pop_front().expect("a turn is taken only with requests in hand");
                 if issue_next(&router, &ring, &req, &mut planner) {
                     turns.push_back((req, planner));
                 } else {
                     done_with(&router, &req);
                 }
             }
-            // Stopped: the shutdown flag is up, so what is in hand is cancelled.
-            None => {
+            // The shutdown flag is up, so what is in hand is cancelled.
+            Step::Stop => {
                 for (req, _) in turns.drain(..) {
                     if !req.stopped() {
                         req.cancel_from_engine();
@@ -77,6 +67,33 @@ pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Optio
                 return;
             }
         }
+    }
+}
+
+/// What the dispatcher does next.
+enum Step {
+    /// New work joins the turns.
+    Take(Work),
+    /// The request at the front of the turns issues a chunk.
+    Turn,
+    Stop,
+}
+
+/// Everything queued joins the turns before the next turn; with nothing in hand, waits
+/// for work.
+fn next_step(rx: &Receiver<Option<Work>>, idle: bool) -> Step {
+    let msg = if idle {
+        rx.recv().ok()
+    } else {
+        match rx.try_recv() {
+            Ok(msg) => Some(msg),
+            Err(TryRecvError::Empty) => return Step::Turn,
+            Err(TryRecvError::Disconnected) => None,
+        }
+    };
+    match msg {
+        Some(Some(work)) => Step::Take(work),
+        Some(None) | None => Step::Stop,
     }
 }
 
