@@ -168,7 +168,7 @@ fn remote_layouts_follow_the_local_rules() {
     let remote = import(&e, &peer.blobs[1], Duration::from_secs(20));
     let local = make_layout(&e, &peer_cfg(16), FC, StorageKind::Host);
     let other = make_layout(&e, &cfg(16, 4, 2, 4, 64, 2), FC, StorageKind::Host);
-    let err = |r: kvxfer::Result<Arc<kvxfer::Request>>| r.err().expect("refused").status;
+    let err = |r: kvxfer::Result<Arc<kvxfer::Request>>| r.expect_err("refused").status;
     assert_eq!(err(e.submit(&remote[0], &[16], &local, &[0], &TransferOptions::default())), Status::OutOfRange);
     assert_eq!(err(e.submit(&remote[0], &[0], &other, &[0], &TransferOptions::default())), Status::Incompatible);
     assert_eq!(err(e.submit(&remote[0], &[0], &remote[1], &[0], &TransferOptions::default())), Status::Unsupported);
@@ -187,7 +187,7 @@ fn bad_and_replaced_blobs() {
     let e = engine();
     let good = &peer.blobs[0];
     let refused = |b: &[u8], want: &str| {
-        let err = e.import(b, Duration::ZERO).err().expect("refused");
+        let err = e.import(b, Duration::ZERO).expect_err("refused");
         assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
         assert!(err.message.contains(want), "wanted '{want}': {}", err.message);
     };
@@ -202,8 +202,8 @@ fn bad_and_replaced_blobs() {
     refused(&other_major, "ABI 99");
     let own_engine = engine();
     let own = make_layout(&own_engine, &peer_cfg(4), FC, StorageKind::Host);
-    let blob = own_engine.export(&[own.clone()]).expect("export");
-    let err = own_engine.import(&blob, Duration::ZERO).err().expect("own blob refused");
+    let blob = own_engine.export(std::slice::from_ref(&own)).expect("export");
+    let err = own_engine.import(&blob, Duration::ZERO).expect_err("own blob refused");
     assert!(err.status == Status::InvalidArg && err.message.contains("own export"), "{}", err.message);
     drop((own, own_engine));
 
@@ -212,11 +212,11 @@ fn bad_and_replaced_blobs() {
     refused(&peer.blobs[0], "older than export 2");
     // The count query (C: `layouts` NULL) checks like an import but replaces nothing.
     assert_eq!(e.import_count(&peer.blobs[1]).expect("count"), 2);
-    let err = e.import_count(&peer.blobs[0]).err().expect("older blob's count refused");
+    let err = e.import_count(&peer.blobs[0]).expect_err("older blob's count refused");
     assert!(err.message.contains("older than export 2"), "{}", err.message);
     let local = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
     fill(&local, 0);
-    let err = e.submit(&old[0], &[0], &local, &[0], &TransferOptions::default()).err().expect("stale handle refused");
+    let err = e.submit(&old[0], &[0], &local, &[0], &TransferOptions::default()).expect_err("stale handle refused");
     assert!(err.status == Status::InvalidArg && err.message.contains("older blob"), "{}", err.message);
     assert_eq!(transfer(&e, &new[0], &[1], &local, &[1], &TransferOptions::default()), Status::Ok);
     check(&local, 0, PEER_SEEDS[0], &[(1, 1)], 0..4, "after re-import");
@@ -317,9 +317,9 @@ fn killed_peer_ends_requests_in_time() {
 fn without_nixl_export_and_import_are_unsupported() {
     let e = engine();
     let l = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
-    let err = e.export(&[l.clone()]).err().expect("export refused");
+    let err = e.export(std::slice::from_ref(&l)).expect_err("export refused");
     assert!(err.status == Status::Unsupported && err.message.contains("libnixl_capi.so"), "{err}");
-    let err = e.import(b"not a blob", Duration::ZERO).err().expect("import refused");
+    let err = e.import(b"not a blob", Duration::ZERO).expect_err("import refused");
     assert_eq!(err.status, Status::InvalidArg, "{err}");
     let d = make_layout(&e, &peer_cfg(4), FC, StorageKind::Device);
     assert_eq!(transfer(&e, &l, &[0, 1], &d, &[2, 3], &TransferOptions::default()), Status::Ok);

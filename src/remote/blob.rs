@@ -289,10 +289,13 @@ mod tests {
         }
     }
 
+    /// What a hostile-field case does to a valid blob.
+    type Corrupt = Box<dyn Fn(&mut Blob)>;
+
     /// A checksum-valid blob with hostile fields: each must be caught by a field check.
     #[test]
     fn hostile_fields_behind_a_valid_checksum_are_refused() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Blob)>)> = vec![
+        let cases: Vec<(&str, Corrupt)> = vec![
             ("0 bases listed", Box::new(|b| b.layouts[0].bases.clear())),
             ("bases listed", Box::new(|b| b.layouts[1].bases.push(0x40000))),
             ("cannot hold", Box::new(|b| b.layouts[0].bases[0] = u64::MAX - 10)),
