@@ -41,8 +41,10 @@ pub enum HostSide {
     Mapped,
     /// As `Mapped`, the source of a host-to-device copy whose ops all lie in one
     /// allocation, so the span from the first to the last byte may be read whole: a
-    /// dense span moves by one DMA into staging and a device-side scatter (measured
-    /// faster than the kernel reading it in place: 0.87-0.90 against 0.81-0.82 of PCIe).
+    /// dense span that fits a slot moves by one DMA into staging and a device-side
+    /// scatter (in slot-sized chunks, faster than the kernel reading it in place: 0.87-0.90
+    /// against 0.81-0.82 of PCIe; the planner gives large transfers of this shape chunks
+    /// of up to 64 MiB, which go in place at 0.92).
     MappedSpan,
     /// Pinned memory that only the DMA engines reach.
     Pinned,
