@@ -161,7 +161,10 @@ typedef struct kvx_layout_config {
 // Called once when a request completes, with its final status, on a kvxfer thread (or
 // inside `kvx_request_cancel` for a request that had not started). It must not block,
 // must not throw, and must not destroy the engine; it may submit, poll and release.
-// `kvx_request_wait`/`kvx_request_poll` report completion only after it returned.
+// `kvx_request_wait`/`kvx_request_poll` report completion only after it returned, except
+// inside it: there they return `status` for `req` at once. A wait with a non-zero timeout
+// on another request of the same engine fails with `KVX_ERR_INVALID_ARG` from inside a
+// callback (it could hold up the thread that completes that request); poll instead.
 typedef void (*kvx_completion_fn)(void *user_data, struct kvx_request *req, kvx_status status);
 
 typedef struct kvx_transfer_options {
@@ -432,7 +435,9 @@ kvx_status kvx_transfer_submit(struct kvx_engine *e,
                                struct kvx_request **out);
 
 // Waits up to `timeout_ns` (`UINT64_MAX`: forever) and returns the request's final
-// status, or `KVX_ERR_TIMEOUT` if it is still running. 0 polls.
+// status, or `KVX_ERR_TIMEOUT` if it is still running. 0 polls. From inside a completion
+// callback: the callback's own request returns its status at once; another request of
+// the same engine is `KVX_ERR_INVALID_ARG` unless `timeout_ns` is 0.
 kvx_status kvx_request_wait(struct kvx_request *r, uint64_t timeout_ns);
 
 // `KVX_PENDING` until the request completes, then its final status.

@@ -373,3 +373,48 @@ fn callbacks_run_on_kvxfer_threads_even_when_submit_did_the_work() {
         assert!(n != &me && n.as_deref().is_some_and(|n| n.starts_with("kvx-")), "a callback ran on {n:?}");
     }
 }
+
+/// Inside its own callback a request is done: `poll` and `wait` report the status the
+/// callback was given. Before, `poll` said pending and `wait` waited for the callback it
+/// was called from to return, holding the engine's thread (and every request behind
+/// it) forever. Waiting there on another request of the same engine is refused with a
+/// message; polling it (timeout 0) and waiting on another engine's request are not.
+#[test]
+fn inside_a_callback_its_request_is_done_and_waits_on_other_requests_are_refused() {
+    #[derive(Default)]
+    struct Looked {
+        own: std::sync::Mutex<Vec<(Status, Status, Status)>>,
+        other: std::sync::Mutex<Option<(Status, Status, Status)>>,
+    }
+    let e = engine_with(|c| c.io_threads = 1);
+    let other_engine = engine();
+    let c = cfg(4, 1, 1, 1, 64, 1);
+    let (a, b) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, FC, StorageKind::Host));
+    let (oa, ob) = (make_layout(&other_engine, &c, FC, StorageKind::Host), make_layout(&other_engine, &c, FC, StorageKind::Host));
+    let earlier = e.submit(&a, &[3], &b, &[3], &Default::default()).unwrap();
+    let elsewhere = other_engine.submit(&oa, &[0], &ob, &[0], &Default::default()).unwrap();
+    let looked = Arc::new(Looked::default());
+    let (l, ea, el) = (looked.clone(), earlier.clone(), elsewhere.clone());
+    let look = move |r: &kvxfer::Request, st| {
+        l.own.lock().unwrap().push((st, r.poll(), r.wait(Some(Duration::from_secs(5)))));
+        let refused = ea.wait(Some(Duration::from_secs(5)));
+        let polled = ea.wait(Some(Duration::ZERO));
+        *l.other.lock().unwrap() = Some((refused, polled, el.wait(Some(Duration::from_secs(30)))));
+    };
+    let opts = TransferOptions { on_complete: Some(Arc::new(look)), ..Default::default() };
+    assert_eq!(earlier.wait(Some(Duration::from_secs(30))), Status::Ok);
+    // One that completes, and one cancelled (too large to be done by then).
+    let ok = e.submit(&a, &[0, 1], &b, &[0, 1], &opts).unwrap();
+    assert_eq!(ok.wait(Some(Duration::from_secs(30))), Status::Ok);
+    let (bs, bd, ids) = big(&e);
+    let cancelled = e.submit(&bs, &ids, &bd, &ids, &opts).unwrap();
+    cancelled.cancel();
+    assert_eq!(cancelled.wait(Some(Duration::from_secs(60))), Status::Cancelled);
+    let own = looked.own.lock().unwrap().clone();
+    assert_eq!(own, [(Status::Ok, Status::Ok, Status::Ok), (Status::Cancelled, Status::Cancelled, Status::Cancelled)]);
+    let other = *looked.other.lock().unwrap();
+    assert_eq!(other, Some((Status::InvalidArg, Status::Ok, Status::Ok)), "(wait, poll) on another request of the engine, wait on another engine's");
+    // The engine's threads were never held: later requests complete.
+    assert_eq!(transfer(&e, &bs, &ids, &bd, &ids, &Default::default()), Status::Ok);
+    assert_eq!(transfer(&e, &a, &[0, 1, 2, 3], &b, &[0, 1, 2, 3], &Default::default()), Status::Ok);
+}

@@ -227,7 +227,7 @@ impl Engine {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(transfer, self.counters.clone(), opts.on_complete.clone()));
+        let req = Arc::new(Request::new(self.id, transfer, self.counters.clone(), opts.on_complete.clone()));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);

@@ -9,6 +9,7 @@ use super::stats::Counters;
 use crate::error::{Error, Status};
 use crate::gpu::Gpu;
 use crate::memory::Layout;
+use std::cell::Cell;
 use std::ffi::CString;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -62,10 +63,18 @@ pub struct PlanInputs {
 /// How long `wait` looks for completion before it sleeps.
 const WAIT_SPIN: Duration = Duration::from_micros(50);
 
+thread_local! {
+    /// The request whose completion callback this thread is running (its address, its
+    /// engine and the status the callback was given); `None` outside callbacks.
+    static DELIVERING: Cell<Option<(usize, u64, Status)>> = const { Cell::new(None) };
+}
+
 const QUEUED: u8 = 0;
 const CLAIMED: u8 = 1;
 
 pub struct Request {
+    /// The engine that runs it (`Engine`'s id).
+    engine: u64,
     transfer: Mutex<Option<Transfer>>,
     counters: Arc<Counters>,
     on_complete: Mutex<Option<OnComplete>>,
@@ -82,8 +91,9 @@ pub struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(transfer: Transfer, counters: Arc<Counters>, on_complete: Option<OnComplete>) -> Request {
+    pub(crate) fn new(engine: u64, transfer: Transfer, counters: Arc<Counters>, on_complete: Option<OnComplete>) -> Request {
         Request {
+            engine,
             transfer: Mutex::new(Some(transfer)),
             counters,
             on_complete: Mutex::new(on_complete),
@@ -187,11 +197,16 @@ impl Request {
         // The callback runs before wait/poll report completion, so a caller that waited
         // knows its callback has returned.
         if let Some(f) = self.on_complete.lock().unwrap().take() {
+            // Inside the callback the request reports the status it was given (see
+            // `delivered`). Restored after: a callback that cancels a queued request
+            // runs that one's callback here too.
+            let outer = DELIVERING.with(|d| d.replace(Some((self.addr(), self.engine, status))));
             // A panicking callback must not take the engine's thread (and every request
             // after this one) with it.
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self, status))).is_err() {
                 log::error!("a completion callback panicked; the request's status stands and the engine goes on");
             }
+            DELIVERING.with(|d| d.set(outer));
         }
         *self.final_status.lock().unwrap() = Some(status);
         self.finished.store(true, Ordering::Release);
@@ -231,13 +246,54 @@ impl Request {
         self.cancelled.store(true, Ordering::Release);
     }
 
-    /// `Pending` until done, then the final status.
+    fn addr(&self) -> usize {
+        self as *const Request as usize
+    }
+
+    /// The status this thread's running callback was given, if it is this request's:
+    /// the request is done for the callback, though `wait` and `poll` on other threads
+    /// report it only once the callback returned.
+    fn delivered(&self) -> Option<Status> {
+        DELIVERING.with(|d| d.get()).and_then(|(addr, _, st)| (addr == self.addr()).then_some(st))
+    }
+
+    /// Refuses a wait that could hold up the engine it waits on: from inside a completion
+    /// callback, on another request of the callback's engine, for longer than no time.
+    /// The callback runs on a thread that may be the one to complete that request (and
+    /// every request behind it), so such a wait could never end.
+    pub fn check_wait(&self, timeout: Option<Duration>) -> crate::error::Result<()> {
+        let Some((addr, engine, _)) = DELIVERING.with(|d| d.get()) else { return Ok(()) };
+        if addr == self.addr() || engine != self.engine || timeout == Some(Duration::ZERO) {
+            return Ok(());
+        }
+        Err(Error::new(
+            Status::InvalidArg,
+            "waiting for a request from a completion callback of the same engine: callbacks run on the engine's \
+             threads and must not block, and this wait could hold up the request it waits for; poll it (wait with \
+             timeout 0) or wait on a thread of your own",
+        ))
+    }
+
+    /// `Pending` until done, then the final status (inside the request's own callback:
+    /// the status the callback was given).
     pub fn poll(&self) -> Status {
+        if let Some(st) = self.delivered() {
+            return st;
+        }
         self.final_status.lock().unwrap().unwrap_or(Status::Pending)
     }
 
     /// Waits up to `timeout` (`None`: forever) for the final status; `Timeout` otherwise.
+    /// Inside the request's own callback it returns the callback's status at once;
+    /// `InvalidArg` where `check_wait` refuses the wait.
     pub fn wait(&self, timeout: Option<Duration>) -> Status {
+        if let Some(st) = self.delivered() {
+            return st;
+        }
+        if let Err(e) = self.check_wait(timeout) {
+            log::error!("{e}");
+            return e.status;
+        }
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
         // A small transfer ends within microseconds: look for that before sleeping,

@@ -116,7 +116,9 @@ fn report(s: Status, r: &Request) -> kvx_status {
 }
 
 /// Waits up to `timeout_ns` (`UINT64_MAX`: forever) and returns the request's final
-/// status, or `KVX_ERR_TIMEOUT` if it is still running. 0 polls.
+/// status, or `KVX_ERR_TIMEOUT` if it is still running. 0 polls. From inside a completion
+/// callback: the callback's own request returns its status at once; another request of
+/// the same engine is `KVX_ERR_INVALID_ARG` unless `timeout_ns` is 0.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_request_wait(r: *mut kvx_request, timeout_ns: u64) -> kvx_status {
     let mut result = KVX_ERR_INTERNAL;
@@ -124,6 +126,7 @@ pub unsafe extern "C" fn kvx_request_wait(r: *mut kvx_request, timeout_ns: u64) 
         || {
             let r = request(r)?;
             let t = (timeout_ns != u64::MAX).then(|| Duration::from_nanos(timeout_ns));
+            r.check_wait(t)?;
             Ok((r, r.wait(t)))
         },
         |(r, st)| {

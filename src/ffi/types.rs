@@ -156,7 +156,10 @@ pub struct kvx_layout_config {
 /// Called once when a request completes, with its final status, on a kvxfer thread (or
 /// inside `kvx_request_cancel` for a request that had not started). It must not block,
 /// must not throw, and must not destroy the engine; it may submit, poll and release.
-/// `kvx_request_wait`/`kvx_request_poll` report completion only after it returned.
+/// `kvx_request_wait`/`kvx_request_poll` report completion only after it returned, except
+/// inside it: there they return `status` for `req` at once. A wait with a non-zero timeout
+/// on another request of the same engine fails with `KVX_ERR_INVALID_ARG` from inside a
+/// callback (it could hold up the thread that completes that request); poll instead.
 pub type kvx_completion_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, req: *mut kvx_request, status: kvx_status)>;
 
 #[repr(C)]

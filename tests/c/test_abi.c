@@ -109,6 +109,53 @@ static void round_trip(kvx_engine *e, const char *dir) {
   EXPECT(access(a_path, F_OK) != 0, "a file kvxfer created without KVX_DISK_KEEP was not removed");
 }
 
+/* What a completion callback saw of its own request and of another one. */
+struct looked {
+  kvx_request *other;
+  kvx_status given, polled, waited, other_waited, other_polled;
+  char message[256];
+};
+
+static void look(void *user_data, kvx_request *req, kvx_status status) {
+  struct looked *l = (struct looked *)user_data;
+  l->given = status;
+  l->polled = kvx_request_poll(req);
+  l->waited = kvx_request_wait(req, 5ull * 1000 * 1000 * 1000); /* before: waited for this very callback */
+  l->other_waited = kvx_request_wait(l->other, UINT64_MAX);
+  snprintf(l->message, sizeof l->message, "%s", kvx_last_error());
+  l->other_polled = kvx_request_wait(l->other, 0);
+}
+
+/* Inside its callback a request is done (poll and wait give the callback's status at
+ * once); a blocking wait there on another request of the engine is refused. */
+static void waits_in_callbacks(kvx_engine *e) {
+  kvx_layout_config c = geometry(2);
+  kvx_layout *a = NULL, *b = NULL;
+  OK(kvx_layout_create_host(e, &c, 0, &a));
+  OK(kvx_layout_create_host(e, &c, 0, &b));
+  uint64_t ids[2] = {0, 1};
+  struct looked l;
+  memset(&l, 0, sizeof l);
+  OK(kvx_transfer_submit(e, a, ids, b, ids, 1, NULL, &l.other));
+  OK(kvx_request_wait(l.other, UINT64_MAX));
+  kvx_transfer_options o;
+  kvx_transfer_options_init(&o);
+  o.on_complete = look;
+  o.user_data = &l;
+  kvx_request *r = NULL;
+  OK(kvx_transfer_submit(e, a, ids + 1, b, ids + 1, 1, &o, &r));
+  EXPECT(kvx_request_wait(r, 10ull * 1000 * 1000 * 1000) == KVX_OK, "request with a looking callback");
+  EXPECT(l.given == KVX_OK && l.polled == KVX_OK && l.waited == KVX_OK, "inside its callback: given %s, poll %s, wait %s",
+         kvx_status_str(l.given), kvx_status_str(l.polled), kvx_status_str(l.waited));
+  EXPECT(l.other_waited == KVX_ERR_INVALID_ARG && strstr(l.message, "callback") != NULL,
+         "wait on another request from a callback: %s (%s)", kvx_status_str(l.other_waited), l.message);
+  EXPECT(l.other_polled == KVX_OK, "wait 0 on another request from a callback: %s", kvx_status_str(l.other_polled));
+  kvx_request_release(r);
+  kvx_request_release(l.other);
+  kvx_layout_destroy(b);
+  kvx_layout_destroy(a);
+}
+
 static void bad_calls_suite(kvx_engine *e, const char *dir) {
   kvx_layout *sentinel = (kvx_layout *)(uintptr_t)0x1234;
   kvx_layout *out = sentinel;
@@ -327,6 +374,7 @@ int main(void) {
   EXPECT(kvx_get_api(1)->engine_config_get == kvx_engine_config_get, "table entry config_get");
   versions_and_table();
   round_trip(e, dir);
+  waits_in_callbacks(e);
   bad_calls_suite(e, dir);
   remote_calls(e);
   kvx_engine_destroy(e);
