@@ -110,8 +110,11 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
     if entry is None:
         return
     req, fn = entry
+    # The callback may run before submit has returned and set the handle; the callback
+    # uses the request (done(), wait()) through it.
+    if req._h is None and req._submitting:
+        req._h = handle
     try:
-        # The handle, not `req._h`: the callback may run before submit has returned.
         err = None
         if status != n.OK:
             m = n.lib.kvx_request_error(handle)
@@ -344,6 +347,8 @@ class Engine(_Owned):
                     _user(r, err)
                 _loop.call_soon_threadsafe(_settle, _fut, err)
 
+        # Closed handles raise here, before a callback is registered that would never run.
+        handles = self._handle(), src._handle(), dst._handle()
         key = 0
         if on_complete is not None:
             global _next_key
@@ -352,7 +357,9 @@ class Engine(_Owned):
                 _callbacks[key] = (req, on_complete)
             o.on_complete, o.user_data = _TRAMPOLINE, key
         out = ctypes.c_void_p()
-        st = n.lib.kvx_transfer_submit(self._handle(), src._handle(), sp, dst._handle(), dp, sn, ctypes.byref(o), ctypes.byref(out))
+        req._submitting = True
+        st = n.lib.kvx_transfer_submit(handles[0], handles[1], sp, handles[2], dp, sn, ctypes.byref(o), ctypes.byref(out))
+        req._submitting = False
         if st != n.OK:
             with _callbacks_lock:
                 _callbacks.pop(key, None)
@@ -427,6 +434,8 @@ class Request(_Owned):
     def __init__(self, engine: Engine):
         self.engine = engine
         self._h: Optional[int] = None
+        #: Inside `kvx_transfer_submit`: a callback that runs before it returned sets `_h`.
+        self._submitting = False
         #: Set when submitted inside a running event loop: settled on that loop.
         self._future: "Optional[asyncio.Future[None]]" = None
 

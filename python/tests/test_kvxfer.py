@@ -98,6 +98,62 @@ def test_callbacks_run_once_on_a_kvxfer_thread_with_the_error(engine):
         assert r.done()
 
 
+def test_inside_its_callback_a_request_is_done_and_waits_on_others_raise(engine):
+    cfg = geometry()
+    seen = []
+
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        other = engine.submit(h, [3], d, [3])
+        other.wait()
+
+        def on_complete(req, err):
+            seen.append(req.done())
+            req.wait(5)  # returns at once: its own request is done for the callback
+            try:
+                other.wait(5)
+                seen.append("waited")
+            except kvxfer.InvalidArgument as e:
+                seen.append(str(e))
+            seen.append(other.done())
+
+        r = engine.submit(h, [0, 1], d, [0, 1], on_complete=on_complete)
+        r.wait(30)
+        assert seen[0] is True and "completion callback" in seen[1] and seen[2] is True, seen
+
+
+def test_a_callback_that_runs_before_submit_returned_can_use_its_request(engine):
+    # Threads spinning in Python hold the GIL, so the submitting thread often gets it
+    # back from kvx_transfer_submit only after kvxfer's thread ran the callback. Before
+    # the callback set the handle, 1 in 10 saw "the request is released" here.
+    cfg = geometry()
+    seen = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    def on_complete(req, err):
+        try:
+            seen.append(req.done())
+        except kvxfer.Error as e:
+            seen.append(str(e))
+
+    spinners = [threading.Thread(target=spin) for _ in range(2)]
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        for t in spinners:
+            t.start()
+        try:
+            reqs = [engine.submit(h, [i % 16], d, [i % 16], on_complete=on_complete) for i in range(200)]
+            for r in reqs:
+                r.wait(30)
+        finally:
+            stop.set()
+            for t in spinners:
+                t.join()
+    assert len(seen) == 200 and all(s is True for s in seen), [s for s in seen if s is not True][:3]
+
+
 def test_await_a_request_in_asyncio(engine):
     cfg = geometry()
 
