@@ -257,16 +257,16 @@ impl Request {
         DELIVERING.with(|d| d.get()).and_then(|(addr, _, st)| (addr == self.addr()).then_some(st))
     }
 
-    /// Refuses a wait that could hold up the engine it waits on: from inside a completion
-    /// callback, on another request of the callback's engine, for longer than no time.
-    /// The callback runs on a thread that may be the one to complete that request (and
-    /// every request behind it), so such a wait could never end.
-    pub fn check_wait(&self, timeout: Option<Duration>) -> crate::error::Result<()> {
-        let Some((addr, engine, _)) = DELIVERING.with(|d| d.get()) else { return Ok(()) };
+    /// Why a wait is refused, if it is: from inside a completion callback, on another
+    /// request of the callback's engine, for longer than no time. The callback runs on a
+    /// thread that may be the one to complete that request (and every request behind
+    /// it), so such a wait could never end.
+    fn refusal(&self, timeout: Option<Duration>) -> Option<Error> {
+        let (addr, engine, _) = DELIVERING.with(|d| d.get())?;
         if addr == self.addr() || engine != self.engine || timeout == Some(Duration::ZERO) {
-            return Ok(());
+            return None;
         }
-        Err(Error::new(
+        Some(Error::new(
             Status::InvalidArg,
             "waiting for a request from a completion callback of the same engine: callbacks run on the engine's \
              threads and must not block, and this wait could hold up the request it waits for; poll it (wait with \
@@ -285,14 +285,22 @@ impl Request {
 
     /// Waits up to `timeout` (`None`: forever) for the final status; `Timeout` otherwise.
     /// Inside the request's own callback it returns the callback's status at once;
-    /// `InvalidArg` where `check_wait` refuses the wait.
+    /// `InvalidArg` (logged) where `try_wait` refuses the wait.
     pub fn wait(&self, timeout: Option<Duration>) -> Status {
-        if let Some(st) = self.delivered() {
-            return st;
-        }
-        if let Err(e) = self.check_wait(timeout) {
+        self.try_wait(timeout).unwrap_or_else(|e| {
             log::error!("{e}");
-            return e.status;
+            e.status
+        })
+    }
+
+    /// As `wait`; a wait refused from inside a completion callback (on another request
+    /// of the callback's engine, with a non-zero timeout) is an error saying why.
+    pub fn try_wait(&self, timeout: Option<Duration>) -> crate::error::Result<Status> {
+        if let Some(st) = self.delivered() {
+            return Ok(st);
+        }
+        if let Some(e) = self.refusal(timeout) {
+            return Err(e);
         }
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
@@ -307,14 +315,14 @@ impl Request {
         let mut st = self.final_status.lock().unwrap();
         loop {
             if let Some(s) = *st {
-                return s;
+                return Ok(s);
             }
             match deadline {
                 None => st = self.done.wait(st).unwrap(),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        return Status::Timeout;
+                        return Ok(Status::Timeout);
                     }
                     st = self.done.wait_timeout(st, d - now).unwrap().0;
                 }

@@ -126,8 +126,7 @@ pub unsafe extern "C" fn kvx_request_wait(r: *mut kvx_request, timeout_ns: u64) 
         || {
             let r = request(r)?;
             let t = (timeout_ns != u64::MAX).then(|| Duration::from_nanos(timeout_ns));
-            r.check_wait(t)?;
-            Ok((r, r.wait(t)))
+            Ok((r, r.try_wait(t)?))
         },
         |(r, st)| {
             result = match st {
