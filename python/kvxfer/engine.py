@@ -348,7 +348,7 @@ class Engine(_Owned):
                 _loop.call_soon_threadsafe(_settle, _fut, err)
 
         # Closed handles raise here, before a callback is registered that would never run.
-        handles = self._handle(), src._handle(), dst._handle()
+        eh, sh, dh = self._handle(), src._handle(), dst._handle()
         key = 0
         if on_complete is not None:
             global _next_key
@@ -358,7 +358,7 @@ class Engine(_Owned):
             o.on_complete, o.user_data = _TRAMPOLINE, key
         out = ctypes.c_void_p()
         req._submitting = True
-        st = n.lib.kvx_transfer_submit(handles[0], handles[1], sp, handles[2], dp, sn, ctypes.byref(o), ctypes.byref(out))
+        st = n.lib.kvx_transfer_submit(eh, sh, sp, dh, dp, sn, ctypes.byref(o), ctypes.byref(out))
         req._submitting = False
         if st != n.OK:
             with _callbacks_lock:
