@@ -70,7 +70,7 @@ struct Options {
       "                  its blocks move by DMA straight from and to its pages\n"
       "  --buffered      page-cache I/O instead of O_DIRECT (the file is then hot)\n"
       "  --no-verify     skip the byte check after the timed runs\n"
-      "  --json          also print one JSON object per result line (for compare.py)\n"
+      "  --json          also print one JSON object per result (compare.py, runtime_figures.py)\n"
       "runtime-shaped modes (instead of the batch table):\n"
       "  --latency       one request of --blocks-per-batch blocks at a time, host<->device: p50/p99/p99.9 and a\n"
       "                  histogram of submit -> completion seen by wait, by poll spinning and by on_complete,\n"
@@ -531,10 +531,14 @@ int run(const Options &o) {
     if (o.json)
       std::printf("{\"system\": \"kvxfer\", \"direction\": \"%s\", \"layout\": \"%s\", \"blocks_per_batch\": %llu, "
                   "\"num_blocks\": %llu, \"block_bytes\": %llu, \"io_backend\": \"%s\", \"gbps\": %.3f, \"limit_gbps\": %.3f, \"p50_ms\": %.3f, "
-                  "\"p99_ms\": %.3f, \"loop_gbps\": %.3f, \"cpu_s_per_gb\": %.4f}\n",
+                  "\"p99_ms\": %.3f, \"loop_gbps\": %.3f, \"cpu_s_per_gb\": %.4f, \"mode\": \"batch\", \"random\": %s, "
+                  "\"mapped\": %s, \"buffered\": %s, \"host_layout\": \"%s\", \"pass_ms\": %.4f, \"raw_io_pass_ms\": %.4f, "
+                  "\"raw_copy_pass_ms\": %.4f}\n",
                   d.name, o.layout.c_str(), (unsigned long long)o.blocks_per_batch, (unsigned long long)o.num_blocks,
                   (unsigned long long)block_bytes, io_backend_name(e.io_backend()), kvx, limit, percentile(lat, 0.5), percentile(lat, 0.99),
-                  loop_s > 0 ? gbps(bytes, loop_s) : 0.0, cpu_s / (bytes / 1e9));
+                  loop_s > 0 ? gbps(bytes, loop_s) : 0.0, cpu_s / (bytes / 1e9), o.random_blocks ? "true" : "false",
+                  o.mapped ? "true" : "false", o.buffered ? "true" : "false", o.host_layout.empty() ? o.layout.c_str() : o.host_layout.c_str(),
+                  1e3 * kvx_s / o.iterations, file_io ? 1e3 * limit_s / o.iterations : 0.0, link_s > 0 ? 1e3 * link_s / o.iterations : 0.0);
     if (loop_s > 0)
       std::printf("%-16s %10.2f %9s %9s %12s %11s  naive: one %s per %.1f KiB region (kvxfer: %.2fx)\n", "  per-region loop",
                   gbps(bytes, loop_s), "", "", "", "", dev >= 0 ? "cuMemcpyAsync" : "memcpy", raw.region_bytes / 1024.0,

@@ -116,6 +116,12 @@ inline void run_latency(kvx::Engine &e, const kvx::Layout &host, const kvx::Layo
       std::printf("  %-15s %-12s %9.1f %9.1f %9.1f %9.2f %10.3f   p50 %+.1f us, p99 %+.1f us vs raw\n", dir, how, p.p50, p.p99,
                   p.p999, bytes * n / wall / 1e3, cpu / (bytes * n / 1e9), p.p50 - rp.p50, p.p99 - rp.p99);
       if (std::strcmp(how, "wait") == 0) print_histogram("wait", us);
+      if (o.json)
+        std::printf("{\"mode\": \"latency\", \"direction\": \"%s\", \"completion\": \"%s\", \"bytes\": %llu, \"random\": %s, "
+                    "\"p50_us\": %.2f, \"p99_us\": %.2f, \"p999_us\": %.2f, \"raw_p50_us\": %.2f, \"raw_p99_us\": %.2f, "
+                    "\"raw_p999_us\": %.2f, \"cpu_s_per_gb\": %.4f}\n",
+                    dir, how, (unsigned long long)bytes, o.random_blocks ? "true" : "false", p.p50, p.p99, p.p999, rp.p50, rp.p99,
+                    rp.p999, cpu / (bytes * n / 1e9));
     }
     print_histogram("raw copy", raw_us);
   }
@@ -172,6 +178,10 @@ inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Lay
               "raw floor of one layer %.1f us: %s), last layer %.1f us (%.2fx all); p99 last %.1f us; CPU %.2f s\n",
               dir, v.size(), (unsigned long long)o.num_layers, o.iterations, w, f, f / w, 1.0 / o.num_layers,
               percentile(alone, 0.5), raw_us, how.c_str(), l, l / w, percentile(last, 0.99), cpu);
+  if (o.json)
+    std::printf("{\"mode\": \"layerwise\", \"direction\": \"%s\", \"blocks\": %zu, \"layers\": %llu, \"whole_us\": %.2f, "
+                "\"first_us\": %.2f, \"last_us\": %.2f, \"alone_us\": %.2f, \"raw_floor_us\": %.2f, \"p99_last_us\": %.2f}\n",
+                dir, v.size(), (unsigned long long)o.num_layers, w, f, l, percentile(alone, 0.5), raw_us, percentile(last, 0.99));
 }
 
 // --submitters N: N threads, each moving its own blocks in requests of --blocks-per-batch
@@ -237,6 +247,13 @@ inline void run_submitters(kvx::Engine &e, const kvx::Layout &host, const kvx::L
   std::printf("  aggregate %.2f GB/s; one submitter, same mix in two big requests, %.2f GB/s (%.1f%%); "
               "slowest/fastest thread p99 %.2fx; CPU %.3f s/GB\n",
               agg, ref, 100 * agg / ref, hi / lo, cpu / (bytes / 1e9));
+  if (o.json) {
+    std::printf("{\"mode\": \"submitters\", \"threads\": %u, \"blocks_per_request\": %llu, \"random\": %s, \"aggregate_gbps\": %.3f, "
+                "\"reference_gbps\": %.3f, \"p99_spread\": %.3f, \"cpu_s_per_gb\": %.4f, \"thread_p99_us\": [",
+                n, (unsigned long long)o.blocks_per_batch, o.random_blocks ? "true" : "false", agg, ref, hi / lo, cpu / (bytes / 1e9));
+    for (unsigned t = 0; t < n; t++) std::printf("%s%.2f", t ? ", " : "", percentiles_us(us[t]).p99);
+    std::printf("]}\n");
+  }
 }
 
 // --trace FILE: replays a runtime's schedule. Each line is `<submitter> <op> <blocks>`:
@@ -308,4 +325,9 @@ inline void run_trace(kvx::Engine &e, const kvx::Layout &tier, const kvx::Layout
               "p99 %.1f us, p99.9 %.1f us); %.2f GB/s aggregate over %.3f s; CPU %.3f s/GB\n",
               o.trace.c_str(), seen.size(), on.size(), a.p50, a.p99, a.p999, off.size(), b.p50, b.p99, b.p999, bytes / wall / 1e9, wall,
               cpu / (bytes / 1e9));
+  if (o.json)
+    std::printf("{\"mode\": \"trace\", \"submitters\": %zu, \"onboards\": %zu, \"onboard_p50_us\": %.2f, \"onboard_p99_us\": %.2f, "
+                "\"onboard_p999_us\": %.2f, \"offloads\": %zu, \"offload_p50_us\": %.2f, \"offload_p99_us\": %.2f, "
+                "\"offload_p999_us\": %.2f, \"gbps\": %.3f, \"cpu_s_per_gb\": %.4f}\n",
+                seen.size(), on.size(), a.p50, a.p99, a.p999, off.size(), b.p50, b.p99, b.p999, bytes / wall / 1e9, cpu / (bytes / 1e9));
 }
