@@ -408,7 +408,7 @@ int run(const Options &o) {
       // stride there) by the best of a sweep of thread counts, then one copy of its bytes;
       // best of 5 each.
       const uint64_t layer_bytes = o.outer_dim * raw.region_bytes;
-      auto floor = [&](const std::vector<uint64_t> &blocks, std::string &how) {
+      auto floor = [&](const std::vector<uint64_t> &blocks, std::string &how, double &wake) {
         const uint64_t bytes = blocks.size() * layer_bytes;
         double copy = 1e30;
         for (int i = 0; i < 5; i++) {
@@ -429,7 +429,9 @@ int run(const Options &o) {
         for (uint64_t b : blocks)
           for (uint64_t at = 0; at < layer_bytes; at += chunk) ext.push_back({b * stride + at, std::min(chunk, layer_bytes - at)});
         RawFilePool::Best rd = raw_files->best_extents(path, ext, o.buffered, 5);
-        std::snprintf(text, sizeof text, "read %.1f us by %u threads + one copy %.1f us", rd.seconds * 1e6, rd.threads, copy * 1e6);
+        wake = rd.wake_seconds;
+        std::snprintf(text, sizeof text, "read %.1f us by %u threads + one copy %.1f us; waking those threads %.1f us, not counted",
+                      rd.seconds * 1e6, rd.threads, copy * 1e6, wake * 1e6);
         how = text;
         return rd.seconds + copy;
       };

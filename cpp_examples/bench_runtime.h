@@ -131,8 +131,10 @@ inline void run_latency(kvx::Engine &e, const kvx::Layout &host, const kvx::Layo
 // to back, against one request moving every layer; the first layer's and the last
 // layer's completion times.
 // The first layer's floor outside kvxfer for the request's blocks, in seconds, and how
-// it was measured (bench.cpp: the layer's raw reads and one raw copy of its bytes).
-using LayerFloor = std::function<double(const std::vector<uint64_t> &blocks, std::string &how)>;
+// it was measured (bench.cpp: the layer's raw reads and one raw copy of its bytes, with
+// the reading threads already awake); `wake`: what waking those sleeping threads took,
+// in seconds (0 where nothing was read), which an engine that sleeps when idle pays too.
+using LayerFloor = std::function<double(const std::vector<uint64_t> &blocks, std::string &how, double &wake)>;
 
 inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const char *dir, const Options &o,
                           const LayerFloor &floor) {
@@ -171,7 +173,8 @@ inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Lay
   }
   double cpu = cpu_seconds() - cpu0;
   std::string how;
-  double raw_us = floor(v, how) * 1e6;
+  double wake = 0;
+  double raw_us = floor(v, how, wake) * 1e6;
   double w = percentile(whole, 0.5), f = percentile(first, 0.5), l = percentile(last, 0.5);
   std::printf("layerwise %s: %zu blocks x %llu layers, medians of %d: one request for all layers %.1f us; "
               "a request per layer: first layer %.1f us (%.3f of all, ideal %.3f; one layer alone %.1f us; "
@@ -180,8 +183,10 @@ inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Lay
               percentile(alone, 0.5), raw_us, how.c_str(), l, l / w, percentile(last, 0.99), cpu);
   if (o.json)
     std::printf("{\"mode\": \"layerwise\", \"direction\": \"%s\", \"blocks\": %zu, \"layers\": %llu, \"whole_us\": %.2f, "
-                "\"first_us\": %.2f, \"last_us\": %.2f, \"alone_us\": %.2f, \"raw_floor_us\": %.2f, \"p99_last_us\": %.2f}\n",
-                dir, v.size(), (unsigned long long)o.num_layers, w, f, l, percentile(alone, 0.5), raw_us, percentile(last, 0.99));
+                "\"first_us\": %.2f, \"last_us\": %.2f, \"alone_us\": %.2f, \"raw_floor_us\": %.2f, \"raw_wake_us\": %.2f, "
+                "\"p99_last_us\": %.2f}\n",
+                dir, v.size(), (unsigned long long)o.num_layers, w, f, l, percentile(alone, 0.5), raw_us, wake * 1e6,
+                percentile(last, 0.99));
 }
 
 // --submitters N: N threads, each moving its own blocks in requests of --blocks-per-batch
