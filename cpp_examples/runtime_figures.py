@@ -93,7 +93,9 @@ def table(rows):
         elif mode == "submitters":
             ratio = r["aggregate_gbps"] / r["reference_gbps"]
             out.append((f"{n}: {r['threads']} threads x {r['blocks_per_request']} blocks, aggregate GB/s (p99 spread)",
-                        f"{r['aggregate_gbps']:.2f} ({r['p99_spread']:.2f}x)", f"one submitter, two big requests {r['reference_gbps']:.2f}",
+                        f"{r['aggregate_gbps']:.2f} ({r['p99_spread']:.2f}x)", f"one submitter, two big requests {r['reference_gbps']:.2f}"
+                        + (f"; the same blocks in random order {r['shape_reference_gbps']:.2f} "
+                           f"({r['aggregate_gbps'] / r['shape_reference_gbps']:.2f} of it)" if r.get("shape_reference_gbps") else ""),
                         f"{ratio:.2f}", "≥ 0.9, spread ≤ 2x", ratio >= 0.9 and r["p99_spread"] <= 2))
         elif mode == "trace":
             out.append((f"{n}: GB/s; onboard p50 / p99 / p99.9 us", f"{r['gbps']:.2f}; {r['onboard_p50_us']:.0f} / "
