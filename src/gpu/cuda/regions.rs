@@ -38,12 +38,13 @@ const MIN_DENSITY: f64 = 0.75;
 
 const PTX: &str = concat!(include_str!("kernels.ptx"), "\0");
 
+/// One entry of the kernel's region table (`kernels.cu`).
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Region {
-    dst: u64,
-    src: u64,
-    len: u64,
+pub(super) struct Region {
+    pub dst: u64,
+    pub src: u64,
+    pub len: u64,
 }
 
 pub struct RegionKernel {
@@ -65,6 +66,23 @@ impl RegionKernel {
             }
         }
         Ok(RegionKernel { module, func })
+    }
+
+    /// Launches `kvx_copy_regions` over `count` regions of the table at device address
+    /// `table`, the longest `max_len` bytes, on `stream`.
+    ///
+    /// # Safety
+    /// Context current; the table and every region stay valid until the launch is done.
+    pub unsafe fn launch(&self, table: sys::CUdeviceptr, count: u32, max_len: u64, stream: sys::CUstream) -> Result<()> {
+        // About 64 KiB per thread block: enough blocks per region to fill the GPU.
+        let blocks_per_region = max_len.div_ceil(64 << 10).clamp(1, 64) as u32;
+        let mut table_arg = table;
+        let mut count = count;
+        let mut params = [&mut table_arg as *mut u64 as *mut c_void, &mut count as *mut u32 as *mut c_void];
+        check(
+            sys::cuLaunchKernel(self.func, blocks_per_region, count, 1, 256, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
+            "cuLaunchKernel (kvx_copy_regions)",
+        )
     }
 
     /// # Safety
@@ -248,15 +266,7 @@ pub unsafe fn run_batched(
     if let (CopyKind::HostToDevice, Batch::Staged { lo, span }) = (kind, batch) {
         check(sys::cuMemcpyHtoDAsync_v2(staging, lo as *const c_void, span as usize, stream), "cuMemcpyHtoDAsync (staging)")?;
     }
-    // About 64 KiB per thread block: enough blocks per region to fill the GPU.
-    let blocks_per_region = max_len.div_ceil(64 << 10).clamp(1, 64) as u32;
-    let mut table_arg = mapped_table;
-    let mut count = ops.len() as u32;
-    let mut params = [&mut table_arg as *mut u64 as *mut c_void, &mut count as *mut u32 as *mut c_void];
-    check(
-        sys::cuLaunchKernel(k.func, blocks_per_region, count, 1, 256, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
-        "cuLaunchKernel (kvx_copy_regions)",
-    )?;
+    k.launch(mapped_table, ops.len() as u32, max_len, stream)?;
     if let (CopyKind::DeviceToHost, Batch::Staged { lo, span }) = (kind, batch) {
         check(sys::cuMemcpyDtoHAsync_v2(lo as *mut c_void, staging, span as usize, stream), "cuMemcpyDtoHAsync (staging)")?;
     }
