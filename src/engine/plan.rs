@@ -167,8 +167,15 @@ impl Planner {
         // layout to random ids of vLLM's layout) moves in place too, in chunks as large:
         // staged in slot-sized chunks instead, every 2 MiB DMA costs the copy engine a
         // gap (H200: 0.90 of PCIe staged, 0.92 host to device and 0.95 back in place).
+        // Host to device, only where the kernel reads the host about as fast as a DMA
+        // (`Layout::device_reads`): on a host where it reads at 0.62 of one, the span
+        // goes staged, by DMA, and the kernel scatters it on the device (0.86-0.89 of
+        // PCIe there, against 0.62-0.65 in place). Scattered host regions stay in place
+        // on such a host: a CPU gather cost cores and slowed many small requests
+        // (`gpu/cuda/host_reads.rs`).
+        let reads_fast = |host_is_src: bool| if host_is_src { src.device_reads() } else { dst.device_maps() };
         let zero_copy = scattered.is_some_and(host_maps)
-            || pinned_device.is_some_and(|host_is_src| host_maps(host_is_src) && scattered_small(&segs, !host_is_src));
+            || pinned_device.is_some_and(|host_is_src| reads_fast(host_is_src) && scattered_small(&segs, !host_is_src));
         if scattered.is_some() && !zero_copy {
             strategy = Strategy::Bounce;
         }
@@ -549,37 +556,59 @@ mod tests {
     }
 
     /// A block-contiguous pinned host layout the device maps (a mapped file's shape), to
-    /// or from random block ids of a layer-separate device: dense on the host, scattered
-    /// small on the device. It moves in place in chunks larger than a slot, as scattered
-    /// pinned regions do, not in slot-sized ones (H200: 0.90 of PCIe staged in 2 MiB
-    /// chunks, 0.92-0.95 in place in 64 MiB ones).
-    #[test]
-    fn a_dense_mapped_host_span_to_scattered_device_regions_moves_in_chunks_larger_than_a_slot() {
-        let gpu: Arc<dyn Gpu> = Arc::new(Emulated::default());
+    /// and from reversed block ids of a layer-separate device (no two blocks adjacent
+    /// there): dense on the host, scattered small on the device. For each direction, the
+    /// largest chunk's bytes and the host sides of its chunks.
+    fn dense_span_to_scattered_device(gpu: Emulated) -> ([(CopyKind, u64, Vec<HostSide>); 2], u64) {
+        let gpu: Arc<dyn Gpu> = Arc::new(gpu);
         let cfg = LayoutConfig { num_blocks: 256, num_layers: 4, outer_dim: 2, page_size: 1, inner_dim: 64, dtype_bytes: 2 };
         let g = cfg.validate().unwrap();
         let host = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::FullyContiguous, g, StorageKind::Pinned).unwrap());
         let dev = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
         assert!(host.device_maps(), "the emulated device maps pinned memory");
         let slot_bytes = 4 << 10;
-        // Reversed ids: no two blocks are adjacent on the device.
         let pairs: Vec<(u64, u64)> = (0..256).map(|b| (b, 255 - b)).collect();
-        for (src, dst, want) in [(host.clone(), dev.clone(), CopyKind::HostToDevice), (dev.clone(), host.clone(), CopyKind::DeviceToHost)] {
+        let seen = [(host.clone(), dev.clone(), CopyKind::HostToDevice), (dev, host, CopyKind::DeviceToHost)].map(|(src, dst, want)| {
             let segs = segments(&src.placement, &dst.placement, &pairs, 0..4);
             let total: u64 = segs.iter().map(|s| s.len).sum();
             let mut planner = Planner::new(src, dst, segs, slot_bytes, None, false);
-            let mut moved = 0;
-            let mut largest = 0;
+            let (mut moved, mut largest, mut hosts) = (0, 0, Vec::new());
             while let Some(stages) = planner.next_chunk(0) {
-                let [Some(Op::DeviceCopy { kind, ops, .. }), None] = stages else { panic!("{want:?}: one direct device copy per chunk") };
+                let [Some(Op::DeviceCopy { kind, ops, host, .. }), None] = stages else { panic!("{want:?}: one direct device copy per chunk") };
                 assert_eq!(kind, want);
                 let bytes: u64 = ops.iter().map(|o| o.len).sum();
                 largest = largest.max(bytes);
                 moved += bytes;
+                hosts.push(host);
             }
             assert_eq!(moved, total);
+            (want, largest, hosts)
+        });
+        (seen, slot_bytes)
+    }
+
+    /// Such a dense span moves in place in chunks larger than a slot, as scattered pinned
+    /// regions do, not in slot-sized ones (H200: 0.90 of PCIe staged in 2 MiB chunks,
+    /// 0.92-0.95 in place in 64 MiB ones).
+    #[test]
+    fn a_dense_mapped_host_span_to_scattered_device_regions_moves_in_chunks_larger_than_a_slot() {
+        let (seen, slot_bytes) = dense_span_to_scattered_device(Emulated::default());
+        for (want, largest, _) in seen {
             assert!(largest > slot_bytes, "{want:?}: largest chunk {largest} bytes, a slot holds {slot_bytes}");
         }
+    }
+
+    /// Where the device's kernels read host memory slowly, the host-to-device span is
+    /// staged instead: slot-sized chunks whose host side is the dense span, which the
+    /// backend moves by one DMA and a scatter on the device. The other direction, where
+    /// the kernel writes the host, still goes in place.
+    #[test]
+    fn where_kernels_read_the_host_slowly_a_dense_span_to_the_device_is_staged_in_slot_sized_chunks() {
+        let (seen, slot_bytes) = dense_span_to_scattered_device(Emulated::with_slow_host_reads());
+        let [(_, up, up_hosts), (_, down, _)] = seen;
+        assert!(up <= slot_bytes, "host to device: largest chunk {up} bytes, a slot holds {slot_bytes}");
+        assert!(up_hosts.iter().all(|&h| h == HostSide::MappedSpan), "host to device: {up_hosts:?}");
+        assert!(down > slot_bytes, "device to host: largest chunk {down} bytes, a slot holds {slot_bytes}");
     }
 
     /// With cuFile, a disk <-> device transfer is planned as one stage per chunk whose

@@ -11,9 +11,17 @@ use std::sync::RwLock;
 #[derive(Debug, Default)]
 pub struct Emulated {
     allocations: RwLock<BTreeMap<u64, u64>>,
+    /// Plays a host whose kernels read mapped host memory slowly (`Gpu::reads_host_in_place`).
+    slow_host_reads: bool,
 }
 
 impl Emulated {
+    /// An emulated device on a host whose kernels read mapped host memory slowly, so the
+    /// planner's other paths for host-to-device copies run here too.
+    pub fn with_slow_host_reads() -> Emulated {
+        Emulated { slow_host_reads: true, ..Default::default() }
+    }
+
     fn check_in_one_allocation(&self, addr: u64, len: u64) -> Result<()> {
         let allocs = self.allocations.read().unwrap();
         if let Some((&start, &size)) = allocs.range(..=addr).next_back() {
@@ -70,6 +78,10 @@ impl Gpu for Emulated {
 
     fn maps_host(&self, _addr: u64, _bytes: u64) -> bool {
         true // its "device" is the host: scattered pinned regions take the zero-copy plan
+    }
+
+    fn reads_host_in_place(&self) -> bool {
+        !self.slow_host_reads
     }
 
     fn register_host(&self, _addr: u64, _bytes: u64) -> Result<()> {

@@ -120,6 +120,12 @@ pub trait Gpu: Send + Sync + 'static {
     /// host memory at those same addresses (zero-copy over the bus).
     fn maps_host(&self, addr: u64, bytes: u64) -> bool;
 
+    /// Whether the device's kernels read host memory they map about as fast as a DMA
+    /// does, so a dense host span may move to scattered device regions by the kernel
+    /// reading it in place. Where not, the planner stages it instead (measured when a
+    /// CUDA device opens: `cuda/host_reads.rs`).
+    fn reads_host_in_place(&self) -> bool;
+
     /// Page-locks existing host memory (a mapped file) for the device's copies until
     /// `unregister_host`.
     fn register_host(&self, addr: u64, bytes: u64) -> Result<()>;

@@ -82,6 +82,9 @@ pub struct Layout {
     host_addressable: bool,
     /// Pinned, and the device's kernels address every base directly (`Gpu::maps_host`).
     device_maps: bool,
+    /// `device_maps`, and those kernels read it about as fast as a DMA does
+    /// (`Gpu::reads_host_in_place`).
+    device_reads: bool,
 }
 
 static NEXT_LAYOUT_ID: AtomicU64 = AtomicU64::new(1);
@@ -91,9 +94,10 @@ impl Layout {
         let on_device = matches!(storage, Storage::Memory { kind: StorageKind::Device, .. });
         let remote = matches!(storage, Storage::Remote { .. });
         let host_addressable = !remote && (!on_device || gpu.device() == crate::gpu::Device::Emulated);
-        let mut layout = Layout { placement, registration: Mutex::new(None), storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable, device_maps: false };
+        let mut layout = Layout { placement, registration: Mutex::new(None), storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable, device_maps: false, device_reads: false };
         let bytes = layout.placement.base_bytes();
         layout.device_maps = layout.kind() == StorageKind::Pinned && layout.bases().is_some_and(|b| b.iter().all(|&a| gpu.maps_host(a, bytes)));
+        layout.device_reads = layout.device_maps && gpu.reads_host_in_place();
         layout
     }
 
@@ -101,6 +105,12 @@ impl Layout {
     /// scattered regions need no CPU gather (see `HostSide::Mapped`).
     pub fn device_maps(&self) -> bool {
         self.device_maps
+    }
+
+    /// Whether the device's kernels read it in place about as fast as a DMA would, so a
+    /// host-to-device copy of its scattered regions may read it there.
+    pub fn device_reads(&self) -> bool {
+        self.device_reads
     }
 
     /// Whether the host may dereference `bases()` (false for memory of a real GPU).

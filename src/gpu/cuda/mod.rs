@@ -12,6 +12,7 @@
 //!   the bus (see `regions.rs`); large ones as one async memcpy each.
 
 pub mod driver;
+mod host_reads;
 mod regions;
 
 use super::{CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
@@ -32,6 +33,9 @@ pub struct CudaGpu {
     /// Where caller events are captured at submit time (see `capture_event`).
     interop: sys::CUstream,
     kernel: Option<RegionKernel>,
+    /// The region kernel reads mapped host memory about as fast as a DMA does
+    /// (`host_reads.rs`, measured at open).
+    reads_host_in_place: bool,
     slots: OnceLock<SlotResources>,
 }
 
@@ -70,6 +74,7 @@ impl CudaGpu {
                 d2h: [std::ptr::null_mut(); 2],
                 interop: std::ptr::null_mut(),
                 kernel: None,
+                reads_host_in_place: false,
                 slots: OnceLock::new(),
             };
             let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
@@ -83,6 +88,28 @@ impl CudaGpu {
                     None
                 }
             };
+            if let Some(k) = &gpu.kernel {
+                gpu.reads_host_in_place = match host_reads::measure(k, gpu.h2d[0]) {
+                    Ok(m) => {
+                        log::info!(
+                            "device {ordinal}: the region kernel reads pinned host memory at {:.1} GB/s, one DMA at {:.1} GB/s ({:.2}): \
+                             a dense host span to scattered device regions {}",
+                            m.kernel_gbps,
+                            m.dma_gbps,
+                            m.kernel_gbps / m.dma_gbps,
+                            if m.in_place() { "is read in place" } else { "is staged (one DMA, then a scatter on the device)" }
+                        );
+                        m.in_place()
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "device {ordinal}: could not measure the kernel's host reads ({}); dense host spans to scattered device regions are read in place",
+                            e.message
+                        );
+                        true
+                    }
+                };
+            }
             Ok(gpu)
         }
     }
@@ -279,6 +306,10 @@ impl Gpu for CudaGpu {
         // Under unified addressing, pinned memory the device maps has the host's address
         // on the device too; memory pinned without a mapping reports no device pointer.
         [addr, addr + bytes - 1].iter().all(|&a| self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a) == Ok(a))
+    }
+
+    fn reads_host_in_place(&self) -> bool {
+        self.reads_host_in_place
     }
 
     fn register_host(&self, addr: u64, bytes: u64) -> Result<()> {
