@@ -17,8 +17,9 @@ pub struct Emulated {
 
 impl Emulated {
     /// An emulated device on a host whose kernels read mapped host memory slowly, so the
-    /// planner's other paths for host-to-device copies run here too.
-    pub fn with_slow_host_reads() -> Emulated {
+    /// planner's other paths for host-to-device copies are tested here too.
+    #[cfg(test)]
+    pub(crate) fn with_slow_host_reads() -> Emulated {
         Emulated { slow_host_reads: true, ..Default::default() }
     }
 
