@@ -168,11 +168,8 @@ impl Planner {
         // staged in slot-sized chunks instead, every 2 MiB DMA costs the copy engine a
         // gap (H200: 0.90 of PCIe staged, 0.92 host to device and 0.95 back in place).
         // Host to device, only where the kernel reads the host about as fast as a DMA
-        // (`Layout::device_reads`): on a host where it reads at 0.62 of one, the span
-        // goes staged, by DMA, and the kernel scatters it on the device (0.86-0.89 of
-        // PCIe there, against 0.62-0.65 in place). Scattered host regions stay in place
-        // on such a host: a CPU gather cost cores and slowed many small requests
-        // (`gpu/cuda/host_reads.rs`).
+        // (`Layout::device_reads`); elsewhere the span goes staged. Scattered host regions
+        // stay in place either way (why: `gpu/cuda/host_reads.rs`).
         let reads_fast = |host_is_src: bool| if host_is_src { src.device_reads() } else { dst.device_maps() };
         let zero_copy = scattered.is_some_and(host_maps)
             || pinned_device.is_some_and(|host_is_src| reads_fast(host_is_src) && scattered_small(&segs, !host_is_src));

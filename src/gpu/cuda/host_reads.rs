@@ -29,19 +29,41 @@ const REGION: usize = 32 << 10;
 const RUNS: usize = 3;
 /// The share of a DMA's rate below which reading host memory in place loses: staged, a
 /// dense span moves at ~0.90 of one copy (H200, `cpp_examples/stage_limit.cu`).
-pub const IN_PLACE_MIN: f64 = 0.8;
+const IN_PLACE_MIN: f64 = 0.8;
 
 /// The measurement, in GB/s.
-#[derive(Clone, Copy, Debug)]
-pub struct HostReads {
-    pub kernel_gbps: f64,
-    pub dma_gbps: f64,
+struct HostReads {
+    kernel_gbps: f64,
+    dma_gbps: f64,
 }
 
-impl HostReads {
-    /// Whether the kernel reads host memory fast enough to move regions in place.
-    pub fn in_place(&self) -> bool {
-        self.kernel_gbps >= IN_PLACE_MIN * self.dma_gbps
+/// Whether device `ordinal`'s kernel reads host memory fast enough for a dense host span
+/// to move to scattered device regions in place, measured now and logged. Where it cannot
+/// be measured (e.g. the device memory is taken), in place, as before the measurement.
+///
+/// # Safety
+/// As `measure`.
+pub unsafe fn reads_in_place(ordinal: u32, kernel: &RegionKernel, stream: sys::CUstream) -> bool {
+    match measure(kernel, stream) {
+        Ok(m) => {
+            let in_place = m.kernel_gbps >= IN_PLACE_MIN * m.dma_gbps;
+            log::info!(
+                "device {ordinal}: the region kernel reads pinned host memory at {:.1} GB/s, one DMA at {:.1} GB/s ({:.2}): \
+                 a dense host span to scattered device regions {}",
+                m.kernel_gbps,
+                m.dma_gbps,
+                m.kernel_gbps / m.dma_gbps,
+                if in_place { "is read in place" } else { "is staged (one DMA, then a scatter on the device)" }
+            );
+            in_place
+        }
+        Err(e) => {
+            log::warn!(
+                "device {ordinal}: could not measure the kernel's host reads ({}); dense host spans to scattered device regions are read in place",
+                e.message
+            );
+            true
+        }
     }
 }
 
@@ -50,7 +72,7 @@ impl HostReads {
 ///
 /// # Safety
 /// The device's context is current; nothing else uses `stream` meanwhile.
-pub unsafe fn measure(kernel: &RegionKernel, stream: sys::CUstream) -> Result<HostReads> {
+unsafe fn measure(kernel: &RegionKernel, stream: sys::CUstream) -> Result<HostReads> {
     let mut held = Held { stream, host: std::ptr::null_mut(), dev: 0, events: [std::ptr::null_mut(); 2] };
     let regions = BYTES / REGION;
     let table_bytes = regions * std::mem::size_of::<Region>();

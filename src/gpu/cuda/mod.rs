@@ -89,26 +89,7 @@ impl CudaGpu {
                 }
             };
             if let Some(k) = &gpu.kernel {
-                gpu.reads_host_in_place = match host_reads::measure(k, gpu.h2d[0]) {
-                    Ok(m) => {
-                        log::info!(
-                            "device {ordinal}: the region kernel reads pinned host memory at {:.1} GB/s, one DMA at {:.1} GB/s ({:.2}): \
-                             a dense host span to scattered device regions {}",
-                            m.kernel_gbps,
-                            m.dma_gbps,
-                            m.kernel_gbps / m.dma_gbps,
-                            if m.in_place() { "is read in place" } else { "is staged (one DMA, then a scatter on the device)" }
-                        );
-                        m.in_place()
-                    }
-                    Err(e) => {
-                        log::warn!(
-                            "device {ordinal}: could not measure the kernel's host reads ({}); dense host spans to scattered device regions are read in place",
-                            e.message
-                        );
-                        true
-                    }
-                };
+                gpu.reads_host_in_place = host_reads::reads_in_place(ordinal, k, gpu.h2d[0]);
             }
             Ok(gpu)
         }
