@@ -139,7 +139,9 @@ using LayerFloor = std::function<double(const std::vector<uint64_t> &blocks, std
 inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const char *dir, const Options &o,
                           const LayerFloor &floor) {
   auto v = request_ids(o.num_blocks, std::min(o.blocks_per_batch, o.num_blocks), 1, o.random_blocks)[0];
-  std::vector<double> whole, alone, first, last;
+  // submit: how long each per-layer kvx_transfer_submit held the caller's thread, which a
+  // runtime's scheduler pays once per layer per step.
+  std::vector<double> whole, alone, first, last, submit;
   double cpu0 = cpu_seconds();
   kvx_transfer_options layer0;
   kvx_transfer_options_init(&layer0);
@@ -160,7 +162,9 @@ inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Lay
       kvx_transfer_options_init(&opts);
       opts.layer_begin = (uint32_t)l, opts.layer_end = (uint32_t)l + 1;
       opts.on_complete = Stamp::on_complete, opts.user_data = &stamps[l];
+      auto s0 = Clock::now();
       reqs.push_back(e.submit(src, v, dst, v, &opts));
+      if (it >= o.warmup) submit.push_back(us_since(s0));
     }
     for (auto &r : reqs) r.wait();
     if (it < o.warmup) continue;
@@ -178,15 +182,17 @@ inline void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Lay
   double w = percentile(whole, 0.5), f = percentile(first, 0.5), l = percentile(last, 0.5);
   std::printf("layerwise %s: %zu blocks x %llu layers, medians of %d: one request for all layers %.1f us; "
               "a request per layer: first layer %.1f us (%.3f of all, ideal %.3f; one layer alone %.1f us; "
-              "raw floor of one layer %.1f us: %s), last layer %.1f us (%.2fx all); p99 last %.1f us; CPU %.2f s\n",
+              "raw floor of one layer %.1f us: %s), last layer %.1f us (%.2fx all); p99 last %.1f us; "
+              "each submit p50 / p99 %.1f / %.1f us; CPU %.2f s\n",
               dir, v.size(), (unsigned long long)o.num_layers, o.iterations, w, f, f / w, 1.0 / o.num_layers,
-              percentile(alone, 0.5), raw_us, how.c_str(), l, l / w, percentile(last, 0.99), cpu);
+              percentile(alone, 0.5), raw_us, how.c_str(), l, l / w, percentile(last, 0.99), percentile(submit, 0.5),
+              percentile(submit, 0.99), cpu);
   if (o.json)
     std::printf("{\"mode\": \"layerwise\", \"direction\": \"%s\", \"blocks\": %zu, \"layers\": %llu, \"whole_us\": %.2f, "
                 "\"first_us\": %.2f, \"last_us\": %.2f, \"alone_us\": %.2f, \"raw_floor_us\": %.2f, \"raw_wake_us\": %.2f, "
-                "\"p99_last_us\": %.2f}\n",
+                "\"p99_last_us\": %.2f, \"submit_p50_us\": %.2f, \"submit_p99_us\": %.2f}\n",
                 dir, v.size(), (unsigned long long)o.num_layers, w, f, l, percentile(alone, 0.5), raw_us, wake * 1e6,
-                percentile(last, 0.99));
+                percentile(last, 0.99), percentile(submit, 0.5), percentile(submit, 0.99));
 }
 
 // --submitters N: N threads, each moving its own blocks in requests of --blocks-per-batch

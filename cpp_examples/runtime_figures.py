@@ -90,6 +90,9 @@ def table(rows):
                         f"waking them {r.get('raw_wake_us', float('nan')):.1f})",
                         f"{r['first_us'] / r['whole_us']:.3f} (floor {r['raw_floor_us'] / r['whole_us']:.3f})",
                         f"≈ 1/{r['layers']} = {1 / r['layers']:.3f} (met: ≤ 1.5x the larger of that and the floor)", r["first_us"] <= 1.5 * max(r["whole_us"] / r["layers"], r["raw_floor_us"])))
+            if "submit_p50_us" in r:  # the caller's thread per layer (bench since 2026-12-07)
+                out.append((f"{n}: each per-layer submit, p50 / p99 us", f"{r['submit_p50_us']:.1f} / {r['submit_p99_us']:.1f}",
+                            "-", "-", "reported", None))
         elif mode == "submitters":
             ratio = r["aggregate_gbps"] / r["reference_gbps"]
             out.append((f"{n}: {r['threads']} threads x {r['blocks_per_request']} blocks, aggregate GB/s (p99 spread)",
