@@ -197,18 +197,22 @@ struct Pending {
 };
 
 // One timed pass: every batch submitted at once, then all waited for.
+// Puts `v` in a random order, the same one on every call (fixed seed: every pass, and the
+// submitters' reference, move the same blocks in the same order).
+inline void shuffle_fixed(std::vector<uint64_t> &v) {
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (size_t i = v.size(); i > 1; i--) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::swap(v[i - 1], v[x % i]);
+  }
+}
+
 Result run_pass(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const Options &o) {
   Result r;
   std::vector<Pending> pending;
   std::vector<uint64_t> order(o.num_blocks);
   for (uint64_t b = 0; b < o.num_blocks; b++) order[b] = b;
-  if (o.random_blocks) {
-    uint64_t x = 0x9E3779B97F4A7C15ull;  // fixed seed: every pass moves the same blocks
-    for (uint64_t i = o.num_blocks - 1; i > 0; i--) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      std::swap(order[i], order[x % (i + 1)]);
-    }
-  }
+  if (o.random_blocks) shuffle_fixed(order);
   std::vector<std::vector<uint64_t>> ids;
   for (uint64_t b = 0; b < o.num_blocks; b += o.blocks_per_batch)
     ids.emplace_back(order.begin() + b, order.begin() + std::min(o.num_blocks, b + o.blocks_per_batch));

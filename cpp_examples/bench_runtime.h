@@ -228,15 +228,9 @@ inline void run_submitters(kvx::Engine &e, const kvx::Layout &host, const kvx::L
   // a random order, still in two big requests: that shape's big-batch figure.
   double shape_ref = 0;
   if (o.random_blocks) {
-    uint64_t x = 0x9E3779B97F4A7C15ull;
-    auto shuffled = [&](std::vector<uint64_t> v) {
-      for (size_t i = v.size(); i > 1; i--) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        std::swap(v[i - 1], v[x % i]);
-      }
-      return v;
-    };
-    shape_ref = one_submitter(shuffled(up), shuffled(down));
+    std::vector<uint64_t> su = up, sd = down;
+    shuffle_fixed(su), shuffle_fixed(sd);
+    shape_ref = one_submitter(su, sd);
   }
   std::vector<std::vector<double>> us(n);
   std::atomic<unsigned> ready{0};
