@@ -196,7 +196,6 @@ struct Pending {
   Clock::time_point submitted;
 };
 
-// One timed pass: every batch submitted at once, then all waited for.
 // Puts `v` in a random order, the same one on every call (fixed seed: every pass, and the
 // submitters' reference, move the same blocks in the same order).
 inline void shuffle_fixed(std::vector<uint64_t> &v) {
@@ -207,6 +206,7 @@ inline void shuffle_fixed(std::vector<uint64_t> &v) {
   }
 }
 
+// One timed pass: every batch submitted at once, then all waited for.
 Result run_pass(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &dst, const Options &o) {
   Result r;
   std::vector<Pending> pending;
