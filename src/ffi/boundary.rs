@@ -97,7 +97,9 @@ pub unsafe fn non_null<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
     p.as_ref().ok_or_else(|| null(name))
 }
 
-/// A slice from a C array; `len` 0 gives an empty slice even for NULL.
+/// A slice from a C array; `len` 0 gives an empty slice even for NULL. A `len` whose
+/// array would span more than `isize::MAX` bytes cannot describe real memory (Rust may
+/// not even form such a slice), so it is refused before anything is read.
 ///
 /// # Safety
 /// A non-NULL `p` must point to `len` readable `T`s.
@@ -107,6 +109,9 @@ pub unsafe fn slice<'a, T>(p: *const T, len: usize, name: &str) -> Result<&'a [T
     }
     if p.is_null() {
         return Err(null(name));
+    }
+    if len > isize::MAX as usize / std::mem::size_of::<T>().max(1) {
+        crate::error::bail!(InvalidArg, "{name}: a count of {len} is larger than any array can be; pass the array's length");
     }
     Ok(std::slice::from_raw_parts(p, len))
 }
@@ -217,6 +222,19 @@ mod tests {
         let size = unsafe { (mem.as_ptr() as *const u32).read() };
         assert_eq!(size as usize, v1, "struct_size says how much was written");
         assert_eq!(mem[1], 5);
+    }
+
+    /// A count from C larger than any array is refused without forming the slice (whose
+    /// very existence would be undefined behaviour: `make miri` runs this under Miri).
+    #[test]
+    fn a_count_no_array_can_have_is_refused_before_the_array_is_read() {
+        let ids = [1u64, 2];
+        for len in [usize::MAX, usize::MAX / 4, isize::MAX as usize / 8 + 1] {
+            let err = unsafe { slice(ids.as_ptr(), len, "src_blocks") }.unwrap_err();
+            assert_eq!(err.status, Status::InvalidArg, "{len}");
+            assert!(err.message.contains("src_blocks"), "{}", err.message);
+        }
+        assert_eq!(unsafe { slice(ids.as_ptr(), 2, "src_blocks") }.unwrap(), &ids);
     }
 
     /// Writing a call's outputs is part of the call: a panic there is a status too, never

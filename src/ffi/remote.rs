@@ -83,7 +83,7 @@ pub unsafe extern "C" fn kvx_engine_import(
             if layouts.is_null() && capacity != 0 {
                 bail!(InvalidArg, "layouts is NULL but capacity is {capacity}");
             }
-            let bytes = std::slice::from_raw_parts(blob, blob_len);
+            let bytes = slice(blob, blob_len, "blob")?;
             // The count query imports nothing: it must not replace an earlier import.
             let count = e.import_count(bytes)?;
             if layouts.is_null() {

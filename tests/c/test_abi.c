@@ -221,6 +221,8 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   void *one_base[1] = {(void *)&c};
   c.kind = KVX_LAYOUT_LAYER_SEPARATE_BLOCK_FIRST;
   expect_fail(kvx_layout_register_host(e, &c, one_base, 1, 0, &out), KVX_ERR_INVALID_ARG, "1 base for 3 layers");
+  expect_fail(kvx_layout_register_host(e, &c, one_base, SIZE_MAX / 2, 0, &out), KVX_ERR_INVALID_ARG,
+              "num_bases SIZE_MAX/2");
   c.kind = KVX_LAYOUT_FULLY_CONTIGUOUS;
   uint64_t zero_base = 0;
   expect_fail(kvx_layout_register_device(e, &c, &zero_base, 1, &out), KVX_ERR_INVALID_ARG, "NULL device base");
@@ -232,6 +234,11 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
 
   expect_fail(kvx_transfer_submit(e, a, NULL, b, ids, 2, NULL, &req), KVX_ERR_INVALID_ARG, "src_blocks NULL");
   expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 0, NULL, &req), KVX_ERR_INVALID_ARG, "num_blocks 0");
+  /* A count whose array could not exist (more bytes than a pointer can span) is refused
+   * before anything reads the array. */
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, SIZE_MAX / 4, NULL, &req), KVX_ERR_INVALID_ARG,
+              "num_blocks SIZE_MAX/4");
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, SIZE_MAX, NULL, &req), KVX_ERR_INVALID_ARG, "num_blocks SIZE_MAX");
   expect_fail(kvx_transfer_submit(e, NULL, ids, b, ids, 2, NULL, &req), KVX_ERR_INVALID_ARG, "src NULL");
   expect_fail(kvx_transfer_submit(e, a, far, b, ids, 1, NULL, &req), KVX_ERR_OUT_OF_RANGE, "block id 4 of 4");
   expect_fail(kvx_transfer_submit(e, a, ids, b, dup, 2, NULL, &req), KVX_ERR_INVALID_ARG, "duplicate destination ids");
@@ -314,6 +321,7 @@ static void remote_calls(kvx_engine *e) {
   const uint8_t garbage[] = "KVXBLOB not really";
   expect_fail(kvx_engine_import(e, garbage, sizeof garbage, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import garbage");
   expect_fail(kvx_engine_import(e, NULL, 10, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import NULL blob");
+  expect_fail(kvx_engine_import(e, garbage, SIZE_MAX, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import blob_len SIZE_MAX");
   expect_fail(kvx_engine_import(e, garbage, sizeof garbage, 0, NULL, 4, &n), KVX_ERR_INVALID_ARG, "import NULL layouts, capacity 4");
   expect_fail(kvx_engine_import(e, garbage, sizeof garbage, 0, got, 4, NULL), KVX_ERR_INVALID_ARG, "import NULL num_layouts");
   EXPECT(n == 77 && got[0] == NULL, "outputs untouched by failed imports");
