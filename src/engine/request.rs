@@ -165,7 +165,10 @@ impl Request {
     fn finalize(self: &Arc<Self>) {
         let transfer = self.transfer.lock().unwrap().take();
         let mut error = self.first_error.lock().unwrap().take();
-        if error.is_none() && !self.is_cancelled() {
+        // Read once: the status must say what was done, and a cancel landing during the
+        // seal and sync below comes too late to undo them.
+        let cancelled = self.is_cancelled();
+        if error.is_none() && !cancelled {
             if let Some(t) = &transfer {
                 if let Err(e) = Self::complete_disk_writes(t) {
                     error = Some(e);
@@ -173,7 +176,7 @@ impl Request {
             }
         }
         drop(transfer); // layouts destroyed by the caller go away here
-        let status = match (&error, self.is_cancelled()) {
+        let status = match (&error, cancelled) {
             (Some(e), _) => {
                 Counters::add(&self.counters.requests_failed, 1);
                 e.status
