@@ -5,7 +5,7 @@
 //! - [`ffi`]: the C ABI only — handles, C codes, panic boundary, dlopen table.
 //! - [`engine`]: Engine, request queue, planner, bounce ring, stage threads, completion.
 //! - [`memory`]: layouts over device, pinned, host, disk and mapped storage.
-//! - [`file`]: a disk layout's file, its checksum sidecar, a mapped file.
+//! - [`file`](mod@file): a disk layout's file, its checksum sidecar, a mapped file.
 //! - [`io`]: disk I/O ports.
 //! - [`gpu`]: the device behind a trait: CUDA, or the emulated device.
 //! - [`layout`], [`host`], [`fault`], [`error`]: block math, host memory, test faults, statuses.
