@@ -6,13 +6,15 @@
 //! backend implements the same trait.
 
 pub mod cuda;
+#[cfg(feature = "fault-injection")]
+mod deferred;
 mod emulated;
 mod probe;
 
 pub use emulated::Emulated;
 pub use probe::{open_device, Device};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Direction of a device copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +92,45 @@ impl Fence {
     }
 }
 
+/// A batch of copies that failed: why, and the fence of what of it the device had already
+/// queued (`Fence::Done` when nothing is in flight). Until that fence completes, the
+/// queued copies still read and write the chunk's slot and layouts, so the slot is not
+/// free before it.
+pub struct CopyError {
+    pub error: Error,
+    pub queued: Fence,
+}
+
+impl From<Error> for CopyError {
+    /// A failure before anything was queued.
+    fn from(error: Error) -> CopyError {
+        CopyError { error, queued: Fence::Done }
+    }
+}
+
+impl CopyError {
+    /// Waits for what was queued, then the error.
+    pub fn settle(self) -> Error {
+        if let Err(e) = self.queued.wait(false) {
+            log::error!("device copies queued before a failure: {e}");
+        }
+        self.error
+    }
+
+    /// A fence that completes when what was queued does, with the error.
+    pub fn into_fence(self) -> Fence {
+        Fence::Pending(Box::new(FailedAfter(self)))
+    }
+}
+
+struct FailedAfter(CopyError);
+
+impl PendingCopy for FailedAfter {
+    fn wait(self: Box<Self>, _spin: bool) -> Result<()> {
+        Err(self.0.settle())
+    }
+}
+
 /// A GPU (or its stand-in). Implementations are shared between the engine's threads.
 pub trait Gpu: Send + Sync + 'static {
     /// `Device::Cuda(ordinal)`, or `Device::Emulated`; never `Auto`.
@@ -150,8 +191,8 @@ pub trait Gpu: Send + Sync + 'static {
     /// captured event `after` (see `capture_event`), and returns their fence; `host` says
     /// what the host side is (unused for device-to-device). At most `MAX_OPS_PER_COPY`
     /// ops. Called on the copy thread, or on a submitting thread between `enter` and
-    /// `leave`.
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> Result<Fence>;
+    /// `leave`. A failure after part of the batch was queued says so (`CopyError::queued`).
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> std::result::Result<Fence, CopyError>;
 
     /// Captures the caller's CUDA event as of now into an event of ours that copies can
     /// wait on, so re-recording the caller's event later changes nothing.

@@ -11,7 +11,7 @@
 
 use super::{FileKey, Io};
 use crate::error::{Error, Result, Status};
-use crate::gpu::{CopyKind, CopyOp, Gpu, HostSide};
+use crate::gpu::{CopyError, CopyKind, CopyOp, Gpu, HostSide};
 use cudarc::cufile::sys;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -136,7 +136,7 @@ impl Gds {
                 return Err(format!("read {got} of {n} bytes"));
             }
             let back = [CopyOp { dst: scratch.0, src: dev, len: n }];
-            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None).and_then(|f| f.wait(false)).map_err(|e| e.message)?;
+            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None).map_err(CopyError::settle).and_then(|f| f.wait(false)).map_err(|e| e.message)?;
             // SAFETY: the scratch memory holds `n` bytes, just copied.
             let seen = unsafe { std::slice::from_raw_parts(scratch.0 as *const u8, n as usize) };
             if seen != pattern.as_slice() {

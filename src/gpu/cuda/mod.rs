@@ -15,7 +15,7 @@ pub mod driver;
 mod host_reads;
 mod regions;
 
-use super::{CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
+use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
 use crate::error::{bail, Error, Result, Status};
 use driver::{check, sys};
 use regions::{RegionKernel, SlotResources};
@@ -332,7 +332,7 @@ impl Gpu for CudaGpu {
         unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> Result<Fence> {
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> std::result::Result<Fence, CopyError> {
         let res = self.slots.get().expect("prepare_slots runs before any copy");
         let kernel = self.kernel.as_ref().filter(|_| regions::batches(res, kind, ops, host));
         let stream = self.stream(kind, slot, kernel.is_some());
@@ -343,13 +343,25 @@ impl Gpu for CudaGpu {
             if let Some(ev) = after {
                 check(sys::cuStreamWaitEvent(stream, ev as sys::CUevent, 0), "cuStreamWaitEvent")?;
             }
-            match kernel {
-                Some(k) => regions::run_batched(k, res, slot, kind, ops, host, stream)?,
-                None => self.copy_each(kind, ops, stream)?,
-            }
+            let queued = match kernel {
+                Some(k) => regions::run_batched(k, res, slot, kind, ops, host, stream),
+                None => self.copy_each(kind, ops, stream),
+            };
+            // Recorded even after a failure: what the batch queued before it still reads
+            // and writes the slot (and its region table) until this event fires.
             let ev = res.event(slot);
-            check(sys::cuEventRecord(ev, stream), "cuEventRecord")?;
-            Ok(Fence::Pending(Box::new(EventWait(ev))))
+            match (queued, check(sys::cuEventRecord(ev, stream), "cuEventRecord")) {
+                (Ok(()), Ok(())) => Ok(Fence::Pending(Box::new(EventWait(ev)))),
+                (Err(error), Ok(())) => Err(CopyError { error, queued: Fence::Pending(Box::new(EventWait(ev))) }),
+                (queued, Err(recording)) => {
+                    // No event to wait on: wait for the stream itself, so nothing of this
+                    // batch runs once the slot is free again.
+                    if let Err(e) = check(sys::cuStreamSynchronize(stream), "cuStreamSynchronize") {
+                        log::error!("device {}: after a failed batch: {e}", self.ordinal);
+                    }
+                    Err(queued.err().unwrap_or(recording).into())
+                }
+            }
         }
     }
 
