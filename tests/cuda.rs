@@ -34,7 +34,8 @@ fn main() {
             .unless(no_gpu.clone()),
         case("dense_host_spans_land_byte_exact_on_every_device_kind", dense_host_spans_land_byte_exact_on_every_device_kind)
             .unless(no_gpu.clone()),
-        case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu),
+        case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu.clone()),
+        case("every_call_leaves_the_callers_own_context_current", every_call_leaves_the_callers_own_context_current).unless(no_gpu),
         case("wait_event_on_the_emulated_device_is_refused", wait_event_on_the_emulated_device_is_refused),
         case("a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back", a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back)
             .unless(driver),
@@ -222,6 +223,109 @@ fn an_offload_waits_for_the_callers_event() {
         sys::cuStreamDestroy_v2(stream);
     }
     dev_free(filler);
+}
+
+const OK: sys::CUresult = sys::CUresult::CUDA_SUCCESS;
+
+fn test_ordinal() -> i32 {
+    match gpu_config().device {
+        kvxfer::Device::Cuda(d) => d as i32,
+        d => unreachable!("gpu_config names a CUDA device, not {d:?}"),
+    }
+}
+
+/// The context current on this thread.
+fn current_context() -> sys::CUcontext {
+    let mut c = std::ptr::null_mut();
+    assert_eq!(unsafe { sys::cuCtxGetCurrent(&mut c) }, OK);
+    c
+}
+
+/// Runs `f` with the device's primary context (the engine's) pushed on this thread.
+fn in_primary_context<T>(f: impl FnOnce() -> T) -> T {
+    let mut ctx = std::ptr::null_mut();
+    unsafe {
+        let mut dev = 0;
+        assert_eq!(sys::cuDeviceGet(&mut dev, test_ordinal()), OK);
+        assert_eq!(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), OK);
+        assert_eq!(sys::cuCtxPushCurrent_v2(ctx), OK);
+        let out = f();
+        let mut popped = std::ptr::null_mut();
+        assert_eq!(sys::cuCtxPopCurrent_v2(&mut popped), OK);
+        assert_eq!(sys::cuDevicePrimaryCtxRelease_v2(dev), OK);
+        out
+    }
+}
+
+/// A host application with a context of its own current on its thread (not the primary
+/// one kvxfer uses) finds it still current after every call into kvxfer: engine
+/// creation, pinned layouts created and registered, a registered device layout, a submit
+/// gated on its event (captured and issued on this thread), the request's release, and
+/// the destruction of each.
+fn every_call_leaves_the_callers_own_context_current() {
+    let mut mine = std::ptr::null_mut();
+    unsafe {
+        assert_eq!(sys::cuInit(0), OK);
+        let mut dev = 0;
+        assert_eq!(sys::cuDeviceGet(&mut dev, test_ordinal()), OK);
+        assert_eq!(sys::cuCtxCreate_v2(&mut mine, 0, dev), OK);
+    }
+    let still_mine = |after: &str| assert_eq!(current_context(), mine, "{after} left another context current on the caller's thread");
+    still_mine("cuCtxCreate");
+
+    let e = gpu_engine();
+    still_mine("creating the engine");
+    let c = cfg(4, 2, 2, 16, 128, 2); // 256 KiB
+    let bytes = 4 * 2 * 2 * 16 * 128 * 2;
+    let fc = LayoutKind::FullyContiguous;
+    let src = e.create_layout(&c, fc, StorageKind::Pinned).unwrap();
+    still_mine("creating a pinned host layout");
+    let mut pinned = std::ptr::null_mut();
+    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    assert_eq!(unsafe { sys::cuMemHostAlloc(&mut pinned, bytes, flags) }, OK);
+    let back = e.register_layout(&c, fc, StorageKind::Pinned, &[pinned as u64]).unwrap();
+    still_mine("registering pinned host memory");
+    let dev_mem = in_primary_context(|| {
+        let mut p = 0;
+        assert_eq!(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, OK);
+        p
+    });
+    let dev = e.register_layout(&c, fc, StorageKind::Device, &[dev_mem]).unwrap();
+    still_mine("registering device memory");
+
+    let (mut stream, mut ev) = (std::ptr::null_mut(), std::ptr::null_mut());
+    unsafe {
+        assert_eq!(sys::cuStreamCreate(&mut stream, sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32), OK);
+        assert_eq!(sys::cuEventCreate(&mut ev, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), OK);
+        assert_eq!(sys::cuEventRecord(ev, stream), OK);
+    }
+    fill(&src, 71);
+    fill(&back, 72);
+    let ids: Vec<u64> = (0..4).collect();
+    let opts = TransferOptions { wait_event: ev as u64, ..Default::default() };
+    let r = e.submit(&src, &ids, &dev, &ids, &opts).unwrap();
+    still_mine("a submit with wait_event");
+    assert_eq!(r.wait(Some(std::time::Duration::from_secs(60))), Status::Ok, "{}", r.error_message().to_string_lossy());
+    drop(r);
+    still_mine("releasing a request with a captured event");
+    assert_eq!(transfer(&e, &dev, &ids, &back, &ids, &Default::default()), Status::Ok);
+    still_mine("a device -> host transfer");
+    check(&back, 72, 71, &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..2, "pinned -> registered device -> registered pinned");
+
+    drop(dev);
+    still_mine("destroying the registered device layout");
+    drop(back);
+    drop(src);
+    still_mine("destroying the pinned host layouts");
+    drop(e);
+    still_mine("destroying the engine");
+    unsafe {
+        assert_eq!(sys::cuEventDestroy_v2(ev), OK);
+        assert_eq!(sys::cuStreamDestroy_v2(stream), OK);
+        assert_eq!(sys::cuMemFreeHost(pinned), OK);
+        in_primary_context(|| assert_eq!(sys::cuMemFree_v2(dev_mem), OK));
+        assert_eq!(sys::cuCtxDestroy_v2(mine), OK);
+    }
 }
 
 fn wait_event_on_the_emulated_device_is_refused() {

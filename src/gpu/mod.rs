@@ -181,7 +181,9 @@ pub trait Gpu: Send + Sync + 'static {
     fn bind_thread(&self) -> Result<()>;
 
     /// Makes the device's context current on a caller's thread for a moment (`copy` from a
-    /// submit); `leave` restores what was current before.
+    /// submit, or cuFile and UCX asking the driver about our memory); `leave` restores
+    /// what was current before. The backend's own calls need neither: each leaves the
+    /// caller's current context as it found it.
     fn enter(&self) -> Result<()> {
         Ok(())
     }

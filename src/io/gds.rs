@@ -82,11 +82,19 @@ const PROBE_BYTES: u64 = 1 << 20;
 impl Gds {
     /// Opens cuFile and proves it: a known file read into device memory must come back
     /// byte for byte (checked through `scratch`, pinned host memory of at least 1 MiB).
-    /// Call on a thread bound to the device, before the engine's threads start.
+    /// Runs on the caller's thread, before the engine's threads start, with the device's
+    /// context pushed for the call.
     pub fn open(gpu: &Arc<dyn Gpu>, scratch: (u64, u64)) -> Result<Gds> {
         if gpu.device() == crate::gpu::Device::Emulated {
             return Err(unsupported("GPUDirect Storage needs a CUDA device; this engine runs on the emulated device"));
         }
+        gpu.enter()?;
+        let opened = Gds::open_here(gpu, scratch);
+        gpu.leave();
+        opened
+    }
+
+    fn open_here(gpu: &Arc<dyn Gpu>, scratch: (u64, u64)) -> Result<Gds> {
         // SAFETY: only probes for the library with dlopen.
         if !unsafe { sys::is_culib_present() } {
             return Err(unsupported("libcufile.so was not found on the library path (it ships with the CUDA toolkit, e.g. /usr/local/cuda/lib64)"));

@@ -1,6 +1,8 @@
 //! A real GPU through the CUDA driver API (cudarc, loaded at run time).
 //!
-//! - One primary context, made current on every thread that calls the driver.
+//! - One primary context: made current once on each of kvxfer's own threads (`bind`);
+//!   on a thread of the caller's, pushed for the call and popped after (`Pushed`), so the
+//!   caller's own current context is left as it was.
 //! - Two H2D and two D2H streams (by slot parity), so both directions run at once and a
 //!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
 //!   use the H2D streams.
@@ -24,8 +26,11 @@ use std::sync::OnceLock;
 
 pub use driver::{driver_version, present};
 
+/// Owns a retain of its device's primary context from the moment `open` takes it: any
+/// error of `open` after that drops the half-built value, and `Drop` releases it.
 pub struct CudaGpu {
     ordinal: u32,
+    dev: sys::CUdevice,
     name: String,
     ctx: sys::CUcontext,
     h2d: [sys::CUstream; 2],
@@ -40,7 +45,7 @@ pub struct CudaGpu {
 }
 
 // SAFETY: CUDA handles may be used from any thread once the context is current there,
-// which `bind` ensures; the driver API is thread-safe.
+// which `bind` or `current` ensures; the driver API is thread-safe.
 unsafe impl Send for CudaGpu {}
 unsafe impl Sync for CudaGpu {}
 
@@ -65,9 +70,9 @@ impl CudaGpu {
             let name = std::ffi::CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
             let mut ctx = std::ptr::null_mut();
             check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
-            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
             let mut gpu = CudaGpu {
                 ordinal,
+                dev,
                 name,
                 ctx,
                 h2d: [std::ptr::null_mut(); 2],
@@ -77,6 +82,9 @@ impl CudaGpu {
                 reads_host_in_place: false,
                 slots: OnceLock::new(),
             };
+            // Dropped before `gpu` on every return, so an error pops it before `gpu`'s
+            // `Drop` releases the context.
+            let _current = Pushed::new(ctx)?;
             let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
             for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()).chain(std::iter::once(&mut gpu.interop)) {
                 check(sys::cuStreamCreate(s, flags), "cuStreamCreate")?;
@@ -95,9 +103,16 @@ impl CudaGpu {
         }
     }
 
+    /// Makes our context current on one of kvxfer's own threads, for good.
     fn bind(&self) -> Result<()> {
         // SAFETY: our retained primary context.
         check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    /// Makes our context current until the guard drops: every call that may run on a
+    /// thread of the caller's, which must find its own context current afterwards.
+    fn current(&self) -> Result<Pushed> {
+        Pushed::new(self.ctx)
     }
 
     /// The stream of a chunk's copies. A chunk that launches the region kernel takes its
@@ -135,6 +150,25 @@ impl CudaGpu {
         // SAFETY: `v` is the attribute's documented type (callers pick it).
         let r = unsafe { sys::cuPointerGetAttribute(&mut v as *mut T as *mut c_void, attr, addr) };
         if r == sys::CUresult::CUDA_SUCCESS { Ok(v) } else { Err(r) }
+    }
+}
+
+/// A context pushed on this thread, popped again when dropped.
+struct Pushed(());
+
+impl Pushed {
+    fn new(ctx: sys::CUcontext) -> Result<Pushed> {
+        // SAFETY: a retained context; popped in `drop`.
+        check(unsafe { sys::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
+        Ok(Pushed(()))
+    }
+}
+
+impl Drop for Pushed {
+    fn drop(&mut self) {
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: pops the context `new` pushed on this thread.
+        unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 }
 
@@ -202,7 +236,7 @@ impl Gpu for CudaGpu {
     }
 
     fn alloc_device(&self, bytes: u64) -> Result<u64> {
-        self.bind()?;
+        let _current = self.current()?;
         let mut p = 0;
         // SAFETY: valid out-pointer, context current.
         let r = unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) };
@@ -214,13 +248,13 @@ impl Gpu for CudaGpu {
     }
 
     unsafe fn free_device(&self, addr: u64, _bytes: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             let _ = check(sys::cuMemFree_v2(addr), "cuMemFree").map_err(|e| log::error!("{e}"));
         }
     }
 
     fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
-        self.bind()?;
+        let _current = self.current()?;
         let mut p = std::ptr::null_mut();
         // SAFETY: valid out-pointer; PORTABLE so every context sees it pinned.
         let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE) };
@@ -232,14 +266,14 @@ impl Gpu for CudaGpu {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             let _ = check(sys::cuMemFreeHost(ptr as *mut c_void), "cuMemFreeHost").map_err(|e| log::error!("{e}"));
         }
     }
 
     fn check_device_range(&self, addr: u64, bytes: u64) -> Result<()> {
         use sys::CUpointer_attribute_enum::*;
-        self.bind()?;
+        let _current = self.current()?;
         let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr).map_err(|r| {
             Error::new(Status::InvalidArg, format!("{addr:#x} is not memory CUDA knows ({r:?}); pass a device pointer from cuMemAlloc/cudaMalloc"))
         })?;
@@ -266,7 +300,7 @@ impl Gpu for CudaGpu {
 
     fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()> {
         use sys::CUpointer_attribute_enum::*;
-        self.bind()?;
+        let _current = self.current()?;
         for a in [addr, addr + bytes - 1] {
             let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a).map_err(|_| {
                 Error::new(Status::InvalidArg, format!("{a:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"))
@@ -281,9 +315,10 @@ impl Gpu for CudaGpu {
     fn maps_host(&self, addr: u64, bytes: u64) -> bool {
         use sys::CUpointer_attribute_enum::CU_POINTER_ATTRIBUTE_DEVICE_POINTER;
         // Without the region kernel nothing would use the mapping.
-        if self.kernel.is_none() || bytes == 0 || self.bind().is_err() {
+        if self.kernel.is_none() || bytes == 0 {
             return false;
         }
+        let Ok(_current) = self.current() else { return false };
         // Under unified addressing, pinned memory the device maps has the host's address
         // on the device too; memory pinned without a mapping reports no device pointer.
         [addr, addr + bytes - 1].iter().all(|&a| self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a) == Ok(a))
@@ -294,7 +329,7 @@ impl Gpu for CudaGpu {
     }
 
     fn register_host(&self, addr: u64, bytes: u64) -> Result<()> {
-        self.bind()?;
+        let _current = self.current()?;
         // SAFETY: the caller's mapping of `bytes` at `addr`; PORTABLE so every context sees
         // it, DEVICEMAP so the region kernel can address it (`maps_host`).
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
@@ -306,13 +341,13 @@ impl Gpu for CudaGpu {
     }
 
     unsafe fn unregister_host(&self, addr: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             let _ = check(sys::cuMemHostUnregister(addr as *mut c_void), "cuMemHostUnregister").map_err(|e| log::error!("{e}"));
         }
     }
 
     fn prepare_slots(&self, slots: u32, slot_bytes: u64) -> Result<()> {
-        self.bind()?;
+        let _current = self.current()?;
         let r = SlotResources::new(slots, slot_bytes, self.kernel.is_some())?;
         self.slots.set(r).map_err(|_| Error::new(Status::Internal, "slot resources prepared twice"))
     }
@@ -369,7 +404,7 @@ impl Gpu for CudaGpu {
         if event == 0 {
             bail!(InvalidArg, "wait_event is NULL");
         }
-        self.bind()?;
+        let _current = self.current()?;
         let mut ev = std::ptr::null_mut();
         // SAFETY: driver calls on our stream; a bad caller event makes cuStreamWaitEvent fail.
         unsafe {
@@ -385,7 +420,7 @@ impl Gpu for CudaGpu {
     }
 
     fn release_event(&self, event: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             // SAFETY: an event from `capture_event`; streams still waiting keep it alive.
             unsafe { sys::cuEventDestroy_v2(event as sys::CUevent) };
         }
@@ -393,27 +428,24 @@ impl Gpu for CudaGpu {
 }
 
 impl Drop for CudaGpu {
+    /// Also on `open`'s error paths, where what was not created yet is null or unset.
     fn drop(&mut self) {
-        if self.bind().is_err() {
-            return;
-        }
         // SAFETY: every user of these handles (threads, layouts, the ring) is gone.
         unsafe {
-            if let Some(s) = self.slots.take() {
-                s.free();
-            }
-            if let Some(k) = self.kernel.take() {
-                k.unload();
-            }
-            for s in self.h2d.into_iter().chain(self.d2h).chain([self.interop]) {
-                if !s.is_null() {
-                    sys::cuStreamDestroy_v2(s);
+            if let Ok(_current) = self.current() {
+                if let Some(s) = self.slots.take() {
+                    s.free();
+                }
+                if let Some(k) = self.kernel.take() {
+                    k.unload();
+                }
+                for s in self.h2d.into_iter().chain(self.d2h).chain([self.interop]) {
+                    if !s.is_null() {
+                        sys::cuStreamDestroy_v2(s);
+                    }
                 }
             }
-            let mut dev = 0;
-            if sys::cuCtxGetDevice(&mut dev) == sys::CUresult::CUDA_SUCCESS {
-                sys::cuDevicePrimaryCtxRelease_v2(dev);
-            }
+            sys::cuDevicePrimaryCtxRelease_v2(self.dev);
         }
     }
 }
