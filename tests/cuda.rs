@@ -35,7 +35,8 @@ fn main() {
         case("dense_host_spans_land_byte_exact_on_every_device_kind", dense_host_spans_land_byte_exact_on_every_device_kind)
             .unless(no_gpu.clone()),
         case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu.clone()),
-        case("every_call_leaves_the_callers_own_context_current", every_call_leaves_the_callers_own_context_current).unless(no_gpu),
+        case("every_call_leaves_the_callers_own_context_current", every_call_leaves_the_callers_own_context_current).unless(no_gpu.clone()),
+        case("a_pinned_layout_over_an_unpinned_page_is_refused", a_pinned_layout_over_an_unpinned_page_is_refused).unless(no_gpu),
         case("wait_event_on_the_emulated_device_is_refused", wait_event_on_the_emulated_device_is_refused),
         case("a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back", a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back)
             .unless(driver),
@@ -326,6 +327,43 @@ fn every_call_leaves_the_callers_own_context_current() {
         in_primary_context(|| assert_eq!(sys::cuMemFree_v2(dev_mem), OK));
         assert_eq!(sys::cuCtxDestroy_v2(mine), OK);
     }
+}
+
+/// Pinned memory is checked over every byte a layout needs: two page-locked halves of
+/// one mapping with an unpinned page between them are not one pinned buffer, though a
+/// layout across the gap starts and ends in pinned memory. Each half on its own is.
+fn a_pinned_layout_over_an_unpinned_page_is_refused() {
+    let e = gpu_engine();
+    let c = cfg(4, 2, 2, 16, 128, 2); // 256 KiB
+    let (need, page) = (256usize << 10, 4096usize);
+    let total = 2 * need + page;
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), total, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    assert_ne!(map, libc::MAP_FAILED);
+    let base = map as u64;
+    let halves = [base, base + (need + page) as u64];
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    in_primary_context(|| {
+        for h in halves {
+            assert_eq!(unsafe { sys::cuMemHostRegister_v2(h as *mut _, need, flags) }, OK);
+        }
+    });
+    let fc = LayoutKind::FullyContiguous;
+    let across = base + 2 * page as u64;
+    let err = e.register_layout(&c, fc, StorageKind::Pinned, &[across]).expect_err("a pinned layout across an unpinned page");
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    assert!(err.message.contains("ends before that"), "{}", err.message);
+    for h in halves {
+        let l = e.register_layout(&c, fc, StorageKind::Pinned, &[h]).unwrap_or_else(|e| panic!("one whole pinned half: {}", e.message));
+        drop(l);
+    }
+    drop(e);
+    in_primary_context(|| {
+        for h in halves {
+            assert_eq!(unsafe { sys::cuMemHostUnregister(h as *mut _) }, OK);
+        }
+    });
+    assert_eq!(unsafe { libc::munmap(map, total) }, 0);
 }
 
 fn wait_event_on_the_emulated_device_is_refused() {

@@ -145,6 +145,28 @@ impl CudaGpu {
         Ok(())
     }
 
+    /// Whether `[addr, end)` lies in the one page-locked allocation or registration that
+    /// holds `addr`, and `at(addr)` holds (a property of the whole range). Where the driver
+    /// reports no range for host memory, every page is asked `at` instead. A range that
+    /// only starts and ends in pinned memory may have unpinned pages or another
+    /// allocation in between, which the region kernel would reach.
+    fn pinned_throughout(&self, addr: u64, end: u64, at: impl Fn(u64) -> bool) -> bool {
+        use sys::CUpointer_attribute_enum::*;
+        if !at(addr) {
+            return false;
+        }
+        let start = self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr);
+        let size = self.pointer_attribute::<usize>(CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr);
+        match (start, size) {
+            (Ok(start), Ok(size)) if size > 0 && start <= addr => end <= start.saturating_add(size as u64),
+            _ => {
+                log::warn!("the driver reports no extent for pinned memory at {addr:#x}; checking its {} bytes page by page", end - addr);
+                let first_page = addr & !(PAGE - 1);
+                (1..).map(|i| first_page + i * PAGE).take_while(|&a| a < end).all(&at) && at(end - 1)
+            }
+        }
+    }
+
     fn pointer_attribute<T: Default>(&self, attr: sys::CUpointer_attribute, addr: u64) -> std::result::Result<T, sys::CUresult> {
         let mut v = T::default();
         // SAFETY: `v` is the attribute's documented type (callers pick it).
@@ -171,6 +193,9 @@ impl Drop for Pushed {
         unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 }
+
+/// The granularity of page-locking (cuMemHostRegister rounds to pages of at least this).
+const PAGE: u64 = 4096;
 
 struct EventWait(sys::CUevent);
 // SAFETY: events may be synchronised from any thread.
@@ -300,14 +325,22 @@ impl Gpu for CudaGpu {
 
     fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()> {
         use sys::CUpointer_attribute_enum::*;
+        let Some(end) = addr.checked_add(bytes).filter(|&e| e > addr) else {
+            bail!(InvalidArg, "pinned range at {addr:#x} of {bytes} bytes is empty or wraps the address space");
+        };
         let _current = self.current()?;
-        for a in [addr, addr + bytes - 1] {
-            let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a).map_err(|_| {
-                Error::new(Status::InvalidArg, format!("{a:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"))
-            })?;
-            if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32 {
-                bail!(InvalidArg, "{a:#x} is not pinned host memory (CUDA memory type {kind})");
-            }
+        let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr).map_err(|_| {
+            Error::new(Status::InvalidArg, format!("{addr:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"))
+        })?;
+        if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32 {
+            bail!(InvalidArg, "{addr:#x} is not pinned host memory (CUDA memory type {kind})");
+        }
+        if !self.pinned_throughout(addr, end, |a| self.pointer_attribute::<u32>(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a) == Ok(kind)) {
+            bail!(
+                InvalidArg,
+                "the layout needs {bytes} bytes of page-locked memory from {addr:#x}, but the pinned allocation or registration there ends \
+                 before that; pass the whole pinned buffer's size, or register it without KVX_HOST_PINNED"
+            );
         }
         Ok(())
     }
@@ -315,13 +348,11 @@ impl Gpu for CudaGpu {
     fn maps_host(&self, addr: u64, bytes: u64) -> bool {
         use sys::CUpointer_attribute_enum::CU_POINTER_ATTRIBUTE_DEVICE_POINTER;
         // Without the region kernel nothing would use the mapping.
-        if self.kernel.is_none() || bytes == 0 {
-            return false;
-        }
+        let Some(end) = addr.checked_add(bytes).filter(|&e| e > addr && self.kernel.is_some()) else { return false };
         let Ok(_current) = self.current() else { return false };
         // Under unified addressing, pinned memory the device maps has the host's address
         // on the device too; memory pinned without a mapping reports no device pointer.
-        [addr, addr + bytes - 1].iter().all(|&a| self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a) == Ok(a))
+        self.pinned_throughout(addr, end, |a| self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a) == Ok(a))
     }
 
     fn reads_host_in_place(&self) -> bool {
