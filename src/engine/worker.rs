@@ -147,9 +147,10 @@ impl Router {
         req.release_one();
     }
 
-    /// Hands a chunk's pending device copy to its lane's fence thread.
-    fn to_fence(&self, kind: CopyKind, fence: Fence, chunk: Chunk) {
-        self.fence_tx[fence_lane(kind, chunk.slot)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
+    /// Hands a chunk's pending device copy (`gated`: after a caller's event) to its lane's
+    /// fence thread.
+    fn to_fence(&self, kind: CopyKind, gated: bool, fence: Fence, chunk: Chunk) {
+        self.fence_tx[fence_lane(kind, chunk.slot, gated)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
     }
 
     /// Records a stage's failure on its request and finishes the chunk.
@@ -275,12 +276,12 @@ fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chu
                     router.copy_done(&chunk);
                     router.advance(chunk)
                 }
-                pending => router.to_fence(kind, pending, chunk),
+                pending => router.to_fence(kind, after.is_some(), pending, chunk),
             }
         }
         Err(CopyError { error, queued: Fence::Done }) => router.fail(chunk, error),
         // Copies queued before the failure still use the slot: it goes back once they ran.
-        Err(failed) => router.to_fence(kind, failed.into_fence(), chunk),
+        Err(failed) => router.to_fence(kind, after.is_some(), failed.into_fence(), chunk),
     }
 }
 

@@ -56,16 +56,20 @@ pub enum HostSide {
 /// backend's region table holds this many).
 pub const MAX_OPS_PER_COPY: usize = 8192;
 
-/// Fences complete in issue order within a *lane*: a (direction, slot parity) pair,
-/// matching the streams a backend may use. One fence thread waits per lane.
-pub const FENCE_LANES: usize = 4;
+/// Fences complete in issue order within a *lane*, matching the streams a backend may
+/// use: a (direction, slot parity) pair, or for copies gated on a caller's event
+/// (`copy`'s `after`) one lane per direction, so a fence waiting for a caller's event
+/// holds up no other request's. One fence thread waits per lane.
+pub const FENCE_LANES: usize = 6;
 
-pub fn fence_lane(kind: CopyKind, slot: u32) -> usize {
-    let dir = match kind {
-        CopyKind::HostToDevice | CopyKind::DeviceToDevice => 0,
-        CopyKind::DeviceToHost => 2,
-    };
-    dir + (slot % 2) as usize
+pub fn fence_lane(kind: CopyKind, slot: u32, gated: bool) -> usize {
+    let h2d = matches!(kind, CopyKind::HostToDevice | CopyKind::DeviceToDevice);
+    match (gated, h2d) {
+        (false, true) => (slot % 2) as usize,
+        (false, false) => 2 + (slot % 2) as usize,
+        (true, true) => 4,
+        (true, false) => 5,
+    }
 }
 
 /// Something to wait on for a batch of copies that was issued asynchronously.
@@ -190,7 +194,8 @@ pub trait Gpu: Send + Sync + 'static {
     fn leave(&self) {}
 
     /// Issues `ops` (all of one kind) for the chunk holding bounce slot `slot`, after the
-    /// captured event `after` (see `capture_event`), and returns their fence; `host` says
+    /// captured event `after` (see `capture_event`; such a chunk's copies wait where no
+    /// other request's do), and returns their fence; `host` says
     /// what the host side is (unused for device-to-device). At most `MAX_OPS_PER_COPY`
     /// ops. Called on the copy thread, or on a submitting thread between `enter` and
     /// `leave`. A failure after part of the batch was queued says so (`CopyError::queued`).

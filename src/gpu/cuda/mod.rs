@@ -5,7 +5,9 @@
 //!   caller's own current context is left as it was.
 //! - Two H2D and two D2H streams (by slot parity), so both directions run at once and a
 //!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
-//!   use the H2D streams.
+//!   use the H2D streams. Chunks gated on a caller's event wait on a stream of their own
+//!   per direction, so that wait holds up no other request; caller events are captured
+//!   on a few streams of their own (`captures.rs`).
 //! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
 //!   thread (briefly by query when its lane is idle, then in blocking sync), then the slot
 //!   is free again.
@@ -13,12 +15,14 @@
 //!   over mapped pinned memory, as one kernel launch that reads or writes the host over
 //!   the bus (see `regions.rs`); large ones as one async memcpy each.
 
+mod captures;
 pub mod driver;
 mod host_reads;
 mod regions;
 
 use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
 use crate::error::{bail, Error, Result, Status};
+use captures::Captures;
 use driver::{check, sys};
 use regions::{RegionKernel, SlotResources};
 use std::ffi::c_void;
@@ -35,8 +39,10 @@ pub struct CudaGpu {
     ctx: sys::CUcontext,
     h2d: [sys::CUstream; 2],
     d2h: [sys::CUstream; 2],
+    /// Chunks gated on a caller's event: H2D (and device-to-device), D2H.
+    gated: [sys::CUstream; 2],
     /// Where caller events are captured at submit time (see `capture_event`).
-    interop: sys::CUstream,
+    captures: Captures,
     kernel: Option<RegionKernel>,
     /// The region kernel reads mapped host memory about as fast as a DMA does
     /// (`host_reads.rs`, measured at open).
@@ -77,7 +83,8 @@ impl CudaGpu {
                 ctx,
                 h2d: [std::ptr::null_mut(); 2],
                 d2h: [std::ptr::null_mut(); 2],
-                interop: std::ptr::null_mut(),
+                gated: [std::ptr::null_mut(); 2],
+                captures: Captures::default(),
                 kernel: None,
                 reads_host_in_place: false,
                 slots: OnceLock::new(),
@@ -86,9 +93,10 @@ impl CudaGpu {
             // `Drop` releases the context.
             let _current = Pushed::new(ctx)?;
             let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
-            for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()).chain(std::iter::once(&mut gpu.interop)) {
+            for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()).chain(gpu.gated.iter_mut()) {
                 check(sys::cuStreamCreate(s, flags), "cuStreamCreate")?;
             }
+            gpu.captures.create()?;
             gpu.kernel = match RegionKernel::load() {
                 Ok(k) => Some(k),
                 Err(e) => {
@@ -123,11 +131,16 @@ impl CudaGpu {
     /// parity by the LIFO ring, eight submitters of 25 MB requests saw p99 7.8-30 ms
     /// instead of 2.1-2.7 (H200, seventh session). Each fence lane still waits in the
     /// issue order of its stream's events, so lanes sharing a stream stay in order.
-    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool) -> sys::CUstream {
+    /// A chunk gated on a caller's event takes its direction's gated stream, whose fences
+    /// have lanes of their own (`fence_lane`): its wait would hold up every copy queued
+    /// behind it on a shared stream.
+    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool, gated: bool) -> sys::CUstream {
         let i = if kernel { (slot % 2) as usize } else { 0 };
-        match kind {
-            CopyKind::DeviceToHost => self.d2h[i],
-            CopyKind::HostToDevice | CopyKind::DeviceToDevice => self.h2d[i],
+        match (kind, gated) {
+            (CopyKind::DeviceToHost, true) => self.gated[1],
+            (_, true) => self.gated[0],
+            (CopyKind::DeviceToHost, false) => self.d2h[i],
+            (CopyKind::HostToDevice | CopyKind::DeviceToDevice, false) => self.h2d[i],
         }
     }
 
@@ -401,7 +414,7 @@ impl Gpu for CudaGpu {
     fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> std::result::Result<Fence, CopyError> {
         let res = self.slots.get().expect("prepare_slots runs before any copy");
         let kernel = self.kernel.as_ref().filter(|_| regions::batches(res, kind, ops, host));
-        let stream = self.stream(kind, slot, kernel.is_some());
+        let stream = self.stream(kind, slot, kernel.is_some(), after.is_some());
         // SAFETY: a thread with the context current (the copy thread, an I/O worker, a
         // submit between `enter` and `leave`); ops lie in validated layouts and this
         // chunk's slot; the slot's resources are this chunk's until its fence completes.
@@ -437,12 +450,10 @@ impl Gpu for CudaGpu {
         }
         let _current = self.current()?;
         let mut ev = std::ptr::null_mut();
-        // SAFETY: driver calls on our stream; a bad caller event makes cuStreamWaitEvent fail.
+        // SAFETY: driver calls on our streams; a bad caller event makes cuStreamWaitEvent fail.
         unsafe {
             check(sys::cuEventCreate(&mut ev, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), "cuEventCreate")?;
-            let captured = check(sys::cuStreamWaitEvent(self.interop, event as sys::CUevent, 0), "cuStreamWaitEvent (wait_event)")
-                .and_then(|_| check(sys::cuEventRecord(ev, self.interop), "cuEventRecord"));
-            if let Err(e) = captured {
+            if let Err(e) = self.captures.capture(event as sys::CUevent, ev) {
                 sys::cuEventDestroy_v2(ev);
                 return Err(Error::new(Status::InvalidArg, format!("wait_event is not a usable CUevent of this device: {}", e.message)));
             }
@@ -470,7 +481,8 @@ impl Drop for CudaGpu {
                 if let Some(k) = self.kernel.take() {
                     k.unload();
                 }
-                for s in self.h2d.into_iter().chain(self.d2h).chain([self.interop]) {
+                self.captures.free();
+                for s in self.h2d.into_iter().chain(self.d2h).chain(self.gated) {
                     if !s.is_null() {
                         sys::cuStreamDestroy_v2(s);
                     }
