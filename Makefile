@@ -50,6 +50,7 @@ test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test
 rust-test: $(TEST_DIR) nixl-libs
 	$(CARGO) test --release
 	KVX_TEST_IO_BACKEND=uring $(CARGO) test --release --test roundtrip --test faults --test integrity
+	KVX_TEST_EMULATED=deferred $(CARGO) test --release --test requests --test roundtrip --test faults
 	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
 	  echo "NIXL suites, with $(NIXL_LIBS)"; \
 	  LD_LIBRARY_PATH=$(NIXL_LIBS) KVX_TEST_IO_BACKEND=nixl $(CARGO) test --release --test roundtrip --test integrity --test backends && \

@@ -1,5 +1,7 @@
-//! Fault injection for tests: make the Nth disk read, disk write or device copy fail
-//! with an errno, return short, or (for device copies) fail like a CUDA error.
+//! Fault injection for tests: make the Nth disk read, disk write, device copy or
+//! device op fail with an errno, return short, or (on the device) fail like a CUDA
+//! error. With it comes the deferred emulated device (`deferred_device`), whose copies
+//! complete later on a thread of their own, as a GPU's do, and can be held back.
 //!
 //! Only in builds with the `fault-injection` feature, which the crate's own tests turn
 //! on (a dev-dependency on itself) and release builds leave off: there `check` is a
@@ -14,8 +16,11 @@ pub enum Site {
     DiskRead = 0,
     /// One `pwrite` system call.
     DiskWrite = 1,
-    /// One batch of device copies (`Gpu::copy`) on the emulated device.
+    /// One batch of device copies (`Gpu::copy`) on the emulated device, before any of it
+    /// is queued.
     DeviceCopy = 2,
+    /// One op of a batch on the emulated device, after the ops before it were queued.
+    DeviceOp = 3,
 }
 
 /// What the chosen call does instead of its work.
@@ -42,8 +47,8 @@ pub(crate) fn check(_site: Site) -> Option<Fault> {
 #[cfg(feature = "fault-injection")]
 mod plan {
     use super::{Fault, Site};
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+    use std::sync::{Condvar, Mutex};
 
     struct Plan {
         site: Site,
@@ -53,7 +58,7 @@ mod plan {
 
     static ENABLED: AtomicBool = AtomicBool::new(false);
     static PLAN: Mutex<Option<Plan>> = Mutex::new(None);
-    static CALLS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    static CALLS: [AtomicU64; 4] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
     /// From now on, the `nth` (0-based) call at `site` gets `fault`; call counts restart.
     pub fn inject(site: Site, nth: u64, fault: Fault) {
@@ -98,5 +103,64 @@ mod plan {
             Some(p) if p.site == site && p.nth == n => Some(p.fault),
             _ => None,
         }
+    }
+
+    /// Emulated devices opened from now on: deferred (`Some(true)`), immediate
+    /// (`Some(false)`), or as `KVX_TEST_EMULATED` says (`None`, the start).
+    pub fn set_deferred_device(deferred: Option<bool>) {
+        DEFERRED.store(deferred.map_or(0, |d| 1 + d as u8), Ordering::Release);
+    }
+
+    static DEFERRED: AtomicU8 = AtomicU8::new(0);
+
+    /// Whether an emulated device opened now completes its copies later, on a thread of
+    /// its own (`set_deferred_device`, else `KVX_TEST_EMULATED=deferred`).
+    pub(crate) fn deferred_device() -> bool {
+        match DEFERRED.load(Ordering::Acquire) {
+            0 => std::env::var("KVX_TEST_EMULATED").is_ok_and(|v| v == "deferred"),
+            d => d == 2,
+        }
+    }
+
+    /// Whether deferred devices' streams are held, and how many fences of theirs are
+    /// being waited on.
+    struct Streams {
+        held: bool,
+        waiting: u64,
+    }
+
+    static STREAMS: Mutex<Streams> = Mutex::new(Streams { held: false, waiting: 0 });
+    static STREAMS_CHANGED: Condvar = Condvar::new();
+
+    /// Holds (`true`) or lets run (`false`) every deferred device's stream: a held stream
+    /// queues what it is given and runs none of it.
+    pub fn hold_device_streams(held: bool) {
+        STREAMS.lock().unwrap().held = held;
+        STREAMS_CHANGED.notify_all();
+    }
+
+    /// Waits until a thread waits on a deferred device's fence, or `timeout` passed;
+    /// whether one does.
+    pub fn wait_for_fence_waiter(timeout: std::time::Duration) -> bool {
+        let s = STREAMS.lock().unwrap();
+        let (s, _) = STREAMS_CHANGED.wait_timeout_while(s, timeout, |s| s.waiting == 0).unwrap();
+        s.waiting > 0
+    }
+
+    /// A deferred stream is about to run a job: waits while the streams are held.
+    pub(crate) fn device_job_starts() {
+        let s = STREAMS.lock().unwrap();
+        drop(STREAMS_CHANGED.wait_while(s, |s| s.held).unwrap());
+    }
+
+    /// A thread starts (`true`) or stops waiting on a deferred device's fence.
+    pub(crate) fn fence_waiting(waiting: bool) {
+        let mut s = STREAMS.lock().unwrap();
+        if waiting {
+            s.waiting += 1;
+        } else {
+            s.waiting -= 1;
+        }
+        STREAMS_CHANGED.notify_all();
     }
 }

@@ -34,7 +34,10 @@ fn main() {
             .unless(no_gpu.clone()),
         case("dense_host_spans_land_byte_exact_on_every_device_kind", dense_host_spans_land_byte_exact_on_every_device_kind)
             .unless(no_gpu.clone()),
-        case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu),
+        case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu.clone()),
+        case("every_call_leaves_the_callers_own_context_current", every_call_leaves_the_callers_own_context_current).unless(no_gpu.clone()),
+        case("a_pinned_layout_over_an_unpinned_page_is_refused", a_pinned_layout_over_an_unpinned_page_is_refused).unless(no_gpu.clone()),
+        case("a_request_waiting_for_its_event_holds_up_no_other", a_request_waiting_for_its_event_holds_up_no_other).unless(no_gpu),
         case("wait_event_on_the_emulated_device_is_refused", wait_event_on_the_emulated_device_is_refused),
         case("a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back", a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back)
             .unless(driver),
@@ -222,6 +225,259 @@ fn an_offload_waits_for_the_callers_event() {
         sys::cuStreamDestroy_v2(stream);
     }
     dev_free(filler);
+}
+
+const OK: sys::CUresult = sys::CUresult::CUDA_SUCCESS;
+
+fn test_ordinal() -> i32 {
+    match gpu_config().device {
+        kvxfer::Device::Cuda(d) => d as i32,
+        d => unreachable!("gpu_config names a CUDA device, not {d:?}"),
+    }
+}
+
+/// The context current on this thread.
+fn current_context() -> sys::CUcontext {
+    let mut c = std::ptr::null_mut();
+    assert_eq!(unsafe { sys::cuCtxGetCurrent(&mut c) }, OK);
+    c
+}
+
+/// Runs `f` with the device's primary context (the engine's) pushed on this thread.
+fn in_primary_context<T>(f: impl FnOnce() -> T) -> T {
+    let mut ctx = std::ptr::null_mut();
+    unsafe {
+        let mut dev = 0;
+        assert_eq!(sys::cuDeviceGet(&mut dev, test_ordinal()), OK);
+        assert_eq!(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), OK);
+        assert_eq!(sys::cuCtxPushCurrent_v2(ctx), OK);
+        let out = f();
+        let mut popped = std::ptr::null_mut();
+        assert_eq!(sys::cuCtxPopCurrent_v2(&mut popped), OK);
+        assert_eq!(sys::cuDevicePrimaryCtxRelease_v2(dev), OK);
+        out
+    }
+}
+
+/// A host application with a context of its own current on its thread (not the primary
+/// one kvxfer uses) finds it still current after every call into kvxfer: engine
+/// creation, pinned layouts created and registered, a registered device layout, a submit
+/// gated on its event (captured and issued on this thread), the request's release, and
+/// the destruction of each.
+fn every_call_leaves_the_callers_own_context_current() {
+    let mut mine = std::ptr::null_mut();
+    unsafe {
+        assert_eq!(sys::cuInit(0), OK);
+        let mut dev = 0;
+        assert_eq!(sys::cuDeviceGet(&mut dev, test_ordinal()), OK);
+        assert_eq!(sys::cuCtxCreate_v2(&mut mine, 0, dev), OK);
+    }
+    let still_mine = |after: &str| assert_eq!(current_context(), mine, "{after} left another context current on the caller's thread");
+    still_mine("cuCtxCreate");
+
+    let e = gpu_engine();
+    still_mine("creating the engine");
+    let c = cfg(4, 2, 2, 16, 128, 2); // 256 KiB
+    let bytes = 4 * 2 * 2 * 16 * 128 * 2;
+    let fc = LayoutKind::FullyContiguous;
+    let src = e.create_layout(&c, fc, StorageKind::Pinned).unwrap();
+    still_mine("creating a pinned host layout");
+    let mut pinned = std::ptr::null_mut();
+    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    assert_eq!(unsafe { sys::cuMemHostAlloc(&mut pinned, bytes, flags) }, OK);
+    let back = e.register_layout(&c, fc, StorageKind::Pinned, &[pinned as u64]).unwrap();
+    still_mine("registering pinned host memory");
+    let dev_mem = in_primary_context(|| {
+        let mut p = 0;
+        assert_eq!(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, OK);
+        p
+    });
+    let dev = e.register_layout(&c, fc, StorageKind::Device, &[dev_mem]).unwrap();
+    still_mine("registering device memory");
+
+    let (mut stream, mut ev) = (std::ptr::null_mut(), std::ptr::null_mut());
+    unsafe {
+        assert_eq!(sys::cuStreamCreate(&mut stream, sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32), OK);
+        assert_eq!(sys::cuEventCreate(&mut ev, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), OK);
+        assert_eq!(sys::cuEventRecord(ev, stream), OK);
+    }
+    fill(&src, 71);
+    fill(&back, 72);
+    let ids: Vec<u64> = (0..4).collect();
+    let opts = TransferOptions { wait_event: ev as u64, ..Default::default() };
+    let r = e.submit(&src, &ids, &dev, &ids, &opts).unwrap();
+    still_mine("a submit with wait_event");
+    assert_eq!(r.wait(Some(std::time::Duration::from_secs(60))), Status::Ok, "{}", r.error_message().to_string_lossy());
+    drop(r);
+    still_mine("releasing a request with a captured event");
+    assert_eq!(transfer(&e, &dev, &ids, &back, &ids, &Default::default()), Status::Ok);
+    still_mine("a device -> host transfer");
+    check(&back, 72, 71, &ids.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..2, "pinned -> registered device -> registered pinned");
+
+    drop(dev);
+    still_mine("destroying the registered device layout");
+    drop(back);
+    drop(src);
+    still_mine("destroying the pinned host layouts");
+    drop(e);
+    still_mine("destroying the engine");
+    unsafe {
+        assert_eq!(sys::cuEventDestroy_v2(ev), OK);
+        assert_eq!(sys::cuStreamDestroy_v2(stream), OK);
+        assert_eq!(sys::cuMemFreeHost(pinned), OK);
+        in_primary_context(|| assert_eq!(sys::cuMemFree_v2(dev_mem), OK));
+        assert_eq!(sys::cuCtxDestroy_v2(mine), OK);
+    }
+}
+
+/// Pinned memory is checked over every byte a layout needs: two page-locked halves of
+/// one mapping with an unpinned page between them are not one pinned buffer, though a
+/// layout across the gap starts and ends in pinned memory. Each half on its own is.
+fn a_pinned_layout_over_an_unpinned_page_is_refused() {
+    let e = gpu_engine();
+    let c = cfg(4, 2, 2, 16, 128, 2); // 256 KiB
+    let (need, page) = (256usize << 10, 4096usize);
+    let total = 2 * need + page;
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), total, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    assert_ne!(map, libc::MAP_FAILED);
+    let base = map as u64;
+    let halves = [base, base + (need + page) as u64];
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    in_primary_context(|| {
+        for h in halves {
+            assert_eq!(unsafe { sys::cuMemHostRegister_v2(h as *mut _, need, flags) }, OK);
+        }
+    });
+    let fc = LayoutKind::FullyContiguous;
+    let across = base + 2 * page as u64;
+    let err = e.register_layout(&c, fc, StorageKind::Pinned, &[across]).expect_err("a pinned layout across an unpinned page");
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    assert!(err.message.contains("ends before that"), "{}", err.message);
+    for h in halves {
+        let l = e.register_layout(&c, fc, StorageKind::Pinned, &[h]).unwrap_or_else(|e| panic!("one whole pinned half: {}", e.message));
+        drop(l);
+    }
+    drop(e);
+    in_primary_context(|| {
+        for h in halves {
+            assert_eq!(unsafe { sys::cuMemHostUnregister(h as *mut _) }, OK);
+        }
+    });
+    assert_eq!(unsafe { libc::munmap(map, total) }, 0);
+}
+
+/// A caller's stream held until the test lets it go: in a context of the test's own (so
+/// it shares no hardware queue with the engine's streams), it waits for a flag in mapped
+/// pinned memory, then records the event that gated requests wait for.
+struct HeldStream {
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    event: sys::CUevent,
+    flag: *mut u32,
+}
+
+impl HeldStream {
+    fn new() -> HeldStream {
+        let mut h = HeldStream { ctx: std::ptr::null_mut(), stream: std::ptr::null_mut(), event: std::ptr::null_mut(), flag: std::ptr::null_mut() };
+        unsafe {
+            assert_eq!(sys::cuInit(0), OK);
+            let mut dev = 0;
+            assert_eq!(sys::cuDeviceGet(&mut dev, test_ordinal()), OK);
+            assert_eq!(sys::cuCtxCreate_v2(&mut h.ctx, 0, dev), OK);
+            let mut flag = std::ptr::null_mut();
+            assert_eq!(sys::cuMemHostAlloc(&mut flag, 4, sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP), OK);
+            h.flag = flag as *mut u32;
+            std::ptr::write_volatile(h.flag, 0);
+            let mut on_device = 0;
+            assert_eq!(sys::cuMemHostGetDevicePointer_v2(&mut on_device, flag, 0), OK);
+            assert_eq!(sys::cuStreamCreate(&mut h.stream, sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32), OK);
+            assert_eq!(sys::cuEventCreate(&mut h.event, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), OK);
+            let geq = sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32;
+            assert_eq!(sys::cuStreamWaitValue32_v2(h.stream, on_device, 1, geq), OK, "stream memory operations on mapped pinned memory");
+            assert_eq!(sys::cuEventRecord(h.event, h.stream), OK);
+            let mut popped = std::ptr::null_mut();
+            assert_eq!(sys::cuCtxPopCurrent_v2(&mut popped), OK);
+        }
+        h
+    }
+
+    /// Lets the stream run on: the event fires.
+    fn release(&self) {
+        unsafe { std::ptr::write_volatile(self.flag, 1) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for HeldStream {
+    fn drop(&mut self) {
+        self.release();
+        unsafe {
+            assert_eq!(sys::cuCtxPushCurrent_v2(self.ctx), OK);
+            assert_eq!(sys::cuStreamSynchronize(self.stream), OK);
+            sys::cuEventDestroy_v2(self.event);
+            sys::cuStreamDestroy_v2(self.stream);
+            sys::cuMemFreeHost(self.flag as *mut _);
+            sys::cuCtxDestroy_v2(self.ctx);
+        }
+    }
+}
+
+/// A request gated on a caller's event that cannot fire yet holds up no other request:
+/// ungated requests both ways, on the streams the gated one would have shared, and a
+/// request gated on an event that already fired (captured beside the waiting one)
+/// complete while it waits; once its event fires, it completes too. Every byte checked.
+fn a_request_waiting_for_its_event_holds_up_no_other() {
+    let e = gpu_engine();
+    let c = cfg(8, 4, 2, 16, 512, 2); // 32 KiB regions, 256 KiB blocks
+    let fc = LayoutKind::FullyContiguous;
+    let layout = |s| e.create_layout(&c, fc, s).unwrap();
+    let (a_dev, a_host) = (layout(StorageKind::Device), layout(StorageKind::Pinned));
+    let (b_dev, b_host) = (layout(StorageKind::Device), layout(StorageKind::Pinned));
+    let (c_host, c_dev) = (layout(StorageKind::Pinned), layout(StorageKind::Device));
+    let (d_host, d_dev) = (layout(StorageKind::Pinned), layout(StorageKind::Device));
+    for (l, seed) in [(&a_dev, 81), (&a_host, 82), (&b_dev, 83), (&b_host, 84), (&c_host, 85), (&c_dev, 86), (&d_host, 87), (&d_dev, 88)] {
+        fill(l, seed);
+    }
+    let ids: Vec<u64> = (0..8).collect();
+    let pairs: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
+
+    let held = HeldStream::new();
+    let a = e.submit(&a_dev, &ids, &a_host, &ids, &TransferOptions { wait_event: held.event as u64, ..Default::default() }).unwrap();
+    let (mut stream, mut fired) = (std::ptr::null_mut(), std::ptr::null_mut());
+    cuda::bind();
+    unsafe {
+        assert_eq!(sys::cuStreamCreate(&mut stream, sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32), OK);
+        assert_eq!(sys::cuEventCreate(&mut fired, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), OK);
+        assert_eq!(sys::cuEventRecord(fired, stream), OK);
+        assert_eq!(sys::cuStreamSynchronize(stream), OK);
+    }
+    // A hang guard only: on any machine these finish in far less.
+    let guard = Some(std::time::Duration::from_secs(60));
+    let others = [
+        ("ungated device -> host", e.submit(&b_dev, &ids, &b_host, &ids, &Default::default()).unwrap()),
+        ("ungated host -> device", e.submit(&c_host, &ids, &c_dev, &ids, &Default::default()).unwrap()),
+        ("gated on a fired event", e.submit(&d_host, &ids, &d_dev, &ids, &TransferOptions { wait_event: fired as u64, ..Default::default() }).unwrap()),
+    ];
+    let outcomes: Vec<(&str, Status, String)> = others.iter().map(|(what, r)| (*what, r.wait(guard), r.error_message().to_string_lossy().into_owned())).collect();
+    let a_meanwhile = a.poll();
+    held.release();
+    let a_status = a.wait(guard);
+    for (what, status, msg) in outcomes {
+        assert_eq!(status, Status::Ok, "{what}, while another request waits for its caller's event: {msg}");
+    }
+    assert_eq!(a_meanwhile, Status::Pending, "the gated request finished before its event fired");
+    assert_eq!(a_status, Status::Ok, "{}", a.error_message().to_string_lossy());
+    check(&a_host, 82, 81, &pairs, 0..4, "gated device -> host");
+    check(&b_host, 84, 83, &pairs, 0..4, "ungated device -> host");
+    check(&c_dev, 86, 85, &pairs, 0..4, "ungated host -> device");
+    check(&d_dev, 88, 87, &pairs, 0..4, "host -> device gated on a fired event");
+    drop(held);
+    cuda::bind();
+    unsafe {
+        sys::cuEventDestroy_v2(fired);
+        sys::cuStreamDestroy_v2(stream);
+    }
 }
 
 fn wait_event_on_the_emulated_device_is_refused() {

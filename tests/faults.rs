@@ -1,9 +1,8 @@
 //! Fault injection, SQLite style: for a disk -> device and a device -> disk transfer,
-//! make each disk call and each device copy in turn fail (EIO, ENOSPC), get interrupted
-//! (EINTR) or come back short, and check the request's status and message, that EINTR
-//! and short I/O were retried invisibly (bytes right), that every bounce slot came back,
-//! and that the engine keeps serving. Prints the matrix.
-
+//! make each disk call, each device copy and each op of one in turn fail (EIO, ENOSPC),
+//! get interrupted (EINTR) or come back short, and check the request's status and
+//! message, that EINTR and short I/O were retried invisibly (bytes right), that every
+//! bounce slot came back, and that the engine keeps serving. Prints the matrix.
 mod common;
 use common::*;
 use kvxfer::fault::{self, Fault, Site};
@@ -113,10 +112,13 @@ fn walk(src_is_disk: bool) {
     let (src_ids, dst_ids) = s.ids(src_is_disk);
     fault::count_only();
     assert_eq!(transfer(&s.e, &src, src_ids, &dst, dst_ids, &Default::default()), Status::Ok);
-    let (disk_calls, copy_calls) = (fault::calls(disk_site), fault::calls(Site::DeviceCopy));
+    let (disk_calls, copy_calls, op_calls) = (fault::calls(disk_site), fault::calls(Site::DeviceCopy), fault::calls(Site::DeviceOp));
     fault::clear();
-    assert!(disk_calls >= 6 && copy_calls >= 6, "{disk_calls} disk calls, {copy_calls} copies");
-    let mut out = format!("{} ({disk_calls} disk calls, {copy_calls} device copies):\n", if src_is_disk { "disk -> device" } else { "device -> disk" });
+    assert!(disk_calls >= 6 && copy_calls >= 6 && op_calls > copy_calls, "{disk_calls} disk calls, {copy_calls} copies, {op_calls} ops");
+    let mut out = format!(
+        "{} ({disk_calls} disk calls, {copy_calls} device copies of {op_calls} ops):\n",
+        if src_is_disk { "disk -> device" } else { "device -> disk" }
+    );
     for n in 0..disk_calls {
         for (fault, name) in FAULTS {
             one(&s, disk_site, n, fault, name, src_is_disk, &mut out);
@@ -124,6 +126,9 @@ fn walk(src_is_disk: bool) {
     }
     for n in 0..copy_calls {
         one(&s, Site::DeviceCopy, n, Fault::CopyError, "error", src_is_disk, &mut out);
+    }
+    for n in 0..op_calls {
+        one(&s, Site::DeviceOp, n, Fault::CopyError, "error", src_is_disk, &mut out);
     }
     // Still serving, and a clean transfer moves every byte.
     fill(&dst, 8);
@@ -197,4 +202,54 @@ fn every_part_of_a_shared_read_can_fail() {
     assert_eq!(transfer(&s.e, &s.disk, &s.disk_ids, &s.dev, &s.dev_ids, &Default::default()), Status::Ok);
     check(&s.dev, 6, 5, &s.pairs(true), 0..4, "after the faults");
     let _ = std::io::stderr().write_all(out.as_bytes());
+}
+
+/// A batch of device copies that fails part-way keeps its slot until what it had queued
+/// is done. On a device whose copies complete later (the deferred emulated device, its
+/// stream held), request X's batch of three ops fails at its third, the first two still
+/// queued; request Y, which needs X's slot (the ring has one), must not get it before
+/// they ran: else they land in the slot over Y's disk read, and Y's device blocks get
+/// X's bytes.
+#[test]
+fn a_batch_failing_after_queued_copies_keeps_its_slot_until_they_ran() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    fault::set_deferred_device(Some(true));
+    let e = engine_with(|c| {
+        c.device = kvxfer::Device::Emulated;
+        c.io_backend = backend();
+        c.slot_bytes = 64 << 10;
+        c.bounce_bytes = 64 << 10;
+    });
+    fault::set_deferred_device(None);
+    assert_eq!(e.slots(), (1, 1));
+    // 4 KiB regions, three layers each in a base of its own: a block moves as three ops.
+    let c = cfg(2, 3, 1, 16, 128, 2);
+    let separate = LayoutKind::LayerSeparate { block_first: false };
+    let x_src = make_layout(&e, &c, separate, StorageKind::Device);
+    let x_dst = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
+    let y_src = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
+    let y_dst = make_layout(&e, &c, separate, StorageKind::Device);
+    fill(&x_src, 11);
+    fill(&y_src, 12);
+    fill(&y_dst, 13);
+
+    fault::hold_device_streams(true);
+    fault::inject(Site::DeviceOp, 2, Fault::CopyError);
+    let x = e.submit(&x_src, &[0], &x_dst, &[0], &Default::default()).unwrap();
+    let y = e.submit(&y_src, &[0], &y_dst, &[0], &Default::default()).unwrap();
+    // Someone waits on the held stream: X's failed batch (its slot kept), or, where the
+    // slot went back at once, Y's copies behind X's, after Y's read into that slot.
+    let waiting = fault::wait_for_fence_waiter(std::time::Duration::from_secs(30));
+    let x_early = x.poll();
+    fault::hold_device_streams(false);
+    assert!(waiting, "nothing waits on the held device stream");
+    let (xs, ys) = (x.wait(Some(std::time::Duration::from_secs(30))), y.wait(Some(std::time::Duration::from_secs(30))));
+    fault::clear();
+    let msg = x.error_message().to_string_lossy().into_owned();
+    assert_eq!(xs, Status::Cuda, "{msg}");
+    assert!(msg.contains("injected"), "{msg}");
+    assert_eq!(ys, Status::Ok, "{}", y.error_message().to_string_lossy());
+    check(&y_dst, 13, 12, &[(0, 0)], 0..3, "the request that reused the failed batch's slot");
+    assert_eq!(x_early, Status::Pending, "the failed request finished while its queued copies had not run");
+    assert_eq!(e.slots(), (1, 1));
 }

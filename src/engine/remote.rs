@@ -33,7 +33,12 @@ impl Engine {
             let bases = layout.bases().expect("memory layout");
             let bytes = layout.placement.base_bytes();
             let spans: Vec<_> = bases.iter().map(|&b| (b, bytes)).collect();
-            *reg = Some(link.register(layout.local_mem(&*self.gpu), &spans)?);
+            // UCX asks the driver about device memory: in our context, pushed on the
+            // caller's thread for the call.
+            self.gpu.enter()?;
+            let registered = link.register(layout.local_mem(&*self.gpu), &spans);
+            self.gpu.leave();
+            *reg = Some(registered?);
         }
         Ok(())
     }

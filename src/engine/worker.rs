@@ -15,7 +15,7 @@ use super::stats::Counters;
 use super::bounce::BounceRing;
 use super::fanout::{run_part, send_read, Part};
 use crate::error::{Error, Result};
-use crate::gpu::{fence_lane, CopyKind, CopyOp, Fence, Gpu};
+use crate::gpu::{fence_lane, CopyError, CopyKind, CopyOp, Fence, Gpu};
 use crate::io::gds::Gds;
 use crate::io::Port;
 use crate::remote::Posted;
@@ -147,6 +147,12 @@ impl Router {
         req.release_one();
     }
 
+    /// Hands a chunk's pending device copy (`gated`: after a caller's event) to its lane's
+    /// fence thread.
+    fn to_fence(&self, kind: CopyKind, gated: bool, fence: Fence, chunk: Chunk) {
+        self.fence_tx[fence_lane(kind, chunk.slot, gated)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
+    }
+
     /// Records a stage's failure on its request and finishes the chunk.
     pub(super) fn fail(&self, chunk: Chunk, err: Error) {
         chunk.req.fail(err);
@@ -251,11 +257,12 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
 }
 
 /// Issues a chunk's device copies; a finished fence moves the chunk on at once, a
-/// pending one goes to its lane's fence thread.
+/// pending one goes to its lane's fence thread. So does a batch that failed after part of
+/// it was queued: the chunk fails, and gives its slot back, once that part ran.
 fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chunk: Chunk) {
     let Op::DeviceCopy { kind, ops, host, after } = op else { unreachable!("only device copies are issued here") };
     chunk.issued = Some(std::time::Instant::now());
-    let issued = bound.and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after));
+    let issued = bound.map_err(CopyError::from).and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after));
     match issued {
         Ok(fence) => {
             let bytes: u64 = ops.iter().map(|o| o.len).sum();
@@ -269,12 +276,12 @@ fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chu
                     router.copy_done(&chunk);
                     router.advance(chunk)
                 }
-                pending => router.fence_tx[fence_lane(kind, chunk.slot)]
-                    .send(Some((pending, chunk)))
-                    .unwrap_or_else(|_| unreachable!("fence thread gone")),
+                pending => router.to_fence(kind, after.is_some(), pending, chunk),
             }
         }
-        Err(e) => router.fail(chunk, e),
+        Err(CopyError { error, queued: Fence::Done }) => router.fail(chunk, error),
+        // Copies queued before the failure still use the slot: it goes back once they ran.
+        Err(failed) => router.to_fence(kind, after.is_some(), failed.into_fence(), chunk),
     }
 }
 

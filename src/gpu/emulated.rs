@@ -1,26 +1,52 @@
 //! The emulated device: host memory plays device memory, memcpy plays the DMA engine.
+//!
+//! Its copies complete before `copy` returns; in test builds (`fault-injection`) it may
+//! instead queue them on a stream of its own that runs them later, as a GPU does
+//! (`fault::deferred_device`, `deferred.rs`).
 
-use super::{CopyKind, CopyOp, Device, Fence, Gpu, HostSide};
-use crate::error::{bail, Result};
+use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gpu, HostSide};
+use crate::error::{bail, Error, Result, Status};
 use crate::host::{map_anonymous, unmap};
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 
 /// Device allocations by start address, so copies are checked the way the CUDA driver
 /// checks them: a copy may not run past the end of the allocation it starts in.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Emulated {
     allocations: RwLock<BTreeMap<u64, u64>>,
     /// Plays a host whose kernels read mapped host memory slowly (`Gpu::reads_host_in_place`).
     slow_host_reads: bool,
+    /// Where copies run when they complete later (test builds only).
+    #[cfg(feature = "fault-injection")]
+    stream: Option<super::deferred::Stream>,
 }
 
 impl Emulated {
+    /// The emulated device: copies complete before `copy` returns, or in test builds later
+    /// on a stream of its own where `fault::deferred_device` says so.
+    pub fn new() -> Emulated {
+        Emulated {
+            #[cfg(feature = "fault-injection")]
+            stream: crate::fault::deferred_device().then(super::deferred::Stream::new),
+            ..Default::default()
+        }
+    }
+
     /// An emulated device on a host whose kernels read mapped host memory slowly, so the
     /// planner's other paths for host-to-device copies are tested here too.
     #[cfg(test)]
     pub(crate) fn with_slow_host_reads() -> Emulated {
         Emulated { slow_host_reads: true, ..Default::default() }
+    }
+
+    /// The fence of every copy issued so far.
+    fn fence(&self) -> Fence {
+        #[cfg(feature = "fault-injection")]
+        if let Some(s) = &self.stream {
+            return Fence::Pending(s.fence());
+        }
+        Fence::Done
     }
 
     fn check_in_one_allocation(&self, addr: u64, len: u64) -> Result<()> {
@@ -105,9 +131,13 @@ impl Gpu for Emulated {
 
     fn release_event(&self, _event: u64) {}
 
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host: HostSide, _after: Option<u64>) -> Result<Fence> {
-        if crate::fault::check(crate::fault::Site::DeviceCopy).is_some() {
-            bail!(Cuda, "device copy failed (injected fault)");
+    /// Checks every op before it copies any, as the driver checks a copy before it queues
+    /// it; an injected op failure (`Site::DeviceOp`) strikes after the ops before it were
+    /// copied or queued, as a driver call failing mid-batch does.
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host: HostSide, _after: Option<u64>) -> std::result::Result<Fence, CopyError> {
+        use crate::fault::{check, Site};
+        if check(Site::DeviceCopy).is_some() {
+            return Err(Error::new(Status::Cuda, "device copy failed (injected fault)").into());
         }
         for op in ops {
             if kind != CopyKind::HostToDevice {
@@ -117,11 +147,20 @@ impl Gpu for Emulated {
                 self.check_in_one_allocation(op.dst, op.len)?;
             }
         }
-        for op in ops {
+        for (i, op) in ops.iter().enumerate() {
+            if check(Site::DeviceOp).is_some() {
+                let error = Error::new(Status::Cuda, format!("device op {i} of {} failed (injected fault)", ops.len()));
+                return Err(CopyError { error, queued: self.fence() });
+            }
+            #[cfg(feature = "fault-injection")]
+            if let Some(s) = &self.stream {
+                s.copy(*op);
+                continue;
+            }
             // SAFETY: the planner only emits ops inside validated layouts and bounce slots,
             // and a slot or region is owned by exactly one stage at a time.
             unsafe { std::ptr::copy_nonoverlapping(op.src as *const u8, op.dst as *mut u8, op.len as usize) };
         }
-        Ok(Fence::Done)
+        Ok(self.fence())
     }
 }

@@ -6,13 +6,15 @@
 //! backend implements the same trait.
 
 pub mod cuda;
+#[cfg(feature = "fault-injection")]
+mod deferred;
 mod emulated;
 mod probe;
 
 pub use emulated::Emulated;
 pub use probe::{open_device, Device};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Direction of a device copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,16 +56,20 @@ pub enum HostSide {
 /// backend's region table holds this many).
 pub const MAX_OPS_PER_COPY: usize = 8192;
 
-/// Fences complete in issue order within a *lane*: a (direction, slot parity) pair,
-/// matching the streams a backend may use. One fence thread waits per lane.
-pub const FENCE_LANES: usize = 4;
+/// Fences complete in issue order within a *lane*, matching the streams a backend may
+/// use: a (direction, slot parity) pair, or for copies gated on a caller's event
+/// (`copy`'s `after`) one lane per direction, so a fence waiting for a caller's event
+/// holds up no other request's. One fence thread waits per lane.
+pub const FENCE_LANES: usize = 6;
 
-pub fn fence_lane(kind: CopyKind, slot: u32) -> usize {
-    let dir = match kind {
-        CopyKind::HostToDevice | CopyKind::DeviceToDevice => 0,
-        CopyKind::DeviceToHost => 2,
-    };
-    dir + (slot % 2) as usize
+pub fn fence_lane(kind: CopyKind, slot: u32, gated: bool) -> usize {
+    let h2d = matches!(kind, CopyKind::HostToDevice | CopyKind::DeviceToDevice);
+    match (gated, h2d) {
+        (false, true) => (slot % 2) as usize,
+        (false, false) => 2 + (slot % 2) as usize,
+        (true, true) => 4,
+        (true, false) => 5,
+    }
 }
 
 /// Something to wait on for a batch of copies that was issued asynchronously.
@@ -87,6 +93,45 @@ impl Fence {
             Fence::Done => Ok(()),
             Fence::Pending(p) => p.wait(spin),
         }
+    }
+}
+
+/// A batch of copies that failed: why, and the fence of what of it the device had already
+/// queued (`Fence::Done` when nothing is in flight). Until that fence completes, the
+/// queued copies still read and write the chunk's slot and layouts, so the slot is not
+/// free before it.
+pub struct CopyError {
+    pub error: Error,
+    pub queued: Fence,
+}
+
+impl From<Error> for CopyError {
+    /// A failure before anything was queued.
+    fn from(error: Error) -> CopyError {
+        CopyError { error, queued: Fence::Done }
+    }
+}
+
+impl CopyError {
+    /// Waits for what was queued, then the error.
+    pub fn settle(self) -> Error {
+        if let Err(e) = self.queued.wait(false) {
+            log::error!("device copies queued before a failure: {e}");
+        }
+        self.error
+    }
+
+    /// A fence that completes when what was queued does, with the error.
+    pub fn into_fence(self) -> Fence {
+        Fence::Pending(Box::new(FailedAfter(self)))
+    }
+}
+
+struct FailedAfter(CopyError);
+
+impl PendingCopy for FailedAfter {
+    fn wait(self: Box<Self>, _spin: bool) -> Result<()> {
+        Err(self.0.settle())
     }
 }
 
@@ -140,18 +185,21 @@ pub trait Gpu: Send + Sync + 'static {
     fn bind_thread(&self) -> Result<()>;
 
     /// Makes the device's context current on a caller's thread for a moment (`copy` from a
-    /// submit); `leave` restores what was current before.
+    /// submit, or cuFile and UCX asking the driver about our memory); `leave` restores
+    /// what was current before. The backend's own calls need neither: each leaves the
+    /// caller's current context as it found it.
     fn enter(&self) -> Result<()> {
         Ok(())
     }
     fn leave(&self) {}
 
     /// Issues `ops` (all of one kind) for the chunk holding bounce slot `slot`, after the
-    /// captured event `after` (see `capture_event`), and returns their fence; `host` says
+    /// captured event `after` (see `capture_event`; such a chunk's copies wait where no
+    /// other request's do), and returns their fence; `host` says
     /// what the host side is (unused for device-to-device). At most `MAX_OPS_PER_COPY`
     /// ops. Called on the copy thread, or on a submitting thread between `enter` and
-    /// `leave`.
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> Result<Fence>;
+    /// `leave`. A failure after part of the batch was queued says so (`CopyError::queued`).
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> std::result::Result<Fence, CopyError>;
 
     /// Captures the caller's CUDA event as of now into an event of ours that copies can
     /// wait on, so re-recording the caller's event later changes nothing.

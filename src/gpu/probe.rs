@@ -22,12 +22,12 @@ pub enum Device {
 /// back.
 pub fn open_device(device: Device) -> Result<Arc<dyn Gpu>> {
     match device {
-        Device::Emulated => Ok(Arc::new(Emulated::default())),
+        Device::Emulated => Ok(Arc::new(Emulated::new())),
         Device::Auto => match CudaGpu::open(0) {
             Ok(g) => Ok(Arc::new(g)),
             Err(e) => {
                 log::info!("no usable CUDA device ({}); using the emulated device", e.message);
-                Ok(Arc::new(Emulated::default()))
+                Ok(Arc::new(Emulated::new()))
             }
         },
         Device::Cuda(d) => Ok(Arc::new(CudaGpu::open(d)?)),

@@ -11,7 +11,7 @@
 
 use super::{FileKey, Io};
 use crate::error::{Error, Result, Status};
-use crate::gpu::{CopyKind, CopyOp, Gpu, HostSide};
+use crate::gpu::{CopyError, CopyKind, CopyOp, Gpu, HostSide};
 use cudarc::cufile::sys;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -82,11 +82,19 @@ const PROBE_BYTES: u64 = 1 << 20;
 impl Gds {
     /// Opens cuFile and proves it: a known file read into device memory must come back
     /// byte for byte (checked through `scratch`, pinned host memory of at least 1 MiB).
-    /// Call on a thread bound to the device, before the engine's threads start.
+    /// Runs on the caller's thread, before the engine's threads start, with the device's
+    /// context pushed for the call.
     pub fn open(gpu: &Arc<dyn Gpu>, scratch: (u64, u64)) -> Result<Gds> {
         if gpu.device() == crate::gpu::Device::Emulated {
             return Err(unsupported("GPUDirect Storage needs a CUDA device; this engine runs on the emulated device"));
         }
+        gpu.enter()?;
+        let opened = Gds::open_here(gpu, scratch);
+        gpu.leave();
+        opened
+    }
+
+    fn open_here(gpu: &Arc<dyn Gpu>, scratch: (u64, u64)) -> Result<Gds> {
         // SAFETY: only probes for the library with dlopen.
         if !unsafe { sys::is_culib_present() } {
             return Err(unsupported("libcufile.so was not found on the library path (it ships with the CUDA toolkit, e.g. /usr/local/cuda/lib64)"));
@@ -136,7 +144,7 @@ impl Gds {
                 return Err(format!("read {got} of {n} bytes"));
             }
             let back = [CopyOp { dst: scratch.0, src: dev, len: n }];
-            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None).and_then(|f| f.wait(false)).map_err(|e| e.message)?;
+            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None).map_err(CopyError::settle).and_then(|f| f.wait(false)).map_err(|e| e.message)?;
             // SAFETY: the scratch memory holds `n` bytes, just copied.
             let seen = unsafe { std::slice::from_raw_parts(scratch.0 as *const u8, n as usize) };
             if seen != pattern.as_slice() {

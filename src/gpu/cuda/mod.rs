@@ -1,9 +1,13 @@
 //! A real GPU through the CUDA driver API (cudarc, loaded at run time).
 //!
-//! - One primary context, made current on every thread that calls the driver.
+//! - One primary context: made current once on each of kvxfer's own threads (`bind`);
+//!   on a thread of the caller's, pushed for the call and popped after (`Pushed`), so the
+//!   caller's own current context is left as it was.
 //! - Two H2D and two D2H streams (by slot parity), so both directions run at once and a
 //!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
-//!   use the H2D streams.
+//!   use the H2D streams. Chunks gated on a caller's event wait on a stream of their own
+//!   per direction, so that wait holds up no other request; caller events are captured
+//!   on a few streams of their own (`captures.rs`).
 //! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
 //!   thread (briefly by query when its lane is idle, then in blocking sync), then the slot
 //!   is free again.
@@ -11,12 +15,14 @@
 //!   over mapped pinned memory, as one kernel launch that reads or writes the host over
 //!   the bus (see `regions.rs`); large ones as one async memcpy each.
 
+mod captures;
 pub mod driver;
 mod host_reads;
 mod regions;
 
-use super::{CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
+use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
 use crate::error::{bail, Error, Result, Status};
+use captures::Captures;
 use driver::{check, sys};
 use regions::{RegionKernel, SlotResources};
 use std::ffi::c_void;
@@ -24,14 +30,19 @@ use std::sync::OnceLock;
 
 pub use driver::{driver_version, present};
 
+/// Owns a retain of its device's primary context from the moment `open` takes it: any
+/// error of `open` after that drops the half-built value, and `Drop` releases it.
 pub struct CudaGpu {
     ordinal: u32,
+    dev: sys::CUdevice,
     name: String,
     ctx: sys::CUcontext,
     h2d: [sys::CUstream; 2],
     d2h: [sys::CUstream; 2],
+    /// Chunks gated on a caller's event: H2D (and device-to-device), D2H.
+    gated: [sys::CUstream; 2],
     /// Where caller events are captured at submit time (see `capture_event`).
-    interop: sys::CUstream,
+    captures: Captures,
     kernel: Option<RegionKernel>,
     /// The region kernel reads mapped host memory about as fast as a DMA does
     /// (`host_reads.rs`, measured at open).
@@ -40,7 +51,7 @@ pub struct CudaGpu {
 }
 
 // SAFETY: CUDA handles may be used from any thread once the context is current there,
-// which `bind` ensures; the driver API is thread-safe.
+// which `bind` or `current` ensures; the driver API is thread-safe.
 unsafe impl Send for CudaGpu {}
 unsafe impl Sync for CudaGpu {}
 
@@ -65,22 +76,27 @@ impl CudaGpu {
             let name = std::ffi::CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
             let mut ctx = std::ptr::null_mut();
             check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
-            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
             let mut gpu = CudaGpu {
                 ordinal,
+                dev,
                 name,
                 ctx,
                 h2d: [std::ptr::null_mut(); 2],
                 d2h: [std::ptr::null_mut(); 2],
-                interop: std::ptr::null_mut(),
+                gated: [std::ptr::null_mut(); 2],
+                captures: Captures::default(),
                 kernel: None,
                 reads_host_in_place: false,
                 slots: OnceLock::new(),
             };
+            // Dropped before `gpu` on every return, so an error pops it before `gpu`'s
+            // `Drop` releases the context.
+            let _current = Pushed::new(ctx)?;
             let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
-            for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()).chain(std::iter::once(&mut gpu.interop)) {
+            for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()).chain(gpu.gated.iter_mut()) {
                 check(sys::cuStreamCreate(s, flags), "cuStreamCreate")?;
             }
+            gpu.captures.create()?;
             gpu.kernel = match RegionKernel::load() {
                 Ok(k) => Some(k),
                 Err(e) => {
@@ -95,9 +111,16 @@ impl CudaGpu {
         }
     }
 
+    /// Makes our context current on one of kvxfer's own threads, for good.
     fn bind(&self) -> Result<()> {
         // SAFETY: our retained primary context.
         check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    /// Makes our context current until the guard drops: every call that may run on a
+    /// thread of the caller's, which must find its own context current afterwards.
+    fn current(&self) -> Result<Pushed> {
+        Pushed::new(self.ctx)
     }
 
     /// The stream of a chunk's copies. A chunk that launches the region kernel takes its
@@ -108,11 +131,16 @@ impl CudaGpu {
     /// parity by the LIFO ring, eight submitters of 25 MB requests saw p99 7.8-30 ms
     /// instead of 2.1-2.7 (H200, seventh session). Each fence lane still waits in the
     /// issue order of its stream's events, so lanes sharing a stream stay in order.
-    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool) -> sys::CUstream {
+    /// A chunk gated on a caller's event takes its direction's gated stream, whose fences
+    /// have lanes of their own (`fence_lane`): its wait would hold up every copy queued
+    /// behind it on a shared stream.
+    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool, gated: bool) -> sys::CUstream {
         let i = if kernel { (slot % 2) as usize } else { 0 };
-        match kind {
-            CopyKind::DeviceToHost => self.d2h[i],
-            CopyKind::HostToDevice | CopyKind::DeviceToDevice => self.h2d[i],
+        match (kind, gated) {
+            (CopyKind::DeviceToHost, true) => self.gated[1],
+            (_, true) => self.gated[0],
+            (CopyKind::DeviceToHost, false) => self.d2h[i],
+            (CopyKind::HostToDevice | CopyKind::DeviceToDevice, false) => self.h2d[i],
         }
     }
 
@@ -130,6 +158,28 @@ impl CudaGpu {
         Ok(())
     }
 
+    /// Whether `[addr, end)` lies in the one page-locked allocation or registration that
+    /// holds `addr`, and `at(addr)` holds (a property of the whole range). Where the driver
+    /// reports no range for host memory, every page is asked `at` instead. A range that
+    /// only starts and ends in pinned memory may have unpinned pages or another
+    /// allocation in between, which the region kernel would reach.
+    fn pinned_throughout(&self, addr: u64, end: u64, at: impl Fn(u64) -> bool) -> bool {
+        use sys::CUpointer_attribute_enum::*;
+        if !at(addr) {
+            return false;
+        }
+        let start = self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr);
+        let size = self.pointer_attribute::<usize>(CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr);
+        match (start, size) {
+            (Ok(start), Ok(size)) if size > 0 && start <= addr => end <= start.saturating_add(size as u64),
+            _ => {
+                log::warn!("the driver reports no extent for pinned memory at {addr:#x}; checking its {} bytes page by page", end - addr);
+                let first_page = addr & !(PAGE - 1);
+                (1..).map(|i| first_page + i * PAGE).take_while(|&a| a < end).all(&at) && at(end - 1)
+            }
+        }
+    }
+
     fn pointer_attribute<T: Default>(&self, attr: sys::CUpointer_attribute, addr: u64) -> std::result::Result<T, sys::CUresult> {
         let mut v = T::default();
         // SAFETY: `v` is the attribute's documented type (callers pick it).
@@ -137,6 +187,28 @@ impl CudaGpu {
         if r == sys::CUresult::CUDA_SUCCESS { Ok(v) } else { Err(r) }
     }
 }
+
+/// A context pushed on this thread, popped again when dropped.
+struct Pushed(());
+
+impl Pushed {
+    fn new(ctx: sys::CUcontext) -> Result<Pushed> {
+        // SAFETY: a retained context; popped in `drop`.
+        check(unsafe { sys::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
+        Ok(Pushed(()))
+    }
+}
+
+impl Drop for Pushed {
+    fn drop(&mut self) {
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: pops the context `new` pushed on this thread.
+        unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}
+
+/// The granularity of page-locking (cuMemHostRegister rounds to pages of at least this).
+const PAGE: u64 = 4096;
 
 struct EventWait(sys::CUevent);
 // SAFETY: events may be synchronised from any thread.
@@ -202,7 +274,7 @@ impl Gpu for CudaGpu {
     }
 
     fn alloc_device(&self, bytes: u64) -> Result<u64> {
-        self.bind()?;
+        let _current = self.current()?;
         let mut p = 0;
         // SAFETY: valid out-pointer, context current.
         let r = unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) };
@@ -214,13 +286,13 @@ impl Gpu for CudaGpu {
     }
 
     unsafe fn free_device(&self, addr: u64, _bytes: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             let _ = check(sys::cuMemFree_v2(addr), "cuMemFree").map_err(|e| log::error!("{e}"));
         }
     }
 
     fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
-        self.bind()?;
+        let _current = self.current()?;
         let mut p = std::ptr::null_mut();
         // SAFETY: valid out-pointer; PORTABLE so every context sees it pinned.
         let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE) };
@@ -232,14 +304,14 @@ impl Gpu for CudaGpu {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             let _ = check(sys::cuMemFreeHost(ptr as *mut c_void), "cuMemFreeHost").map_err(|e| log::error!("{e}"));
         }
     }
 
     fn check_device_range(&self, addr: u64, bytes: u64) -> Result<()> {
         use sys::CUpointer_attribute_enum::*;
-        self.bind()?;
+        let _current = self.current()?;
         let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr).map_err(|r| {
             Error::new(Status::InvalidArg, format!("{addr:#x} is not memory CUDA knows ({r:?}); pass a device pointer from cuMemAlloc/cudaMalloc"))
         })?;
@@ -266,14 +338,22 @@ impl Gpu for CudaGpu {
 
     fn check_pinned_range(&self, addr: u64, bytes: u64) -> Result<()> {
         use sys::CUpointer_attribute_enum::*;
-        self.bind()?;
-        for a in [addr, addr + bytes - 1] {
-            let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a).map_err(|_| {
-                Error::new(Status::InvalidArg, format!("{a:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"))
-            })?;
-            if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32 {
-                bail!(InvalidArg, "{a:#x} is not pinned host memory (CUDA memory type {kind})");
-            }
+        let Some(end) = addr.checked_add(bytes).filter(|&e| e > addr) else {
+            bail!(InvalidArg, "pinned range at {addr:#x} of {bytes} bytes is empty or wraps the address space");
+        };
+        let _current = self.current()?;
+        let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr).map_err(|_| {
+            Error::new(Status::InvalidArg, format!("{addr:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"))
+        })?;
+        if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32 {
+            bail!(InvalidArg, "{addr:#x} is not pinned host memory (CUDA memory type {kind})");
+        }
+        if !self.pinned_throughout(addr, end, |a| self.pointer_attribute::<u32>(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a) == Ok(kind)) {
+            bail!(
+                InvalidArg,
+                "the layout needs {bytes} bytes of page-locked memory from {addr:#x}, but the pinned allocation or registration there ends \
+                 before that; pass the whole pinned buffer's size, or register it without KVX_HOST_PINNED"
+            );
         }
         Ok(())
     }
@@ -281,12 +361,11 @@ impl Gpu for CudaGpu {
     fn maps_host(&self, addr: u64, bytes: u64) -> bool {
         use sys::CUpointer_attribute_enum::CU_POINTER_ATTRIBUTE_DEVICE_POINTER;
         // Without the region kernel nothing would use the mapping.
-        if self.kernel.is_none() || bytes == 0 || self.bind().is_err() {
-            return false;
-        }
+        let Some(end) = addr.checked_add(bytes).filter(|&e| e > addr && self.kernel.is_some()) else { return false };
+        let Ok(_current) = self.current() else { return false };
         // Under unified addressing, pinned memory the device maps has the host's address
         // on the device too; memory pinned without a mapping reports no device pointer.
-        [addr, addr + bytes - 1].iter().all(|&a| self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a) == Ok(a))
+        self.pinned_throughout(addr, end, |a| self.pointer_attribute::<u64>(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a) == Ok(a))
     }
 
     fn reads_host_in_place(&self) -> bool {
@@ -294,7 +373,7 @@ impl Gpu for CudaGpu {
     }
 
     fn register_host(&self, addr: u64, bytes: u64) -> Result<()> {
-        self.bind()?;
+        let _current = self.current()?;
         // SAFETY: the caller's mapping of `bytes` at `addr`; PORTABLE so every context sees
         // it, DEVICEMAP so the region kernel can address it (`maps_host`).
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
@@ -306,13 +385,13 @@ impl Gpu for CudaGpu {
     }
 
     unsafe fn unregister_host(&self, addr: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             let _ = check(sys::cuMemHostUnregister(addr as *mut c_void), "cuMemHostUnregister").map_err(|e| log::error!("{e}"));
         }
     }
 
     fn prepare_slots(&self, slots: u32, slot_bytes: u64) -> Result<()> {
-        self.bind()?;
+        let _current = self.current()?;
         let r = SlotResources::new(slots, slot_bytes, self.kernel.is_some())?;
         self.slots.set(r).map_err(|_| Error::new(Status::Internal, "slot resources prepared twice"))
     }
@@ -332,10 +411,10 @@ impl Gpu for CudaGpu {
         unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> Result<Fence> {
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> std::result::Result<Fence, CopyError> {
         let res = self.slots.get().expect("prepare_slots runs before any copy");
         let kernel = self.kernel.as_ref().filter(|_| regions::batches(res, kind, ops, host));
-        let stream = self.stream(kind, slot, kernel.is_some());
+        let stream = self.stream(kind, slot, kernel.is_some(), after.is_some());
         // SAFETY: a thread with the context current (the copy thread, an I/O worker, a
         // submit between `enter` and `leave`); ops lie in validated layouts and this
         // chunk's slot; the slot's resources are this chunk's until its fence completes.
@@ -343,13 +422,25 @@ impl Gpu for CudaGpu {
             if let Some(ev) = after {
                 check(sys::cuStreamWaitEvent(stream, ev as sys::CUevent, 0), "cuStreamWaitEvent")?;
             }
-            match kernel {
-                Some(k) => regions::run_batched(k, res, slot, kind, ops, host, stream)?,
-                None => self.copy_each(kind, ops, stream)?,
-            }
+            let queued = match kernel {
+                Some(k) => regions::run_batched(k, res, slot, kind, ops, host, stream),
+                None => self.copy_each(kind, ops, stream),
+            };
+            // Recorded even after a failure: what the batch queued before it still reads
+            // and writes the slot (and its region table) until this event fires.
             let ev = res.event(slot);
-            check(sys::cuEventRecord(ev, stream), "cuEventRecord")?;
-            Ok(Fence::Pending(Box::new(EventWait(ev))))
+            match (queued, check(sys::cuEventRecord(ev, stream), "cuEventRecord")) {
+                (Ok(()), Ok(())) => Ok(Fence::Pending(Box::new(EventWait(ev)))),
+                (Err(error), Ok(())) => Err(CopyError { error, queued: Fence::Pending(Box::new(EventWait(ev))) }),
+                (queued, Err(recording)) => {
+                    // No event to wait on: wait for the stream itself, so nothing of this
+                    // batch runs once the slot is free again.
+                    if let Err(e) = check(sys::cuStreamSynchronize(stream), "cuStreamSynchronize") {
+                        log::error!("device {}: after a failed batch: {e}", self.ordinal);
+                    }
+                    Err(queued.err().unwrap_or(recording).into())
+                }
+            }
         }
     }
 
@@ -357,14 +448,12 @@ impl Gpu for CudaGpu {
         if event == 0 {
             bail!(InvalidArg, "wait_event is NULL");
         }
-        self.bind()?;
+        let _current = self.current()?;
         let mut ev = std::ptr::null_mut();
-        // SAFETY: driver calls on our stream; a bad caller event makes cuStreamWaitEvent fail.
+        // SAFETY: driver calls on our streams; a bad caller event makes cuStreamWaitEvent fail.
         unsafe {
             check(sys::cuEventCreate(&mut ev, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), "cuEventCreate")?;
-            let captured = check(sys::cuStreamWaitEvent(self.interop, event as sys::CUevent, 0), "cuStreamWaitEvent (wait_event)")
-                .and_then(|_| check(sys::cuEventRecord(ev, self.interop), "cuEventRecord"));
-            if let Err(e) = captured {
+            if let Err(e) = self.captures.capture(event as sys::CUevent, ev) {
                 sys::cuEventDestroy_v2(ev);
                 return Err(Error::new(Status::InvalidArg, format!("wait_event is not a usable CUevent of this device: {}", e.message)));
             }
@@ -373,7 +462,7 @@ impl Gpu for CudaGpu {
     }
 
     fn release_event(&self, event: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_current) = self.current() {
             // SAFETY: an event from `capture_event`; streams still waiting keep it alive.
             unsafe { sys::cuEventDestroy_v2(event as sys::CUevent) };
         }
@@ -381,27 +470,25 @@ impl Gpu for CudaGpu {
 }
 
 impl Drop for CudaGpu {
+    /// Also on `open`'s error paths, where what was not created yet is null or unset.
     fn drop(&mut self) {
-        if self.bind().is_err() {
-            return;
-        }
         // SAFETY: every user of these handles (threads, layouts, the ring) is gone.
         unsafe {
-            if let Some(s) = self.slots.take() {
-                s.free();
-            }
-            if let Some(k) = self.kernel.take() {
-                k.unload();
-            }
-            for s in self.h2d.into_iter().chain(self.d2h).chain([self.interop]) {
-                if !s.is_null() {
-                    sys::cuStreamDestroy_v2(s);
+            if let Ok(_current) = self.current() {
+                if let Some(s) = self.slots.take() {
+                    s.free();
+                }
+                if let Some(k) = self.kernel.take() {
+                    k.unload();
+                }
+                self.captures.free();
+                for s in self.h2d.into_iter().chain(self.d2h).chain(self.gated) {
+                    if !s.is_null() {
+                        sys::cuStreamDestroy_v2(s);
+                    }
                 }
             }
-            let mut dev = 0;
-            if sys::cuCtxGetDevice(&mut dev) == sys::CUresult::CUDA_SUCCESS {
-                sys::cuDevicePrimaryCtxRelease_v2(dev);
-            }
+            sys::cuDevicePrimaryCtxRelease_v2(self.dev);
         }
     }
 }
