@@ -263,6 +263,17 @@ def test_bad_transfers_and_settings_raise_their_status(engine):
     assert issubclass(kvxfer.OutOfRange, IndexError) and issubclass(kvxfer.Timeout, TimeoutError)
 
 
+def test_every_status_has_its_exception_class():
+    from kvxfer.errors import error_for
+
+    for code in range(2, 18):
+        e = error_for(code, "why")
+        assert type(e) is not kvxfer.Error and isinstance(e, kvxfer.Error) and e.status == code, code
+        assert getattr(kvxfer, type(e).__name__) is type(e) and type(e).__name__ in kvxfer.__all__, code
+    assert isinstance(error_for(17, "the peer exited"), kvxfer.RemoteError)
+    assert type(error_for(99, "")) is kvxfer.Error
+
+
 def test_a_closed_engine_says_so(tmp_path):
     cfg = geometry()
     e = kvxfer.Engine(device="emulated", io_threads=2)
