@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import operator
 import os
 import threading
 from dataclasses import dataclass, fields
@@ -13,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Uni
 
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
-from .errors import Error, InvalidArgument, Shutdown, Timeout, error_for
+from .errors import Error, InvalidArgument, OutOfRange, Shutdown, Timeout, error_for
 
 log = logging.getLogger("kvxfer")
 
@@ -316,7 +317,9 @@ class Engine(_Owned):
         wait_event: Any = None,
     ) -> "Request":
         """Moves blocks `src_ids[i]` of `src` to `dst_ids[i]` of `dst`, asynchronously.
-        `layers`: all (None), one layer, a `(begin, end)` pair, a range or a slice.
+        `layers`: all (None), one layer, a `(begin, end)` pair, a range or a slice; an
+        empty range or a negative layer is `InvalidArgument` (a slice's negative bounds
+        count from the end, as in Python).
         `on_complete(request, error_or_None)` runs once on a kvxfer thread when it ends.
         `wait_event`: a `torch.cuda.Event` (or a `CUevent` as int) the copies wait for."""
         sp, sn, sk = block_ids(src_ids, "src_ids")
@@ -369,22 +372,38 @@ class Engine(_Owned):
 
 
 def _layer_range(layers: Layers, num_layers: int) -> Tuple[int, int]:
+    """`[begin, end)` for the C options; (0, 0) only for None, since the C side reads
+    `layer_end` 0 as every layer. An empty range or a negative layer would reach C as
+    "every layer" or wrap in the uint32 fields, so both are refused here."""
     if layers is None:
         return 0, 0
-    if isinstance(layers, int) and not isinstance(layers, bool):
-        return layers, layers + 1
-    if isinstance(layers, range):
+    if isinstance(layers, bool):
+        raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
+    if isinstance(layers, int):
+        begin, end = layers, layers + 1
+    elif isinstance(layers, range):
         if layers.step != 1:
             raise InvalidArgument("layers must be consecutive (step 1)")
-        return layers.start, layers.stop
-    if isinstance(layers, slice):
-        start, stop, step = layers.indices(num_layers)
+        begin, end = layers.start, layers.stop
+    elif isinstance(layers, slice):
+        # Python's meaning: negative bounds count from the last layer.
+        begin, end, step = layers.indices(num_layers)
         if step != 1:
             raise InvalidArgument("layers must be consecutive (step 1)")
-        return start, stop
-    if isinstance(layers, tuple) and len(layers) == 2:
-        return int(layers[0]), int(layers[1])
-    raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
+    elif isinstance(layers, tuple) and len(layers) == 2:
+        try:
+            begin, end = operator.index(layers[0]), operator.index(layers[1])
+        except TypeError:
+            raise InvalidArgument(f"layers={layers!r}; (begin, end) must be two ints") from None
+    else:
+        raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
+    if begin < 0 or end < 0:
+        raise InvalidArgument(f"layers={layers!r} has a negative layer; layers count from 0 (a slice may count from the end)")
+    if end > num_layers:
+        raise OutOfRange(f"layer_end {end} is past the layout's {num_layers} layers", 3)
+    if begin >= end:
+        raise InvalidArgument(f"layers={layers!r} is empty (layer range [{begin}, {end})); a transfer moves at least one layer")
+    return begin, end
 
 
 def _settle(fut: "asyncio.Future[None]", err: Optional[Error]) -> None:

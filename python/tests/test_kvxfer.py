@@ -81,6 +81,42 @@ def test_layer_ranges_move_only_those_layers(engine):
     assert blocks_of(back, cfg, 6)[3 * per :] == blocks_of(src, cfg, 6)[3 * per :]
 
 
+@pytest.mark.parametrize("layers", [range(0, 0), slice(0, 0), slice(None, 0), (0, 0), range(2, 2), (3, 1), slice(3, 1)])
+def test_an_empty_layer_range_is_refused_and_moves_nothing(engine, layers):
+    cfg = geometry("layer_block_first")
+    src, back = host_arrays(cfg, 3), [np.zeros(cfg.base_bytes // 2, np.uint16) for _ in range(cfg.bases)]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b:
+        with pytest.raises(kvxfer.InvalidArgument, match="empty"):
+            engine.submit(h, [0], b, [0], layers=layers)
+    assert blocks_of(back, cfg, 0) == bytes(cfg.block_bytes)
+
+
+@pytest.mark.parametrize("layers", [-1, (-1, 2), range(-1, 2), (0, -1), (-4, 0)])
+def test_a_negative_layer_is_refused(engine, layers):
+    cfg = geometry()
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        with pytest.raises(kvxfer.InvalidArgument, match="negative"):
+            engine.submit(h, [0], d, [0], layers=layers)
+
+
+def test_a_layer_past_the_layout_is_out_of_range_even_past_32_bits(engine):
+    cfg = geometry()
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        for layers in ((0, 2**32), range(0, 2**32 + 1), 2**32):
+            with pytest.raises(kvxfer.OutOfRange, match="past the layout"):
+                engine.submit(h, [0], d, [0], layers=layers)
+
+
+def test_slices_of_layers_count_from_the_end_like_python(engine):
+    cfg = geometry("layer_block_first")
+    src, back = host_arrays(cfg, 4), [np.zeros(cfg.base_bytes // 2, np.uint16) for _ in range(cfg.bases)]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b:
+        engine.submit(h, [2], b, [2], layers=slice(-1, None)).wait()
+    per = cfg.block_bytes // cfg.num_layers
+    got, want = blocks_of(back, cfg, 2), blocks_of(src, cfg, 2)
+    assert got[3 * per :] == want[3 * per :] and got[: 3 * per] == bytes(3 * per)
+
+
 def test_callbacks_run_once_on_a_kvxfer_thread_with_the_error(engine):
     cfg = geometry()
     seen = []
