@@ -346,9 +346,13 @@ class Engine(_Owned):
             user = on_complete
 
             def on_complete(r: "Request", err: Optional[Error], _loop=loop, _fut=req._future, _user=user) -> None:
-                if _user is not None:
-                    _user(r, err)
-                _loop.call_soon_threadsafe(_settle, _fut, err)
+                # Settled even when the caller's callback raises (the trampoline logs
+                # that), or `await request` would never return.
+                try:
+                    if _user is not None:
+                        _user(r, err)
+                finally:
+                    _loop.call_soon_threadsafe(_settle, _fut, err)
 
         # Closed handles raise here, before a callback is registered that would never run.
         eh, sh, dh = self._handle(), src._handle(), dst._handle()

@@ -4,6 +4,7 @@ gets for bad input. Torch tests run where torch is installed and say so otherwis
 
 import asyncio
 import ctypes
+import logging
 import os
 import threading
 
@@ -222,6 +223,18 @@ def test_await_is_settled_on_the_loop_without_a_thread(engine):
 
     asyncio.run(main())
     assert seen == [None] * 8  # the caller's own callback still runs
+
+
+def test_a_raising_callback_still_settles_the_awaited_request(engine, caplog):
+    cfg = geometry()
+
+    async def main():
+        with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+            await asyncio.wait_for(engine.submit(h, [0], d, [0], on_complete=lambda r, e: 1 / 0), 30)
+
+    with caplog.at_level(logging.ERROR, logger="kvxfer"):
+        asyncio.run(main())
+    assert any("callback raised" in r.getMessage() and r.exc_info and r.exc_info[0] is ZeroDivisionError for r in caplog.records)
 
 
 def test_cancelled_request_raises_cancelled(engine, tmp_path):
