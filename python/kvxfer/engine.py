@@ -111,10 +111,9 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
     if entry is None:
         return
     req, fn = entry
-    # The callback may run before submit has returned and set the handle; the callback
-    # uses the request (done(), wait()) through it.
-    if req._h is None and req._submitting:
-        req._h = handle
+    # The callback may run before submit has returned: the request takes its handle
+    # from here then, since the callback uses it (done(), wait(), release()).
+    req._adopt(handle)
     try:
         err = None
         if status != n.OK:
@@ -364,14 +363,12 @@ class Engine(_Owned):
                 _callbacks[key] = (req, on_complete)
             o.on_complete, o.user_data = _TRAMPOLINE, key
         out = ctypes.c_void_p()
-        req._submitting = True
         st = n.lib.kvx_transfer_submit(eh, sh, sp, dh, dp, sn, ctypes.byref(o), ctypes.byref(out))
-        req._submitting = False
         if st != n.OK:
             with _callbacks_lock:
                 _callbacks.pop(key, None)
             raise error_for(st, n.last_error())
-        req._h = out.value
+        req._adopt(out.value)
         return req
 
 
@@ -457,8 +454,10 @@ class Request(_Owned):
     def __init__(self, engine: Engine):
         self.engine = engine
         self._h: Optional[int] = None
-        #: Inside `kvx_transfer_submit`: a callback that runs before it returned sets `_h`.
-        self._submitting = False
+        #: The handle comes from submit or from the request's own callback, whichever
+        #: comes first; once released it is never taken again.
+        self._lock = threading.Lock()
+        self._released = False
         #: Set when submitted inside a running event loop: settled on that loop.
         self._future: "Optional[asyncio.Future[None]]" = None
 
@@ -497,8 +496,18 @@ class Request(_Owned):
         # Submitted outside this loop: wait on the loop's executor instead.
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
+    def _adopt(self, handle: int) -> None:
+        with self._lock:
+            if self._h is None and not self._released:
+                self._h = handle
+
     def release(self) -> None:
-        """Drops the handle; a running transfer still completes."""
-        self._drop(n.lib.kvx_request_release)
+        """Drops the handle; a running transfer still completes. Its own completion
+        callback may release it, also before `submit` has returned."""
+        with self._lock:
+            h, self._h = self._h, None
+            self._released = True
+        if h:
+            n.lib.kvx_request_release(h)
 
     close = release
