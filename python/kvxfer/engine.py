@@ -1,5 +1,7 @@
 """Engine, Layout and Request: the C ABI's handles as Python objects with context
-managers; every failed call raises the `kvxfer.Error` subclass of its status."""
+managers; every failed call raises the `kvxfer.Error` subclass of its status. Any
+thread may use them, and any thread may close one while others use it: their calls
+then raise (`Shutdown` for a closed engine) instead of reaching freed memory."""
 
 from __future__ import annotations
 
@@ -9,17 +11,23 @@ import logging
 import operator
 import os
 import threading
+import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
 from .errors import Error, InvalidArgument, OutOfRange, Shutdown, Timeout, error_for
+from .handles import Handle
 
 log = logging.getLogger("kvxfer")
 
 Layers = Union[None, int, Tuple[int, int], range, slice]
 OnComplete = Callable[["Request", Optional[Error]], None]
+
+#: The longest single C wait of `Request.wait`: how long a close on another thread may
+#: wait for it. Completion still ends the wait at once.
+_WAIT_STEP = 0.05
 
 
 def _check(status: int) -> None:
@@ -113,7 +121,7 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
     req, fn = entry
     # The callback may run before submit has returned: the request takes its handle
     # from here then, since the callback uses it (done(), wait(), release()).
-    req._adopt(handle)
+    req._gate.adopt(handle)
     try:
         err = None
         if status != n.OK:
@@ -127,15 +135,35 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
 _TRAMPOLINE = n.COMPLETION_FN(_trampoline)
 
 
+def _destroy_engine(h: int) -> None:
+    n.lib.kvx_engine_destroy(h)
+
+
+def _destroy_layout(h: int) -> None:
+    n.lib.kvx_layout_destroy(h)
+
+
+def _release_request(h: int) -> None:
+    n.lib.kvx_request_release(h)
+
+
+def _engine_closed() -> Error:
+    return Shutdown("the engine is closed", 12)
+
+
+def _layout_closed() -> Error:
+    return InvalidArgument("the layout is closed", 2)
+
+
+def _request_released() -> Error:
+    return InvalidArgument("the request is released", 2)
+
+
 class _Owned:
-    """A C handle owned by this object: dropped once, by close(), `with` or collection."""
+    """A C handle owned by this object (`handles.Handle`): freed once, by close(),
+    `with` or collection, and never while another thread's call uses it."""
 
-    _h: Optional[int]
-
-    def _drop(self, free: Callable[[int], None]) -> None:
-        h, self._h = self._h, None
-        if h:
-            free(h)
+    _gate: Handle
 
     def close(self) -> None:
         raise NotImplementedError
@@ -183,59 +211,59 @@ class Engine(_Owned):
                 raise InvalidArgument(f"unknown engine setting {key!r}; known: io_threads, io_backend, bounce_bytes, slot_bytes, max_inflight")
         h = ctypes.c_void_p()
         _check(n.lib.kvx_engine_create(ctypes.byref(c), ctypes.byref(h)))
-        self._h: Optional[int] = h.value
-        self._lock = threading.Lock()
+        #: Held by every call on the engine and on its layouts and requests: the C
+        #: contract allows none of them once the engine is destroyed.
+        self._gate = Handle(h.value, _destroy_engine, _engine_closed)
 
     # -- lifetime ---------------------------------------------------------------
     def close(self) -> None:
         """Cancels requests not started, waits for the others and frees the engine.
-        Layouts and requests of it raise `Shutdown` afterwards. Idempotent."""
-        with self._lock:
-            self._drop(n.lib.kvx_engine_destroy)
-
-    def _handle(self) -> int:
-        h = self._h
-        if not h:
-            raise Shutdown("the engine is closed", 12)
-        return h
+        Calls that other threads are making through it (or its layouts and requests)
+        return first; from then on they raise `Shutdown`. Idempotent, and safe from
+        any thread."""
+        self._gate.close()
 
     # -- facts ------------------------------------------------------------------
     @property
     def device(self) -> int:
         """The CUDA ordinal the engine drives, or -1 for the emulated device."""
         d = ctypes.c_int32()
-        _check(n.lib.kvx_engine_device(self._handle(), ctypes.byref(d)))
+        with self._gate as h:
+            _check(n.lib.kvx_engine_device(h, ctypes.byref(d)))
         return d.value
 
     def config(self) -> EngineConfig:
         c = n.EngineConfigC()
         c.struct_size = ctypes.sizeof(c)
-        _check(n.lib.kvx_engine_config_get(self._handle(), ctypes.byref(c)))
+        with self._gate as h:
+            _check(n.lib.kvx_engine_config_get(h, ctypes.byref(c)))
         backend = {v: k for k, v in n.IO_BACKENDS.items()}.get(c.io_backend, str(c.io_backend))
         return EngineConfig(c.device, c.io_threads, backend, c.bounce_bytes, c.slot_bytes, c.max_inflight)
 
     def stats(self) -> Stats:
         s = n.StatsC()
         s.struct_size = ctypes.sizeof(s)
-        _check(n.lib.kvx_engine_stats(self._handle(), ctypes.byref(s)))
+        with self._gate as h:
+            _check(n.lib.kvx_engine_stats(h, ctypes.byref(s)))
         return Stats(*(getattr(s, f.name) for f in fields(Stats)))
 
     # -- layouts ----------------------------------------------------------------
-    def _layout(self, make: Callable[[ctypes.c_void_p], int], config: LayoutConfig, keep: Tuple[Any, ...] = ()) -> "Layout":
+    def _layout(self, make: Callable[[int, ctypes.c_void_p], int], config: LayoutConfig, keep: Tuple[Any, ...] = ()) -> "Layout":
         out = ctypes.c_void_p()
-        _check(make(out))
+        with self._gate as h:
+            _check(make(h, out))
         return Layout(self, out.value, config, keep)
 
     def device_layout(self, config: LayoutConfig) -> "Layout":
         """Device memory kvxfer allocates and frees."""
         c = config._c()
-        return self._layout(lambda out: n.lib.kvx_layout_create_device(self._handle(), ctypes.byref(c), ctypes.byref(out)), config)
+        return self._layout(lambda h, out: n.lib.kvx_layout_create_device(h, ctypes.byref(c), ctypes.byref(out)), config)
 
     def host_layout(self, config: LayoutConfig, pinned: bool = True) -> "Layout":
         """Host memory kvxfer allocates (page-locked unless `pinned=False`)."""
         c = config._c()
         flags = n.HOST_PINNED if pinned else 0
-        return self._layout(lambda out: n.lib.kvx_layout_create_host(self._handle(), ctypes.byref(c), flags, ctypes.byref(out)), config)
+        return self._layout(lambda h, out: n.lib.kvx_layout_create_host(h, ctypes.byref(c), flags, ctypes.byref(out)), config)
 
     def disk_layout(
         self,
@@ -260,7 +288,7 @@ class Engine(_Owned):
             | (n.DISK_MAPPED if mapped else 0)
         )
         p = os.fsencode(path)
-        return self._layout(lambda out: n.lib.kvx_layout_create_disk(self._handle(), ctypes.byref(c), p, flags, ctypes.byref(out)), config)
+        return self._layout(lambda h, out: n.lib.kvx_layout_create_disk(h, ctypes.byref(c), p, flags, ctypes.byref(out)), config)
 
     def register(self, arrays: Union[Any, Sequence[Any]], config: LayoutConfig) -> "Layout":
         """A layout over the caller's memory: one array for a contiguous layout, one per
@@ -291,7 +319,7 @@ class Engine(_Owned):
                 raise InvalidArgument(f"{wrong[0].what} is on CUDA device {wrong[0].device}, but this engine drives {mine if mine >= 0 else 'the emulated device'}")
             bases = (ctypes.c_uint64 * len(bufs))(*(b.addr for b in bufs))
             return self._layout(
-                lambda out: n.lib.kvx_layout_register_device(self._handle(), ctypes.byref(c), bases, len(bufs), ctypes.byref(out)),
+                lambda h, out: n.lib.kvx_layout_register_device(h, ctypes.byref(c), bases, len(bufs), ctypes.byref(out)),
                 config,
                 tuple(items),
             )
@@ -299,7 +327,7 @@ class Engine(_Owned):
         hb = (ctypes.c_void_p * len(bufs))(*(b.addr for b in bufs))
         flags = n.HOST_PINNED if pinned else 0
         return self._layout(
-            lambda out: n.lib.kvx_layout_register_host(self._handle(), ctypes.byref(c), hb, len(bufs), flags, ctypes.byref(out)),
+            lambda h, out: n.lib.kvx_layout_register_host(h, ctypes.byref(c), hb, len(bufs), flags, ctypes.byref(out)),
             config,
             tuple(items),
         )
@@ -354,21 +382,21 @@ class Engine(_Owned):
                     _loop.call_soon_threadsafe(_settle, _fut, err)
 
         # Closed handles raise here, before a callback is registered that would never run.
-        eh, sh, dh = self._handle(), src._handle(), dst._handle()
-        key = 0
-        if on_complete is not None:
-            global _next_key
-            with _callbacks_lock:
-                key, _next_key = _next_key, _next_key + 1
-                _callbacks[key] = (req, on_complete)
-            o.on_complete, o.user_data = _TRAMPOLINE, key
-        out = ctypes.c_void_p()
-        st = n.lib.kvx_transfer_submit(eh, sh, sp, dh, dp, sn, ctypes.byref(o), ctypes.byref(out))
-        if st != n.OK:
-            with _callbacks_lock:
-                _callbacks.pop(key, None)
-            raise error_for(st, n.last_error())
-        req._adopt(out.value)
+        with self._gate as eh, src._gate as sh, dst._gate as dh:
+            key = 0
+            if on_complete is not None:
+                global _next_key
+                with _callbacks_lock:
+                    key, _next_key = _next_key, _next_key + 1
+                    _callbacks[key] = (req, on_complete)
+                o.on_complete, o.user_data = _TRAMPOLINE, key
+            out = ctypes.c_void_p()
+            st = n.lib.kvx_transfer_submit(eh, sh, sp, dh, dp, sn, ctypes.byref(o), ctypes.byref(out))
+            if st != n.OK:
+                with _callbacks_lock:
+                    _callbacks.pop(key, None)
+                raise error_for(st, n.last_error())
+        req._gate.adopt(out.value)
         return req
 
 
@@ -419,30 +447,28 @@ class Layout(_Owned):
     def __init__(self, engine: Engine, handle: int, config: LayoutConfig, keep: Tuple[Any, ...] = ()):
         self.engine = engine
         self.config = config
-        self._h: Optional[int] = handle
+        self._gate = Handle(handle, _destroy_layout, _layout_closed)
         self._keep = keep
-
-    def _handle(self) -> int:
-        if not self._h:
-            raise InvalidArgument("the layout is closed", 2)
-        self.engine._handle()
-        return self._h
 
     @property
     def block_bytes(self) -> int:
         v = ctypes.c_uint64()
-        _check(n.lib.kvx_layout_block_bytes(self._handle(), ctypes.byref(v)))
+        with self._gate as h, self.engine._gate:
+            _check(n.lib.kvx_layout_block_bytes(h, ctypes.byref(v)))
         return v.value
 
     def base(self, layer: int = 0) -> int:
         """The address of one allocation (layer 0 for a contiguous layout)."""
         v = ctypes.c_uint64()
-        _check(n.lib.kvx_layout_base(self._handle(), layer, ctypes.byref(v)))
+        with self._gate as h, self.engine._gate:
+            _check(n.lib.kvx_layout_base(h, layer, ctypes.byref(v)))
         return v.value
 
     def close(self) -> None:
-        """Drops the caller's reference; requests using the layout keep it until they end."""
-        self._drop(n.lib.kvx_layout_destroy)
+        """Drops the caller's reference; requests using the layout keep it until they
+        end. Safe from any thread: a call another thread is making with the layout
+        returns first, and later ones raise `InvalidArgument`."""
+        self._gate.close_deferred()
 
 
 class Request(_Owned):
@@ -453,42 +479,41 @@ class Request(_Owned):
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._h: Optional[int] = None
         #: The handle comes from submit or from the request's own callback, whichever
         #: comes first; once released it is never taken again.
-        self._lock = threading.Lock()
-        self._released = False
+        self._gate = Handle(None, _release_request, _request_released)
         #: Set when submitted inside a running event loop: settled on that loop.
         self._future: "Optional[asyncio.Future[None]]" = None
-
-    def _handle(self) -> int:
-        self.engine._handle()
-        if not self._h:
-            raise InvalidArgument("the request is released", 2)
-        return self._h
-
-    def _message(self) -> str:
-        m = n.lib.kvx_request_error(self._h) if self._h else b""
-        return m.decode("utf-8", "replace") if m else ""
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Waits up to `timeout` seconds (None: forever); raises `kvxfer.Timeout` if it
         is still running, or the request's failure."""
-        ns = 2**64 - 1 if timeout is None else max(0, int(timeout * 1e9))
-        st = n.lib.kvx_request_wait(self._handle(), ns)
-        if st == n.OK:
-            return
-        if st == 10:
-            raise Timeout(n.last_error() or f"the request did not complete within {timeout} s", 10)
-        raise error_for(st, self._message() or n.last_error())
+        # In steps, each a C call of its own, so that closing the engine or releasing
+        # the request from another thread waits at most one step for this call.
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = _WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
+            with self.engine._gate, self._gate as h:
+                st = n.lib.kvx_request_wait(h, int(min(left, _WAIT_STEP) * 1e9))
+                if st == 10:  # still running, or (rarely) ended with KVX_ERR_TIMEOUT itself
+                    st = n.lib.kvx_request_poll(h)
+                if st == n.OK:
+                    return
+                if st != n.PENDING:
+                    m = n.lib.kvx_request_error(h)
+                    raise error_for(st, m.decode("utf-8", "replace") if m else n.last_error())
+            if deadline is not None and left <= _WAIT_STEP:
+                raise Timeout(f"the request did not complete within {timeout} s", 10)
 
     def done(self) -> bool:
         """Whether it ended (successfully or not); never raises for a failed request."""
-        return n.lib.kvx_request_poll(self._handle()) != n.PENDING
+        with self.engine._gate, self._gate as h:
+            return n.lib.kvx_request_poll(h) != n.PENDING
 
     def cancel(self) -> None:
         """Skips what has not started; `wait()` then raises `kvxfer.Cancelled`."""
-        _check(n.lib.kvx_request_cancel(self._handle()))
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_request_cancel(h))
 
     def __await__(self):
         if self._future is not None and self._future.get_loop() is asyncio.get_running_loop():
@@ -496,18 +521,11 @@ class Request(_Owned):
         # Submitted outside this loop: wait on the loop's executor instead.
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
-    def _adopt(self, handle: int) -> None:
-        with self._lock:
-            if self._h is None and not self._released:
-                self._h = handle
-
     def release(self) -> None:
-        """Drops the handle; a running transfer still completes. Its own completion
-        callback may release it, also before `submit` has returned."""
-        with self._lock:
-            h, self._h = self._h, None
-            self._released = True
-        if h:
-            n.lib.kvx_request_release(h)
+        """Drops the handle; a running transfer still completes. Safe from any thread
+        (a call another thread is making on the request returns first, later ones raise
+        `InvalidArgument`) and from its own completion callback, also before `submit`
+        has returned."""
+        self._gate.close_deferred()
 
     close = release

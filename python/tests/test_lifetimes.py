@@ -86,3 +86,150 @@ def test_a_callback_may_release_its_request_even_before_submit_returned(tmp_path
         tmp_path,
     )
     assert out.strip() == "ok"
+
+
+# Every C call of the binding, held open for 50 ms and watched: freeing a handle that
+# another thread's call is using ends the child at once (exit 3), before the freed
+# memory is touched.
+WATCH = """
+from kvxfer import _native as n
+
+class Watch:
+    FREES = {"kvx_engine_destroy", "kvx_layout_destroy", "kvx_request_release"}
+    SLOW = {"kvx_transfer_submit", "kvx_request_wait", "kvx_layout_base"}
+
+    def __init__(self, lib):
+        self.lib, self.lock, self.busy = lib, threading.Lock(), {}
+        self.inside = threading.Event()
+
+    def __getattr__(self, name):
+        f = getattr(self.lib, name)
+        def call(*args):
+            if name in self.FREES:
+                with self.lock:
+                    if self.busy.get(args[0]):
+                        print(name, "while another thread's call uses the handle", flush=True)
+                        os._exit(3)
+                return f(*args)
+            handles = [a for a in args if isinstance(a, int)]
+            with self.lock:
+                for h in handles:
+                    self.busy[h] = self.busy.get(h, 0) + 1
+            try:
+                if name in self.SLOW:
+                    self.inside.set()
+                    time.sleep(0.05)
+                return f(*args)
+            finally:
+                with self.lock:
+                    for h in handles:
+                        self.busy[h] -= 1
+        return call
+
+watch = n.lib = Watch(n.lib)
+
+def while_inside(call, close):
+    # Runs `call` on a thread and `close` once that thread is inside a C call.
+    errors = []
+    def run():
+        try:
+            call()
+        except kvxfer.Error as x:
+            errors.append(x)
+    watch.inside.clear()
+    t = threading.Thread(target=run)
+    t.start()
+    watch.inside.wait(30)
+    close()
+    t.join(30)
+    assert not t.is_alive()
+    return errors
+"""
+
+
+def test_a_handle_is_freed_only_once_no_other_thread_calls_through_it(tmp_path):
+    out = run_child(
+        """
+        cfg = geometry()
+        e = engine()
+        h, k, d = e.host_layout(cfg), e.host_layout(cfg), e.device_layout(cfg)
+
+        # A request released while another thread waits for it.
+        r = e.submit(h, [0], d, [0])
+        assert while_inside(lambda: r.wait(30), r.release) == []
+        try:
+            r.wait(1)
+            raise AssertionError("a released request still waited")
+        except kvxfer.InvalidArgument as x:
+            assert "released" in str(x)
+
+        # A layout closed while another thread submits with it.
+        assert while_inside(lambda: e.submit(h, [1], d, [1]).wait(30), h.close) == []
+        try:
+            h.base(0)
+            raise AssertionError("a closed layout still answered")
+        except kvxfer.InvalidArgument as x:
+            assert "closed" in str(x)
+
+        # The engine closed while another thread submits.
+        errors = while_inside(lambda: e.submit(k, [2], d, [2]).wait(30), e.close)
+        assert all(isinstance(x, kvxfer.Shutdown) for x in errors), errors
+        try:
+            e.stats()
+            raise AssertionError("a closed engine still answered")
+        except kvxfer.Shutdown:
+            pass
+        d.close(), k.close()
+        print("ok")
+        """,
+        tmp_path,
+        prelude=WATCH,
+    )
+    assert out.strip() == "ok"
+
+
+def test_closing_the_engine_while_threads_submit_raises_shutdown_in_them(tmp_path):
+    # Two threads submit tiny requests and wait for them while the main thread closes
+    # the engine, round after round: they must end with Shutdown, never a crash.
+    out = run_child(
+        """
+        sys.setswitchinterval(1e-5)
+        cfg = geometry()
+        seen = set()
+
+        def one_round():
+            e = engine()
+            h, d = e.host_layout(cfg), e.device_layout(cfg)
+            started = threading.Barrier(3)
+            def work(block):
+                try:
+                    started.wait(30)
+                    while True:
+                        e.submit(h, [block], d, [block]).wait(30)
+                        e.stats()
+                except kvxfer.Error as x:
+                    seen.add(type(x).__name__)
+            threads = [threading.Thread(target=work, args=(b,)) for b in (0, 1)]
+            for t in threads:
+                t.start()
+            started.wait(30)
+            time.sleep(0.002)
+            e.close()
+            for t in threads:
+                t.join(30)
+                assert not t.is_alive()
+            h.close(), d.close()
+
+        deadline = time.monotonic() + 60
+        rounds = 0
+        while rounds < 200 and time.monotonic() < deadline:
+            one_round()
+            rounds += 1
+        print(rounds, *sorted(seen))
+        """,
+        tmp_path,
+        timeout=120,
+    )
+    rounds, *names = out.split()
+    # Shutdown for calls after the close; Cancelled for a wait on a request it cancelled.
+    assert int(rounds) >= 20 and "Shutdown" in names and set(names) <= {"Shutdown", "Cancelled"}, out
