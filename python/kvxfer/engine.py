@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Uni
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
 from .errors import Error, InvalidArgument, OutOfRange, Shutdown, Timeout, error_for
-from .handles import Handle
+from .handles import Handle, in_callback, running_callback
 
 log = logging.getLogger("kvxfer")
 
@@ -127,7 +127,8 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
         if status != n.OK:
             m = n.lib.kvx_request_error(handle)
             err = error_for(status, m.decode("utf-8", "replace") if m else "")
-        fn(req, err)
+        with running_callback():
+            fn(req, err)
     except BaseException:  # a callback must not unwind into kvxfer's thread
         log.exception("kvxfer: a completion callback raised")
 
@@ -220,8 +221,13 @@ class Engine(_Owned):
         """Cancels requests not started, waits for the others and frees the engine.
         Calls that other threads are making through it (or its layouts and requests)
         return first; from then on they raise `Shutdown`. Idempotent, and safe from
-        any thread."""
-        self._gate.close()
+        any thread. From a completion callback it returns at once (the destroy waits
+        for kvxfer's threads, the callback's among them): calls raise `Shutdown` from
+        then on, and a thread of the binding frees the engine."""
+        if not in_callback():
+            self._gate.close()
+        elif self._gate.shut():
+            threading.Thread(target=self._gate.close, name="kvxfer-engine-close").start()
 
     # -- facts ------------------------------------------------------------------
     @property

@@ -233,3 +233,35 @@ def test_closing_the_engine_while_threads_submit_raises_shutdown_in_them(tmp_pat
     rounds, *names = out.split()
     # Shutdown for calls after the close; Cancelled for a wait on a request it cancelled.
     assert int(rounds) >= 20 and "Shutdown" in names and set(names) <= {"Shutdown", "Cancelled"}, out
+
+
+def test_closing_the_engine_from_a_callback_returns_also_while_another_thread_closes_it(tmp_path):
+    out = run_child(
+        """
+        cfg = geometry(blocks=256, inner=512)   # 8 MiB per layout
+        for round in range(3):
+            e = engine()
+            h, k = e.host_layout(cfg), e.disk_layout(cfg, "kv.bin")
+            closed_in_callback = []
+            def on_complete(req, err):
+                req.engine.close()
+                closed_in_callback.append(err)
+            reqs = [e.submit(h, range(256), k, range(256), on_complete=on_complete) for _ in range(4)]
+            if round == 0:
+                e.close()  # while the requests run: their callbacks close it too
+            else:
+                # Only callbacks close it (the first one to run); the requests end.
+                for r in reqs:
+                    try:
+                        r.wait(60)
+                    except kvxfer.Error:
+                        pass
+                e.close()
+            assert len(closed_in_callback) == 4, closed_in_callback
+            h.close(), k.close()
+        print("ok")
+        """,
+        tmp_path,
+        timeout=60,
+    )
+    assert out.strip() == "ok"
