@@ -6,7 +6,9 @@ then raise (`Shutdown` for a closed engine) instead of reaching freed memory."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
+import functools
 import logging
 import operator
 import os
@@ -114,6 +116,13 @@ _next_key = 1
 
 
 def _trampoline(user_data: int, handle: int, status: int) -> None:
+    # All of it counts as the callback, the references it lets go of included: the
+    # last one to a request, and through it to its engine, may go here.
+    with running_callback():
+        _complete(user_data, handle, status)
+
+
+def _complete(user_data: int, handle: int, status: int) -> None:
     with _callbacks_lock:
         entry = _callbacks.pop(user_data or 0, None)
     if entry is None:
@@ -122,13 +131,13 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
     # The callback may run before submit has returned: the request takes its handle
     # from here then, since the callback uses it (done(), wait(), release()).
     req._gate.adopt(handle)
+    req._ended()
     try:
         err = None
         if status != n.OK:
             m = n.lib.kvx_request_error(handle)
             err = error_for(status, m.decode("utf-8", "replace") if m else "")
-        with running_callback():
-            fn(req, err)
+        fn(req, err)
     except BaseException:  # a callback must not unwind into kvxfer's thread
         log.exception("kvxfer: a completion callback raised")
 
@@ -136,8 +145,51 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
 _TRAMPOLINE = n.COMPLETION_FN(_trampoline)
 
 
-def _destroy_engine(h: int) -> None:
+class _Unfinished:
+    """Requests released before they were seen to end, each with the layouts it uses: a
+    transfer needs its layouts' memory (a registered array) until it ends, though its
+    Request may go first. Looked at oldest first on each submit, and all dropped once
+    the engine is destroyed, which waits for every request of it."""
+
+    def __init__(self) -> None:
+        # Reentrant: a collection during a sweep may release another request here.
+        self._lock = threading.RLock()
+        self._queue: "collections.deque[Tuple[Handle, Tuple[Layout, Layout]]]" = collections.deque()
+        self._engine_destroyed = False
+
+    def add(self, gate: Handle, keep: Tuple["Layout", "Layout"]) -> bool:
+        """False once the engine is destroyed: the request has ended then."""
+        with self._lock:
+            if self._engine_destroyed:
+                return False
+            self._queue.append((gate, keep))
+            return True
+
+    def sweep(self) -> None:
+        """Releases those that ended, up to the oldest one still running. The caller
+        holds the engine's handle."""
+        with self._lock:
+            while self._queue:
+                gate, _ = self._queue[0]
+                with gate as h:
+                    if n.lib.kvx_request_poll(h) == n.PENDING:
+                        return
+                self._queue.popleft()
+                gate.close_deferred()
+
+    def engine_destroyed(self) -> None:
+        with self._lock:
+            self._engine_destroyed = True
+            ended, self._queue = self._queue, collections.deque()
+        for gate, _ in ended:
+            gate.close_deferred()
+
+
+def _destroy_engine(unfinished: _Unfinished, h: int) -> None:
     n.lib.kvx_engine_destroy(h)
+    # Off the engine's own threads (see Engine.close) the destroy returns once every
+    # request has ended, so the layouts they kept may go now.
+    unfinished.engine_destroyed()
 
 
 def _destroy_layout(h: int) -> None:
@@ -158,6 +210,14 @@ def _layout_closed() -> Error:
 
 def _request_released() -> Error:
     return InvalidArgument("the request is released", 2)
+
+
+#: The handle of every released request: closed, nothing to free.
+_RELEASED = Handle(None, _release_request, _request_released)
+_RELEASED.shut()
+#: Serialises `Request.release`, which hands a running request's handle on; reentrant,
+#: since a collection inside it may release another request.
+_releasing = threading.RLock()
 
 
 class _Owned:
@@ -214,7 +274,8 @@ class Engine(_Owned):
         _check(n.lib.kvx_engine_create(ctypes.byref(c), ctypes.byref(h)))
         #: Held by every call on the engine and on its layouts and requests: the C
         #: contract allows none of them once the engine is destroyed.
-        self._gate = Handle(h.value, _destroy_engine, _engine_closed)
+        self._unfinished = _Unfinished()
+        self._gate = Handle(h.value, functools.partial(_destroy_engine, self._unfinished), _engine_closed)
 
     # -- lifetime ---------------------------------------------------------------
     def close(self) -> None:
@@ -302,7 +363,9 @@ class Engine(_Owned):
         list). CUDA tensors become a device layout (on this engine's device), host
         arrays and CPU tensors a host layout (pinned when the tensors are). Each array
         is checked: contiguous, element size `dtype_bytes`, at least the layout's bytes
-        per allocation. The arrays are kept alive as long as the layout."""
+        per allocation. The layout keeps the arrays alive, and a request keeps its
+        layouts until it ends, so an array stays while a transfer uses it even when the
+        caller has dropped both the array and the layout."""
         items = list(arrays) if isinstance(arrays, (list, tuple)) else [arrays]
         if len(items) != config.bases:
             raise InvalidArgument(
@@ -389,6 +452,7 @@ class Engine(_Owned):
 
         # Closed handles raise here, before a callback is registered that would never run.
         with self._gate as eh, src._gate as sh, dst._gate as dh:
+            self._unfinished.sweep()
             key = 0
             if on_complete is not None:
                 global _next_key
@@ -397,8 +461,11 @@ class Engine(_Owned):
                     _callbacks[key] = (req, on_complete)
                 o.on_complete, o.user_data = _TRAMPOLINE, key
             out = ctypes.c_void_p()
+            # Before the call: the callback may run (and let go of them) before it returns.
+            req._keep = (src, dst)
             st = n.lib.kvx_transfer_submit(eh, sh, sp, dh, dp, sn, ctypes.byref(o), ctypes.byref(out))
             if st != n.OK:
+                req._keep = None
                 with _callbacks_lock:
                     _callbacks.pop(key, None)
                 raise error_for(st, n.last_error())
@@ -448,7 +515,8 @@ def _settle(fut: "asyncio.Future[None]", err: Optional[Error]) -> None:
 
 class Layout(_Owned):
     """Block geometry plus the memory or file holding it. `close()` (or the context
-    manager) drops it; requests using it keep it alive until they end."""
+    manager) drops it; requests using it keep it (and the arrays it was registered
+    over) alive until they end."""
 
     def __init__(self, engine: Engine, handle: int, config: LayoutConfig, keep: Tuple[Any, ...] = ()):
         self.engine = engine
@@ -481,13 +549,17 @@ class Request(_Owned):
     """A submitted transfer. `wait()` raises the failure. `await request` works in
     asyncio: a request submitted inside a running loop is settled on that loop from
     kvxfer's thread (`call_soon_threadsafe`); one submitted elsewhere is waited for on
-    the loop's executor."""
+    the loop's executor. It keeps its source and destination layouts alive until it
+    ends, also once released or collected (the engine holds them until then)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         #: The handle comes from submit or from the request's own callback, whichever
         #: comes first; once released it is never taken again.
         self._gate = Handle(None, _release_request, _request_released)
+        #: The layouts the transfer uses (and so the arrays behind them), until it is
+        #: seen to end: wait, done, its callback, or the engine's `_Unfinished`.
+        self._keep: Optional[Tuple[Layout, Layout]] = None
         #: Set when submitted inside a running event loop: settled on that loop.
         self._future: "Optional[asyncio.Future[None]]" = None
 
@@ -501,20 +573,30 @@ class Request(_Owned):
             left = _WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
             with self.engine._gate, self._gate as h:
                 st = n.lib.kvx_request_wait(h, int(min(left, _WAIT_STEP) * 1e9))
-                if st == 10:  # still running, or (rarely) ended with KVX_ERR_TIMEOUT itself
-                    st = n.lib.kvx_request_poll(h)
                 if st == n.OK:
+                    self._ended()
                     return
-                if st != n.PENDING:
+                why = n.last_error()
+                # The final status, or PENDING: the wait's status may be its own, such
+                # as KVX_ERR_TIMEOUT for a step, or a wait refused inside a callback.
+                final = n.lib.kvx_request_poll(h)
+                if final != n.PENDING:
+                    self._ended()
+                if st == final:
                     m = n.lib.kvx_request_error(h)
-                    raise error_for(st, m.decode("utf-8", "replace") if m else n.last_error())
+                    raise error_for(st, m.decode("utf-8", "replace") if m else why)
+                if st != 10:
+                    raise error_for(st, why)
             if deadline is not None and left <= _WAIT_STEP:
                 raise Timeout(f"the request did not complete within {timeout} s", 10)
 
     def done(self) -> bool:
         """Whether it ended (successfully or not); never raises for a failed request."""
         with self.engine._gate, self._gate as h:
-            return n.lib.kvx_request_poll(h) != n.PENDING
+            ended = n.lib.kvx_request_poll(h) != n.PENDING
+        if ended:
+            self._ended()
+        return ended
 
     def cancel(self) -> None:
         """Skips what has not started; `wait()` then raises `kvxfer.Cancelled`."""
@@ -532,6 +614,15 @@ class Request(_Owned):
         (a call another thread is making on the request returns first, later ones raise
         `InvalidArgument`) and from its own completion callback, also before `submit`
         has returned."""
-        self._gate.close_deferred()
+        with _releasing:
+            gate, keep, self._keep = self._gate, self._keep, None
+            if keep is not None and self.engine._unfinished.add(gate, keep):
+                # Not seen to end: the engine keeps the handle and the layouts until it has.
+                self._gate = _RELEASED
+                return
+        gate.close_deferred()
+
+    def _ended(self) -> None:
+        self._keep = None
 
     close = release

@@ -37,6 +37,52 @@ def run_child(body, tmp_path, timeout=120, prelude=""):
     return p.stdout
 
 
+def test_a_request_keeps_registered_arrays_alive_until_it_ends(tmp_path):
+    # The arrays sit in anonymous mmaps, so freeing them unmaps the memory: a transfer
+    # still reading it would crash or write other bytes than the 7s.
+    out = run_child(
+        """
+        cfg = geometry(blocks=128, inner=512)   # 4 MiB
+        e = engine()
+        disk = e.disk_layout(cfg, "kv.bin")
+
+        def filled(value):
+            m = mmap.mmap(-1, cfg.base_bytes)
+            a = np.frombuffer(m, np.uint16)
+            a[:] = value
+            return a
+
+        def start(value):
+            h = e.register(filled(value), cfg)  # only the layout refers to the array
+            return e.submit(h, range(cfg.num_blocks), disk, range(cfg.num_blocks))
+
+        def disk_holds(value):
+            back = np.zeros(cfg.base_bytes // 2, np.uint16)
+            with e.register(back, cfg) as b:
+                e.submit(disk, range(cfg.num_blocks), b, range(cfg.num_blocks)).wait(60)
+            return bool((back == value).all())
+
+        for value in range(1, 6):
+            r = start(value)
+            gc.collect()
+            r.wait(60)
+            assert disk_holds(value), value
+
+        # Dropped at once, without a callback: the engine keeps the layouts until it ends.
+        before = e.stats().requests_completed
+        start(9)
+        gc.collect()
+        while e.stats().requests_completed == before:
+            time.sleep(0.001)
+        assert disk_holds(9)
+        e.close()
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "ok"
+
+
 def test_a_callback_may_release_its_request_even_before_submit_returned(tmp_path):
     # Threads spinning in Python hold the GIL, so the callback often runs before submit
     # has handed out the request; the release there must be the only one.
