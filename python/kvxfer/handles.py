@@ -12,8 +12,8 @@ that must not block, such as a completion callback, or one that runs inside a ca
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Optional
 from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 from .errors import Error
 
