@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Uni
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
 from .errors import Error, InvalidArgument, OutOfRange, Shutdown, Timeout, error_for
-from .handles import Handle, in_callback, running_callback
+from .handles import Handle, enter_callback, in_callback, leave_callback
 
 log = logging.getLogger("kvxfer")
 
@@ -118,8 +118,11 @@ _next_key = 1
 def _trampoline(user_data: int, handle: int, status: int) -> None:
     # All of it counts as the callback, the references it lets go of included: the
     # last one to a request, and through it to its engine, may go here.
-    with running_callback():
+    enter_callback()
+    try:
         _complete(user_data, handle, status)
+    finally:
+        leave_callback()
 
 
 def _complete(user_data: int, handle: int, status: int) -> None:

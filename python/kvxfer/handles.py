@@ -12,8 +12,7 @@ that must not block, such as a completion callback, or one that runs inside a ca
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from .errors import Error
 
@@ -25,64 +24,73 @@ def in_callback() -> bool:
     return getattr(_local, "callbacks", 0) > 0
 
 
-@contextmanager
-def running_callback() -> Iterator[None]:
+def enter_callback() -> None:
+    """Marks this thread as running a completion callback until `leave_callback`."""
     _local.callbacks = getattr(_local, "callbacks", 0) + 1
-    try:
-        yield
-    finally:
-        _local.callbacks -= 1
+
+
+def leave_callback() -> None:
+    _local.callbacks -= 1
 
 
 class Handle:
     """One C handle, the function that frees it, and the calls holding it."""
 
-    __slots__ = ("_h", "_free", "_closed", "_cond", "_users", "_closing", "_claimed", "_free_on_leave", "_freed", "_adopted")
+    __slots__ = (
+        "_h", "_free", "_closed", "_lock", "_users", "_closing", "_claimed", "_free_on_leave", "_idle", "_freed",
+        "_on_freed", "_adopted",
+    )
 
     def __init__(self, h: Optional[int], free: Callable[[int], None], closed: Callable[[], Error]):
         self._h = h
         self._free = free
         #: The exception a call gets once the handle is closed.
         self._closed = closed
-        self._cond = threading.Condition(threading.Lock())
+        # A plain lock: calls only count themselves in and out, and a closer that has
+        # to wait gets an Event, made then.
+        self._lock = threading.Lock()
         self._users = 0
         #: Closed for new calls.
         self._closing = False
         #: A closer took on the free (it waits for the calls, or the last call frees).
         self._claimed = False
         self._free_on_leave = False
-        #: The free has returned, or there was nothing to free.
+        #: Set by the last call to return, for a closer that waits for it.
+        self._idle: Optional[threading.Event] = None
+        #: The free has returned (or there was nothing to free).
         self._freed = False
+        #: Set then, for closers that wait for another one's free.
+        self._on_freed: Optional[threading.Event] = None
         self._adopted = h is not None
 
     def adopt(self, h: int) -> None:
         """Takes a handle that comes after the object was made (a request's, from submit
         or from its own callback, whichever comes first). Later ones are the same pointer
         and are ignored, as is one that comes after a close."""
-        with self._cond:
+        with self._lock:
             if not self._adopted and not self._closing:
                 self._adopted = True
                 self._h = h
 
     def __enter__(self) -> int:
-        with self._cond:
+        with self._lock:
             if self._closing or self._h is None:
                 raise self._closed()
             self._users += 1
             return self._h
 
     def __exit__(self, *exc: Any) -> None:
-        h = None
-        with self._cond:
+        with self._lock:
             self._users -= 1
-            if self._users == 0 and self._closing:
-                if self._free_on_leave:
-                    self._free_on_leave = False
-                    h, self._h = self._h, None
-                else:
-                    self._cond.notify_all()
-        if h is not None:
-            self._free_now(h)
+            if self._users or not self._closing:
+                return
+            if not self._free_on_leave:
+                if self._idle is not None:
+                    self._idle.set()
+                return
+            self._free_on_leave = False
+            h, self._h = self._h, None
+        self._free_now(h)
 
     @property
     def closed(self) -> bool:
@@ -90,27 +98,38 @@ class Handle:
 
     def shut(self) -> bool:
         """Refuses new calls; true if this call closed it (false if it already was)."""
-        with self._cond:
+        with self._lock:
             was, self._closing = self._closing, True
             return not was
 
     def close(self) -> None:
         """Closes it and returns once it is freed: frees it here after the calls in
         progress have returned, or waits for the closer that took that on."""
-        with self._cond:
+        with self._lock:
             self._closing = True
-            if self._claimed:
-                self._cond.wait_for(lambda: self._freed)
-                return
-            self._claimed = True
-            self._cond.wait_for(lambda: self._users == 0)
+            claimed, self._claimed = self._claimed, True
+            if claimed:
+                if self._freed:
+                    return
+                if self._on_freed is None:
+                    self._on_freed = threading.Event()
+                on_freed = self._on_freed
+            idle = None
+            if not claimed and self._users:
+                idle = self._idle = threading.Event()
+        if claimed:
+            on_freed.wait()
+            return
+        if idle is not None:
+            idle.wait()
+        with self._lock:
             h, self._h = self._h, None
         self._free_now(h)
 
     def close_deferred(self) -> None:
         """Closes it without waiting: frees it here if no call holds it, else the last
         call to return does."""
-        with self._cond:
+        with self._lock:
             self._closing = True
             if self._claimed:
                 return
@@ -126,6 +145,8 @@ class Handle:
             if h:
                 self._free(h)
         finally:
-            with self._cond:
+            with self._lock:
                 self._freed = True
-                self._cond.notify_all()
+                on_freed = self._on_freed
+            if on_freed is not None:
+                on_freed.set()
