@@ -275,9 +275,9 @@ class Engine(_Owned):
                 raise InvalidArgument(f"unknown engine setting {key!r}; known: io_threads, io_backend, bounce_bytes, slot_bytes, max_inflight")
         h = ctypes.c_void_p()
         _check(n.lib.kvx_engine_create(ctypes.byref(c), ctypes.byref(h)))
+        self._unfinished = _Unfinished()
         #: Held by every call on the engine and on its layouts and requests: the C
         #: contract allows none of them once the engine is destroyed.
-        self._unfinished = _Unfinished()
         self._gate = Handle(h.value, functools.partial(_destroy_engine, self._unfinished), _engine_closed)
 
     # -- lifetime ---------------------------------------------------------------

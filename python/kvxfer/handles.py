@@ -92,10 +92,6 @@ class Handle:
             h, self._h = self._h, None
         self._free_now(h)
 
-    @property
-    def closed(self) -> bool:
-        return self._closing
-
     def shut(self) -> bool:
         """Refuses new calls; true if this call closed it (false if it already was)."""
         with self._lock:
