@@ -259,25 +259,28 @@ def test_a_handle_is_freed_only_once_no_other_thread_calls_through_it(tmp_path):
 
 def test_closing_the_engine_while_threads_submit_raises_shutdown_in_them(tmp_path):
     # Two threads submit tiny requests and wait for them while the main thread closes
-    # the engine, round after round: they must end with Shutdown, never a crash.
+    # the engine, 200 rounds: each thread must end with Shutdown, never a crash.
     out = run_child(
         """
         sys.setswitchinterval(1e-5)
         cfg = geometry()
-        seen = set()
+        ended = set()
 
         def one_round():
             e = engine()
             h, d = e.host_layout(cfg), e.device_layout(cfg)
             started = threading.Barrier(3)
             def work(block):
-                try:
-                    started.wait(30)
-                    while True:
+                started.wait(30)
+                while True:
+                    try:
                         e.submit(h, [block], d, [block]).wait(30)
                         e.stats()
-                except kvxfer.Error as x:
-                    seen.add(type(x).__name__)
+                    except kvxfer.Cancelled:
+                        continue  # the close cancelled it before it started
+                    except kvxfer.Error as x:
+                        ended.add(type(x).__name__)
+                        return
             threads = [threading.Thread(target=work, args=(b,)) for b in (0, 1)]
             for t in threads:
                 t.start()
@@ -289,19 +292,14 @@ def test_closing_the_engine_while_threads_submit_raises_shutdown_in_them(tmp_pat
                 assert not t.is_alive()
             h.close(), d.close()
 
-        deadline = time.monotonic() + 60
-        rounds = 0
-        while rounds < 200 and time.monotonic() < deadline:
+        for _ in range(200):
             one_round()
-            rounds += 1
-        print(rounds, *sorted(seen))
+        print(*sorted(ended))
         """,
         tmp_path,
-        timeout=120,
+        timeout=300,
     )
-    rounds, *names = out.split()
-    # Shutdown for calls after the close; Cancelled for a wait on a request it cancelled.
-    assert int(rounds) >= 20 and "Shutdown" in names and set(names) <= {"Shutdown", "Cancelled"}, out
+    assert out.split() == ["Shutdown"], out
 
 
 def test_closing_the_engine_from_a_callback_returns_also_while_another_thread_closes_it(tmp_path):
