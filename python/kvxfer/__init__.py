@@ -26,6 +26,7 @@ from .errors import (
     NoDevice,
     NoMemory,
     OutOfRange,
+    RemoteError,
     Shutdown,
     Timeout,
     Unsupported,
@@ -45,4 +46,5 @@ __all__ = [
     "Engine", "EngineConfig", "Layout", "LayoutConfig", "Request", "Stats", "version", "library_path",
     "Error", "InvalidArgument", "OutOfRange", "Incompatible", "Unsupported", "NoDevice", "CudaError", "IOError",
     "NoMemory", "Timeout", "Cancelled", "Shutdown", "Busy", "IntegrityError", "VersionError", "InternalError",
+    "RemoteError",
 ]

@@ -1,24 +1,35 @@
 """Engine, Layout and Request: the C ABI's handles as Python objects with context
-managers; every failed call raises the `kvxfer.Error` subclass of its status."""
+managers; every failed call raises the `kvxfer.Error` subclass of its status. Any
+thread may use them, and any thread may close one while others use it: their calls
+then raise (`Shutdown` for a closed engine) instead of reaching freed memory."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
+import functools
 import logging
+import operator
 import os
 import threading
+import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
-from .errors import Error, InvalidArgument, Shutdown, Timeout, error_for
+from .errors import Error, InvalidArgument, OutOfRange, Shutdown, Timeout, error_for
+from .handles import Handle, enter_callback, in_callback, leave_callback
 
 log = logging.getLogger("kvxfer")
 
 Layers = Union[None, int, Tuple[int, int], range, slice]
 OnComplete = Callable[["Request", Optional[Error]], None]
+
+#: The longest single C wait of `Request.wait`: how long a close on another thread may
+#: wait for it. Completion still ends the wait at once.
+_WAIT_STEP = 0.05
 
 
 def _check(status: int) -> None:
@@ -105,15 +116,25 @@ _next_key = 1
 
 
 def _trampoline(user_data: int, handle: int, status: int) -> None:
+    # All of it counts as the callback, the references it lets go of included: the
+    # last one to a request, and through it to its engine, may go here.
+    enter_callback()
+    try:
+        _complete(user_data, handle, status)
+    finally:
+        leave_callback()
+
+
+def _complete(user_data: int, handle: int, status: int) -> None:
     with _callbacks_lock:
         entry = _callbacks.pop(user_data or 0, None)
     if entry is None:
         return
     req, fn = entry
-    # The callback may run before submit has returned and set the handle; the callback
-    # uses the request (done(), wait()) through it.
-    if req._h is None and req._submitting:
-        req._h = handle
+    # The callback may run before submit has returned: the request takes its handle
+    # from here then, since the callback uses it (done(), wait(), release()).
+    req._gate.adopt(handle)
+    req._ended()
     try:
         err = None
         if status != n.OK:
@@ -127,15 +148,86 @@ def _trampoline(user_data: int, handle: int, status: int) -> None:
 _TRAMPOLINE = n.COMPLETION_FN(_trampoline)
 
 
+class _Unfinished:
+    """Requests released before they were seen to end, each with the layouts it uses: a
+    transfer needs its layouts' memory (a registered array) until it ends, though its
+    Request may go first. Looked at oldest first on each submit, and all dropped once
+    the engine is destroyed, which waits for every request of it."""
+
+    def __init__(self) -> None:
+        # Reentrant: a collection during a sweep may release another request here.
+        self._lock = threading.RLock()
+        self._queue: "collections.deque[Tuple[Handle, Tuple[Layout, Layout]]]" = collections.deque()
+        self._engine_destroyed = False
+
+    def add(self, gate: Handle, keep: Tuple["Layout", "Layout"]) -> bool:
+        """False once the engine is destroyed: the request has ended then."""
+        with self._lock:
+            if self._engine_destroyed:
+                return False
+            self._queue.append((gate, keep))
+            return True
+
+    def sweep(self) -> None:
+        """Releases those that ended, up to the oldest one still running. The caller
+        holds the engine's handle."""
+        with self._lock:
+            while self._queue:
+                gate, _ = self._queue[0]
+                with gate as h:
+                    if n.lib.kvx_request_poll(h) == n.PENDING:
+                        return
+                self._queue.popleft()
+                gate.close_deferred()
+
+    def engine_destroyed(self) -> None:
+        with self._lock:
+            self._engine_destroyed = True
+            ended, self._queue = self._queue, collections.deque()
+        for gate, _ in ended:
+            gate.close_deferred()
+
+
+def _destroy_engine(unfinished: _Unfinished, h: int) -> None:
+    n.lib.kvx_engine_destroy(h)
+    # Off the engine's own threads (see Engine.close) the destroy returns once every
+    # request has ended, so the layouts they kept may go now.
+    unfinished.engine_destroyed()
+
+
+def _destroy_layout(h: int) -> None:
+    n.lib.kvx_layout_destroy(h)
+
+
+def _release_request(h: int) -> None:
+    n.lib.kvx_request_release(h)
+
+
+def _engine_closed() -> Error:
+    return Shutdown("the engine is closed", 12)
+
+
+def _layout_closed() -> Error:
+    return InvalidArgument("the layout is closed", 2)
+
+
+def _request_released() -> Error:
+    return InvalidArgument("the request is released", 2)
+
+
+#: The handle of every released request: closed, nothing to free.
+_RELEASED = Handle(None, _release_request, _request_released)
+_RELEASED.shut()
+#: Serialises `Request.release`, which hands a running request's handle on; reentrant,
+#: since a collection inside it may release another request.
+_releasing = threading.RLock()
+
+
 class _Owned:
-    """A C handle owned by this object: dropped once, by close(), `with` or collection."""
+    """A C handle owned by this object (`handles.Handle`): freed once, by close(),
+    `with` or collection, and never while another thread's call uses it."""
 
-    _h: Optional[int]
-
-    def _drop(self, free: Callable[[int], None]) -> None:
-        h, self._h = self._h, None
-        if h:
-            free(h)
+    _gate: Handle
 
     def close(self) -> None:
         raise NotImplementedError
@@ -183,59 +275,65 @@ class Engine(_Owned):
                 raise InvalidArgument(f"unknown engine setting {key!r}; known: io_threads, io_backend, bounce_bytes, slot_bytes, max_inflight")
         h = ctypes.c_void_p()
         _check(n.lib.kvx_engine_create(ctypes.byref(c), ctypes.byref(h)))
-        self._h: Optional[int] = h.value
-        self._lock = threading.Lock()
+        self._unfinished = _Unfinished()
+        #: Held by every call on the engine and on its layouts and requests: the C
+        #: contract allows none of them once the engine is destroyed.
+        self._gate = Handle(h.value, functools.partial(_destroy_engine, self._unfinished), _engine_closed)
 
     # -- lifetime ---------------------------------------------------------------
     def close(self) -> None:
         """Cancels requests not started, waits for the others and frees the engine.
-        Layouts and requests of it raise `Shutdown` afterwards. Idempotent."""
-        with self._lock:
-            self._drop(n.lib.kvx_engine_destroy)
-
-    def _handle(self) -> int:
-        h = self._h
-        if not h:
-            raise Shutdown("the engine is closed", 12)
-        return h
+        Calls that other threads are making through it (or its layouts and requests)
+        return first; from then on they raise `Shutdown`. Idempotent, and safe from
+        any thread. From a completion callback it returns at once (the destroy waits
+        for kvxfer's threads, the callback's among them): calls raise `Shutdown` from
+        then on, and a thread of the binding frees the engine."""
+        if not in_callback():
+            self._gate.close()
+        elif self._gate.shut():
+            threading.Thread(target=self._gate.close, name="kvxfer-engine-close").start()
 
     # -- facts ------------------------------------------------------------------
     @property
     def device(self) -> int:
         """The CUDA ordinal the engine drives, or -1 for the emulated device."""
         d = ctypes.c_int32()
-        _check(n.lib.kvx_engine_device(self._handle(), ctypes.byref(d)))
+        with self._gate as h:
+            _check(n.lib.kvx_engine_device(h, ctypes.byref(d)))
         return d.value
 
     def config(self) -> EngineConfig:
         c = n.EngineConfigC()
         c.struct_size = ctypes.sizeof(c)
-        _check(n.lib.kvx_engine_config_get(self._handle(), ctypes.byref(c)))
+        with self._gate as h:
+            _check(n.lib.kvx_engine_config_get(h, ctypes.byref(c)))
         backend = {v: k for k, v in n.IO_BACKENDS.items()}.get(c.io_backend, str(c.io_backend))
         return EngineConfig(c.device, c.io_threads, backend, c.bounce_bytes, c.slot_bytes, c.max_inflight)
 
     def stats(self) -> Stats:
         s = n.StatsC()
         s.struct_size = ctypes.sizeof(s)
-        _check(n.lib.kvx_engine_stats(self._handle(), ctypes.byref(s)))
+        with self._gate as h:
+            _check(n.lib.kvx_engine_stats(h, ctypes.byref(s)))
         return Stats(*(getattr(s, f.name) for f in fields(Stats)))
 
     # -- layouts ----------------------------------------------------------------
-    def _layout(self, make: Callable[[ctypes.c_void_p], int], config: LayoutConfig, keep: Tuple[Any, ...] = ()) -> "Layout":
+    def _layout(self, make: Callable[[int, ctypes.c_void_p], int], config: LayoutConfig, keep: Tuple[Any, ...] = ()) -> "Layout":
         out = ctypes.c_void_p()
-        _check(make(out))
+        with self._gate as h:
+            _check(make(h, out))
         return Layout(self, out.value, config, keep)
 
     def device_layout(self, config: LayoutConfig) -> "Layout":
         """Device memory kvxfer allocates and frees."""
         c = config._c()
-        return self._layout(lambda out: n.lib.kvx_layout_create_device(self._handle(), ctypes.byref(c), ctypes.byref(out)), config)
+        return self._layout(lambda h, out: n.lib.kvx_layout_create_device(h, ctypes.byref(c), ctypes.byref(out)), config)
 
     def host_layout(self, config: LayoutConfig, pinned: bool = True) -> "Layout":
         """Host memory kvxfer allocates (page-locked unless `pinned=False`)."""
         c = config._c()
         flags = n.HOST_PINNED if pinned else 0
-        return self._layout(lambda out: n.lib.kvx_layout_create_host(self._handle(), ctypes.byref(c), flags, ctypes.byref(out)), config)
+        return self._layout(lambda h, out: n.lib.kvx_layout_create_host(h, ctypes.byref(c), flags, ctypes.byref(out)), config)
 
     def disk_layout(
         self,
@@ -260,7 +358,7 @@ class Engine(_Owned):
             | (n.DISK_MAPPED if mapped else 0)
         )
         p = os.fsencode(path)
-        return self._layout(lambda out: n.lib.kvx_layout_create_disk(self._handle(), ctypes.byref(c), p, flags, ctypes.byref(out)), config)
+        return self._layout(lambda h, out: n.lib.kvx_layout_create_disk(h, ctypes.byref(c), p, flags, ctypes.byref(out)), config)
 
     def register(self, arrays: Union[Any, Sequence[Any]], config: LayoutConfig) -> "Layout":
         """A layout over the caller's memory: one array for a contiguous layout, one per
@@ -268,7 +366,9 @@ class Engine(_Owned):
         list). CUDA tensors become a device layout (on this engine's device), host
         arrays and CPU tensors a host layout (pinned when the tensors are). Each array
         is checked: contiguous, element size `dtype_bytes`, at least the layout's bytes
-        per allocation. The arrays are kept alive as long as the layout."""
+        per allocation. The layout keeps the arrays alive, and a request keeps its
+        layouts until it ends, so an array stays while a transfer uses it even when the
+        caller has dropped both the array and the layout."""
         items = list(arrays) if isinstance(arrays, (list, tuple)) else [arrays]
         if len(items) != config.bases:
             raise InvalidArgument(
@@ -291,7 +391,7 @@ class Engine(_Owned):
                 raise InvalidArgument(f"{wrong[0].what} is on CUDA device {wrong[0].device}, but this engine drives {mine if mine >= 0 else 'the emulated device'}")
             bases = (ctypes.c_uint64 * len(bufs))(*(b.addr for b in bufs))
             return self._layout(
-                lambda out: n.lib.kvx_layout_register_device(self._handle(), ctypes.byref(c), bases, len(bufs), ctypes.byref(out)),
+                lambda h, out: n.lib.kvx_layout_register_device(h, ctypes.byref(c), bases, len(bufs), ctypes.byref(out)),
                 config,
                 tuple(items),
             )
@@ -299,7 +399,7 @@ class Engine(_Owned):
         hb = (ctypes.c_void_p * len(bufs))(*(b.addr for b in bufs))
         flags = n.HOST_PINNED if pinned else 0
         return self._layout(
-            lambda out: n.lib.kvx_layout_register_host(self._handle(), ctypes.byref(c), hb, len(bufs), flags, ctypes.byref(out)),
+            lambda h, out: n.lib.kvx_layout_register_host(h, ctypes.byref(c), hb, len(bufs), flags, ctypes.byref(out)),
             config,
             tuple(items),
         )
@@ -316,7 +416,9 @@ class Engine(_Owned):
         wait_event: Any = None,
     ) -> "Request":
         """Moves blocks `src_ids[i]` of `src` to `dst_ids[i]` of `dst`, asynchronously.
-        `layers`: all (None), one layer, a `(begin, end)` pair, a range or a slice.
+        `layers`: all (None), one layer, a `(begin, end)` pair, a range or a slice; an
+        empty range or a negative layer is `InvalidArgument` (a slice's negative bounds
+        count from the end, as in Python).
         `on_complete(request, error_or_None)` runs once on a kvxfer thread when it ends.
         `wait_event`: a `torch.cuda.Event` (or a `CUevent` as int) the copies wait for."""
         sp, sn, sk = block_ids(src_ids, "src_ids")
@@ -343,48 +445,70 @@ class Engine(_Owned):
             user = on_complete
 
             def on_complete(r: "Request", err: Optional[Error], _loop=loop, _fut=req._future, _user=user) -> None:
-                if _user is not None:
-                    _user(r, err)
-                _loop.call_soon_threadsafe(_settle, _fut, err)
+                # Settled even when the caller's callback raises (the trampoline logs
+                # that), or `await request` would never return.
+                try:
+                    if _user is not None:
+                        _user(r, err)
+                finally:
+                    _loop.call_soon_threadsafe(_settle, _fut, err)
 
         # Closed handles raise here, before a callback is registered that would never run.
-        eh, sh, dh = self._handle(), src._handle(), dst._handle()
-        key = 0
-        if on_complete is not None:
-            global _next_key
-            with _callbacks_lock:
-                key, _next_key = _next_key, _next_key + 1
-                _callbacks[key] = (req, on_complete)
-            o.on_complete, o.user_data = _TRAMPOLINE, key
-        out = ctypes.c_void_p()
-        req._submitting = True
-        st = n.lib.kvx_transfer_submit(eh, sh, sp, dh, dp, sn, ctypes.byref(o), ctypes.byref(out))
-        req._submitting = False
-        if st != n.OK:
-            with _callbacks_lock:
-                _callbacks.pop(key, None)
-            raise error_for(st, n.last_error())
-        req._h = out.value
+        with self._gate as eh, src._gate as sh, dst._gate as dh:
+            self._unfinished.sweep()
+            key = 0
+            if on_complete is not None:
+                global _next_key
+                with _callbacks_lock:
+                    key, _next_key = _next_key, _next_key + 1
+                    _callbacks[key] = (req, on_complete)
+                o.on_complete, o.user_data = _TRAMPOLINE, key
+            out = ctypes.c_void_p()
+            # Before the call: the callback may run (and let go of them) before it returns.
+            req._keep = (src, dst)
+            st = n.lib.kvx_transfer_submit(eh, sh, sp, dh, dp, sn, ctypes.byref(o), ctypes.byref(out))
+            if st != n.OK:
+                req._keep = None
+                with _callbacks_lock:
+                    _callbacks.pop(key, None)
+                raise error_for(st, n.last_error())
+        req._gate.adopt(out.value)
         return req
 
 
 def _layer_range(layers: Layers, num_layers: int) -> Tuple[int, int]:
+    """`[begin, end)` for the C options; (0, 0) only for None, since the C side reads
+    `layer_end` 0 as every layer. An empty range or a negative layer would reach C as
+    "every layer" or wrap in the uint32 fields, so both are refused here."""
     if layers is None:
         return 0, 0
-    if isinstance(layers, int) and not isinstance(layers, bool):
-        return layers, layers + 1
-    if isinstance(layers, range):
+    if isinstance(layers, bool):
+        raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
+    if isinstance(layers, int):
+        begin, end = layers, layers + 1
+    elif isinstance(layers, range):
         if layers.step != 1:
             raise InvalidArgument("layers must be consecutive (step 1)")
-        return layers.start, layers.stop
-    if isinstance(layers, slice):
-        start, stop, step = layers.indices(num_layers)
+        begin, end = layers.start, layers.stop
+    elif isinstance(layers, slice):
+        # Python's meaning: negative bounds count from the last layer.
+        begin, end, step = layers.indices(num_layers)
         if step != 1:
             raise InvalidArgument("layers must be consecutive (step 1)")
-        return start, stop
-    if isinstance(layers, tuple) and len(layers) == 2:
-        return int(layers[0]), int(layers[1])
-    raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
+    elif isinstance(layers, tuple) and len(layers) == 2:
+        try:
+            begin, end = operator.index(layers[0]), operator.index(layers[1])
+        except TypeError:
+            raise InvalidArgument(f"layers={layers!r}; (begin, end) must be two ints") from None
+    else:
+        raise InvalidArgument(f"layers={layers!r}; expected None, an int, (begin, end), a range or a slice")
+    if begin < 0 or end < 0:
+        raise InvalidArgument(f"layers={layers!r} has a negative layer; layers count from 0 (a slice may count from the end)")
+    if end > num_layers:
+        raise OutOfRange(f"layer_end {end} is past the layout's {num_layers} layers", 3)
+    if begin >= end:
+        raise InvalidArgument(f"layers={layers!r} is empty (layer range [{begin}, {end})); a transfer moves at least one layer")
+    return begin, end
 
 
 def _settle(fut: "asyncio.Future[None]", err: Optional[Error]) -> None:
@@ -394,79 +518,93 @@ def _settle(fut: "asyncio.Future[None]", err: Optional[Error]) -> None:
 
 class Layout(_Owned):
     """Block geometry plus the memory or file holding it. `close()` (or the context
-    manager) drops it; requests using it keep it alive until they end."""
+    manager) drops it; requests using it keep it (and the arrays it was registered
+    over) alive until they end."""
 
     def __init__(self, engine: Engine, handle: int, config: LayoutConfig, keep: Tuple[Any, ...] = ()):
         self.engine = engine
         self.config = config
-        self._h: Optional[int] = handle
+        self._gate = Handle(handle, _destroy_layout, _layout_closed)
         self._keep = keep
-
-    def _handle(self) -> int:
-        if not self._h:
-            raise InvalidArgument("the layout is closed", 2)
-        self.engine._handle()
-        return self._h
 
     @property
     def block_bytes(self) -> int:
         v = ctypes.c_uint64()
-        _check(n.lib.kvx_layout_block_bytes(self._handle(), ctypes.byref(v)))
+        with self._gate as h, self.engine._gate:
+            _check(n.lib.kvx_layout_block_bytes(h, ctypes.byref(v)))
         return v.value
 
     def base(self, layer: int = 0) -> int:
         """The address of one allocation (layer 0 for a contiguous layout)."""
         v = ctypes.c_uint64()
-        _check(n.lib.kvx_layout_base(self._handle(), layer, ctypes.byref(v)))
+        with self._gate as h, self.engine._gate:
+            _check(n.lib.kvx_layout_base(h, layer, ctypes.byref(v)))
         return v.value
 
     def close(self) -> None:
-        """Drops the caller's reference; requests using the layout keep it until they end."""
-        self._drop(n.lib.kvx_layout_destroy)
+        """Drops the caller's reference; requests using the layout keep it until they
+        end. Safe from any thread: a call another thread is making with the layout
+        returns first, and later ones raise `InvalidArgument`."""
+        self._gate.close_deferred()
 
 
 class Request(_Owned):
     """A submitted transfer. `wait()` raises the failure. `await request` works in
     asyncio: a request submitted inside a running loop is settled on that loop from
     kvxfer's thread (`call_soon_threadsafe`); one submitted elsewhere is waited for on
-    the loop's executor."""
+    the loop's executor. It keeps its source and destination layouts alive until it
+    ends, also once released or collected (the engine holds them until then)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._h: Optional[int] = None
-        #: Inside `kvx_transfer_submit`: a callback that runs before it returned sets `_h`.
-        self._submitting = False
+        #: The handle comes from submit or from the request's own callback, whichever
+        #: comes first; once released it is never taken again.
+        self._gate = Handle(None, _release_request, _request_released)
+        #: The layouts the transfer uses (and so the arrays behind them), until it is
+        #: seen to end: wait, done, its callback, or the engine's `_Unfinished`.
+        self._keep: Optional[Tuple[Layout, Layout]] = None
         #: Set when submitted inside a running event loop: settled on that loop.
         self._future: "Optional[asyncio.Future[None]]" = None
-
-    def _handle(self) -> int:
-        self.engine._handle()
-        if not self._h:
-            raise InvalidArgument("the request is released", 2)
-        return self._h
-
-    def _message(self) -> str:
-        m = n.lib.kvx_request_error(self._h) if self._h else b""
-        return m.decode("utf-8", "replace") if m else ""
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Waits up to `timeout` seconds (None: forever); raises `kvxfer.Timeout` if it
         is still running, or the request's failure."""
-        ns = 2**64 - 1 if timeout is None else max(0, int(timeout * 1e9))
-        st = n.lib.kvx_request_wait(self._handle(), ns)
-        if st == n.OK:
-            return
-        if st == 10:
-            raise Timeout(n.last_error() or f"the request did not complete within {timeout} s", 10)
-        raise error_for(st, self._message() or n.last_error())
+        # In steps, each a C call of its own, so that closing the engine or releasing
+        # the request from another thread waits at most one step for this call.
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = _WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
+            with self.engine._gate, self._gate as h:
+                st = n.lib.kvx_request_wait(h, int(min(left, _WAIT_STEP) * 1e9))
+                if st == n.OK:
+                    self._ended()
+                    return
+                why = n.last_error()
+                # The final status, or PENDING: the wait's status may be its own, such
+                # as KVX_ERR_TIMEOUT for a step, or a wait refused inside a callback.
+                final = n.lib.kvx_request_poll(h)
+                if final != n.PENDING:
+                    self._ended()
+                if st == final:
+                    m = n.lib.kvx_request_error(h)
+                    raise error_for(st, m.decode("utf-8", "replace") if m else why)
+                if st != 10:
+                    raise error_for(st, why)
+            if deadline is not None and left <= _WAIT_STEP:
+                raise Timeout(f"the request did not complete within {timeout} s", 10)
 
     def done(self) -> bool:
         """Whether it ended (successfully or not); never raises for a failed request."""
-        return n.lib.kvx_request_poll(self._handle()) != n.PENDING
+        with self.engine._gate, self._gate as h:
+            ended = n.lib.kvx_request_poll(h) != n.PENDING
+        if ended:
+            self._ended()
+        return ended
 
     def cancel(self) -> None:
         """Skips what has not started; `wait()` then raises `kvxfer.Cancelled`."""
-        _check(n.lib.kvx_request_cancel(self._handle()))
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_request_cancel(h))
 
     def __await__(self):
         if self._future is not None and self._future.get_loop() is asyncio.get_running_loop():
@@ -475,7 +613,19 @@ class Request(_Owned):
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
     def release(self) -> None:
-        """Drops the handle; a running transfer still completes."""
-        self._drop(n.lib.kvx_request_release)
+        """Drops the handle; a running transfer still completes. Safe from any thread
+        (a call another thread is making on the request returns first, later ones raise
+        `InvalidArgument`) and from its own completion callback, also before `submit`
+        has returned."""
+        with _releasing:
+            gate, keep, self._keep = self._gate, self._keep, None
+            if keep is not None and self.engine._unfinished.add(gate, keep):
+                # Not seen to end: the engine keeps the handle and the layouts until it has.
+                self._gate = _RELEASED
+                return
+        gate.close_deferred()
+
+    def _ended(self) -> None:
+        self._keep = None
 
     close = release

@@ -37,12 +37,16 @@ Busy = _status(13, "Busy", "Too many requests in flight; wait for one (KVX_ERR_B
 IntegrityError = _status(14, "IntegrityError", "Checksummed data did not verify (KVX_ERR_INTEGRITY).")
 VersionError = _status(15, "VersionError", "A struct or library of another version (KVX_ERR_VERSION).")
 InternalError = _status(16, "InternalError", "A kvxfer bug; please report it (KVX_ERR_INTERNAL).")
+RemoteError = _status(
+    17, "RemoteError",
+    "A remote peer failed a transfer, did not answer in time or exited; re-import its blob once it is back (KVX_ERR_REMOTE).",
+)
 
 _BY_STATUS = {
     c.status: c
     for c in (
         InvalidArgument, OutOfRange, Incompatible, Unsupported, NoDevice, CudaError, IOError, NoMemory,
-        Timeout, Cancelled, Shutdown, Busy, IntegrityError, VersionError, InternalError,
+        Timeout, Cancelled, Shutdown, Busy, IntegrityError, VersionError, InternalError, RemoteError,
     )
 }
 

@@ -4,6 +4,7 @@ gets for bad input. Torch tests run where torch is installed and say so otherwis
 
 import asyncio
 import ctypes
+import logging
 import os
 import threading
 
@@ -79,6 +80,42 @@ def test_layer_ranges_move_only_those_layers(engine):
     got, want = blocks_of(back, cfg, 5), blocks_of(src, cfg, 5)
     assert got[per : 3 * per] == want[per : 3 * per] and got[:per] == bytes(per) and got[3 * per :] == bytes(per)
     assert blocks_of(back, cfg, 6)[3 * per :] == blocks_of(src, cfg, 6)[3 * per :]
+
+
+@pytest.mark.parametrize("layers", [range(0, 0), slice(0, 0), slice(None, 0), (0, 0), range(2, 2), (3, 1), slice(3, 1)])
+def test_an_empty_layer_range_is_refused_and_moves_nothing(engine, layers):
+    cfg = geometry("layer_block_first")
+    src, back = host_arrays(cfg, 3), [np.zeros(cfg.base_bytes // 2, np.uint16) for _ in range(cfg.bases)]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b:
+        with pytest.raises(kvxfer.InvalidArgument, match="empty"):
+            engine.submit(h, [0], b, [0], layers=layers)
+    assert blocks_of(back, cfg, 0) == bytes(cfg.block_bytes)
+
+
+@pytest.mark.parametrize("layers", [-1, (-1, 2), range(-1, 2), (0, -1), (-4, 0)])
+def test_a_negative_layer_is_refused(engine, layers):
+    cfg = geometry()
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        with pytest.raises(kvxfer.InvalidArgument, match="negative"):
+            engine.submit(h, [0], d, [0], layers=layers)
+
+
+def test_a_layer_past_the_layout_is_out_of_range_even_past_32_bits(engine):
+    cfg = geometry()
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        for layers in ((0, 2**32), range(0, 2**32 + 1), 2**32):
+            with pytest.raises(kvxfer.OutOfRange, match="past the layout"):
+                engine.submit(h, [0], d, [0], layers=layers)
+
+
+def test_slices_of_layers_count_from_the_end_like_python(engine):
+    cfg = geometry("layer_block_first")
+    src, back = host_arrays(cfg, 4), [np.zeros(cfg.base_bytes // 2, np.uint16) for _ in range(cfg.bases)]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b:
+        engine.submit(h, [2], b, [2], layers=slice(-1, None)).wait()
+    per = cfg.block_bytes // cfg.num_layers
+    got, want = blocks_of(back, cfg, 2), blocks_of(src, cfg, 2)
+    assert got[3 * per :] == want[3 * per :] and got[: 3 * per] == bytes(3 * per)
 
 
 def test_callbacks_run_once_on_a_kvxfer_thread_with_the_error(engine):
@@ -188,6 +225,18 @@ def test_await_is_settled_on_the_loop_without_a_thread(engine):
     assert seen == [None] * 8  # the caller's own callback still runs
 
 
+def test_a_raising_callback_still_settles_the_awaited_request(engine, caplog):
+    cfg = geometry()
+
+    async def main():
+        with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+            await asyncio.wait_for(engine.submit(h, [0], d, [0], on_complete=lambda r, e: 1 / 0), 30)
+
+    with caplog.at_level(logging.ERROR, logger="kvxfer"):
+        asyncio.run(main())
+    assert any("callback raised" in r.getMessage() and r.exc_info and r.exc_info[0] is ZeroDivisionError for r in caplog.records)
+
+
 def test_cancelled_request_raises_cancelled(engine, tmp_path):
     cfg = geometry(blocks=256, layers=8)
     with engine.host_layout(cfg) as h, engine.disk_layout(cfg, tmp_path / "big.bin") as k:
@@ -261,6 +310,17 @@ def test_bad_transfers_and_settings_raise_their_status(engine):
     with pytest.raises(kvxfer.InvalidArgument, match="device="):
         kvxfer.Engine(device="gpu0")
     assert issubclass(kvxfer.OutOfRange, IndexError) and issubclass(kvxfer.Timeout, TimeoutError)
+
+
+def test_every_status_has_its_exception_class():
+    from kvxfer.errors import error_for
+
+    for code in range(2, 18):
+        e = error_for(code, "why")
+        assert type(e) is not kvxfer.Error and isinstance(e, kvxfer.Error) and e.status == code, code
+        assert getattr(kvxfer, type(e).__name__) is type(e) and type(e).__name__ in kvxfer.__all__, code
+    assert isinstance(error_for(17, "the peer exited"), kvxfer.RemoteError)
+    assert type(error_for(99, "")) is kvxfer.Error
 
 
 def test_a_closed_engine_says_so(tmp_path):

@@ -1,0 +1,334 @@
+"""Lifetimes across threads: what a request keeps alive, and closing a handle while
+other threads or callbacks use it. Each case runs in a child process with a time limit,
+so a crash and a hang both fail the test instead of taking the suite down."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# The child's preamble: an engine on the test device with a small bounce ring, so a
+# transfer of a few MiB is still in flight when submit returns.
+PRELUDE = """
+import gc, mmap, os, sys, threading, time
+import numpy as np
+import kvxfer
+DEVICE = int(os.environ["KVXFER_TEST_DEVICE"]) if os.environ.get("KVXFER_TEST_DEVICE") else "emulated"
+def geometry(blocks=16, layers=4, inner=64):
+    return kvxfer.LayoutConfig(num_blocks=blocks, num_layers=layers, outer_dim=2, page_size=16, inner_dim=inner, dtype_bytes=2)
+def engine():
+    return kvxfer.Engine(device=DEVICE, io_threads=2, bounce_bytes=1 << 20, slot_bytes=64 << 10)
+"""
+
+
+def run_child(body, tmp_path, timeout=120, prelude=""):
+    """Runs PRELUDE, `prelude` and `body` in a fresh interpreter; returns its stdout.
+    Fails on a non-zero exit (a crash shows as a negative signal number) or past
+    `timeout` s. Freed memory is filled with junk (MALLOC_PERTURB_), so a use after
+    free reads junk instead of what was there."""
+    script = PRELUDE + prelude + textwrap.dedent(body)
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path,
+            env=dict(os.environ, MALLOC_PERTURB_="165"),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the child hung ({timeout} s); its output:\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0, f"the child exited {p.returncode}:\n{p.stdout}\n{p.stderr[-3000:]}"
+    return p.stdout
+
+
+def test_a_request_keeps_registered_arrays_alive_until_it_ends(tmp_path):
+    # The arrays sit in anonymous mmaps, so freeing them unmaps the memory: a transfer
+    # still reading it would crash or write other bytes than the 7s.
+    out = run_child(
+        """
+        cfg = geometry(blocks=128, inner=512)   # 4 MiB
+        e = engine()
+        disk = e.disk_layout(cfg, "kv.bin")
+
+        def filled(value):
+            m = mmap.mmap(-1, cfg.base_bytes)
+            a = np.frombuffer(m, np.uint16)
+            a[:] = value
+            return a
+
+        def start(value):
+            h = e.register(filled(value), cfg)  # only the layout refers to the array
+            return e.submit(h, range(cfg.num_blocks), disk, range(cfg.num_blocks))
+
+        def disk_holds(value):
+            back = np.zeros(cfg.base_bytes // 2, np.uint16)
+            with e.register(back, cfg) as b:
+                e.submit(disk, range(cfg.num_blocks), b, range(cfg.num_blocks)).wait(60)
+            return bool((back == value).all())
+
+        for value in range(1, 6):
+            r = start(value)
+            gc.collect()
+            r.wait(60)
+            assert disk_holds(value), value
+
+        # Dropped at once, without a callback: the engine keeps the layouts until it ends.
+        before = e.stats().requests_completed
+        start(9)
+        gc.collect()
+        while e.stats().requests_completed == before:
+            time.sleep(0.001)
+        assert disk_holds(9)
+        e.close()
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "ok"
+
+
+# kvx_transfer_submit as the binding sees it returns only once the request's callback
+# has run (`ran` is set), as happens whenever other threads keep the GIL from the
+# submitting thread for a while.
+HOLD_SUBMIT = """
+from kvxfer import _native as n
+
+class HoldSubmit:
+    def __init__(self, lib):
+        self.lib = lib
+
+    def __getattr__(self, name):
+        f = getattr(self.lib, name)
+        if name != "kvx_transfer_submit":
+            return f
+        def call(*args):
+            st = f(*args)
+            if st == 0:
+                assert ran.wait(30), "the callback did not run"
+            return st
+        return call
+
+ran = threading.Event()
+n.lib = HoldSubmit(n.lib)
+"""
+
+
+def test_a_callback_may_release_its_request_even_before_submit_returned(tmp_path):
+    out = run_child(
+        """
+        cfg = geometry()
+        errors = []
+
+        def on_complete(req, err):
+            req.release()
+            errors.append(err)
+            ran.set()
+
+        e = engine()
+        h, d = e.host_layout(cfg), e.device_layout(cfg)
+        reqs = []
+        for i in range(100):
+            ran.clear()
+            reqs.append(e.submit(h, [i % 16], d, [i % 16], on_complete=on_complete))
+        assert errors == [None] * 100, errors[:3]
+        gc.collect()
+        for r in reqs:
+            try:
+                r.done()
+                raise AssertionError("a request its callback released still answered done()")
+            except kvxfer.InvalidArgument as x:
+                assert "released" in str(x)
+            r.release()  # again: nothing left to drop
+        del reqs, r
+        gc.collect()
+        h.close(), d.close(), e.close()
+        print("ok")
+        """,
+        tmp_path,
+        prelude=HOLD_SUBMIT,
+    )
+    assert out.strip() == "ok"
+
+
+# Every C call of the binding, held open for 50 ms and watched: freeing a handle that
+# another thread's call is using ends the child at once (exit 3), before the freed
+# memory is touched.
+WATCH = """
+from kvxfer import _native as n
+
+class Watch:
+    FREES = {"kvx_engine_destroy", "kvx_layout_destroy", "kvx_request_release"}
+    SLOW = {"kvx_transfer_submit", "kvx_request_wait"}
+
+    def __init__(self, lib):
+        self.lib, self.lock, self.busy = lib, threading.Lock(), {}
+        self.inside = threading.Event()
+
+    def __getattr__(self, name):
+        f = getattr(self.lib, name)
+        def call(*args):
+            if name in self.FREES:
+                with self.lock:
+                    if self.busy.get(args[0]):
+                        print(name, "while another thread's call uses the handle", flush=True)
+                        os._exit(3)
+                return f(*args)
+            handles = [a for a in args if isinstance(a, int)]
+            with self.lock:
+                for h in handles:
+                    self.busy[h] = self.busy.get(h, 0) + 1
+            try:
+                if name in self.SLOW:
+                    self.inside.set()
+                    time.sleep(0.05)
+                return f(*args)
+            finally:
+                with self.lock:
+                    for h in handles:
+                        self.busy[h] -= 1
+        return call
+
+watch = n.lib = Watch(n.lib)
+
+def while_inside(call, close):
+    # Runs `call` on a thread and `close` once that thread is inside a C call.
+    errors = []
+    def run():
+        try:
+            call()
+        except kvxfer.Error as x:
+            errors.append(x)
+    watch.inside.clear()
+    t = threading.Thread(target=run)
+    t.start()
+    watch.inside.wait(30)
+    close()
+    t.join(30)
+    assert not t.is_alive()
+    return errors
+"""
+
+
+def test_a_handle_is_freed_only_once_no_other_thread_calls_through_it(tmp_path):
+    out = run_child(
+        """
+        cfg = geometry()
+        e = engine()
+        h, k, d = e.host_layout(cfg), e.host_layout(cfg), e.device_layout(cfg)
+
+        # A request released while another thread waits for it: one still running
+        # (the engine takes it over), and one already seen to end (freed at once).
+        for seen_to_end in (False, True):
+            r = e.submit(h, [0], d, [0])
+            if seen_to_end:
+                r.wait(30)
+            assert while_inside(lambda: r.wait(30), r.release) == []
+            try:
+                r.wait(1)
+                raise AssertionError("a released request still waited")
+            except kvxfer.InvalidArgument as x:
+                assert "released" in str(x)
+
+        # A layout closed while another thread submits with it.
+        assert while_inside(lambda: e.submit(h, [1], d, [1]).wait(30), h.close) == []
+        try:
+            h.base(0)
+            raise AssertionError("a closed layout still answered")
+        except kvxfer.InvalidArgument as x:
+            assert "closed" in str(x)
+
+        # The engine closed while another thread submits.
+        errors = while_inside(lambda: e.submit(k, [2], d, [2]).wait(30), e.close)
+        assert all(isinstance(x, kvxfer.Shutdown) for x in errors), errors
+        try:
+            e.stats()
+            raise AssertionError("a closed engine still answered")
+        except kvxfer.Shutdown:
+            pass
+        d.close(), k.close()
+        print("ok")
+        """,
+        tmp_path,
+        prelude=WATCH,
+    )
+    assert out.strip() == "ok"
+
+
+def test_closing_the_engine_while_threads_submit_raises_shutdown_in_them(tmp_path):
+    # Two threads submit tiny requests and wait for them while the main thread closes
+    # the engine, 200 rounds: each thread must end with Shutdown, never a crash.
+    out = run_child(
+        """
+        sys.setswitchinterval(1e-5)
+        cfg = geometry()
+        ended = set()
+
+        def one_round():
+            e = engine()
+            h, d = e.host_layout(cfg), e.device_layout(cfg)
+            started = threading.Barrier(3)
+            def work(block):
+                started.wait(30)
+                while True:
+                    try:
+                        e.submit(h, [block], d, [block]).wait(30)
+                        e.stats()
+                    except kvxfer.Cancelled:
+                        continue  # the close cancelled it before it started
+                    except kvxfer.Error as x:
+                        ended.add(type(x).__name__)
+                        return
+            threads = [threading.Thread(target=work, args=(b,)) for b in (0, 1)]
+            for t in threads:
+                t.start()
+            started.wait(30)
+            time.sleep(0.002)
+            e.close()
+            for t in threads:
+                t.join(30)
+                assert not t.is_alive()
+            h.close(), d.close()
+
+        for _ in range(200):
+            one_round()
+        print(*sorted(ended))
+        """,
+        tmp_path,
+        timeout=300,
+    )
+    assert out.split() == ["Shutdown"], out
+
+
+def test_closing_the_engine_from_a_callback_returns_also_while_another_thread_closes_it(tmp_path):
+    out = run_child(
+        """
+        cfg = geometry(blocks=256, inner=512)   # 8 MiB per layout
+        for round in range(3):
+            e = engine()
+            h, k = e.host_layout(cfg), e.disk_layout(cfg, "kv.bin")
+            closed_in_callback = []
+            def on_complete(req, err):
+                req.engine.close()
+                closed_in_callback.append(err)
+            reqs = [e.submit(h, range(256), k, range(256), on_complete=on_complete) for _ in range(4)]
+            if round == 0:
+                e.close()  # while the requests run: their callbacks close it too
+            else:
+                # Only callbacks close it (the first one to run); the requests end.
+                for r in reqs:
+                    try:
+                        r.wait(60)
+                    except kvxfer.Error:
+                        pass
+                e.close()
+            assert len(closed_in_callback) == 4, closed_in_callback
+            h.close(), k.close()
+        print("ok")
+        """,
+        tmp_path,
+        timeout=60,
+    )
+    assert out.strip() == "ok"
