@@ -78,7 +78,7 @@ pub unsafe fn run(data: &[u8], real: bool) {
     let e = f.engine as *mut kvx_engine;
     let mut inp = Input(data);
     while !inp.0.is_empty() {
-        match inp.u8() % 4 {
+        match inp.u8() % 5 {
             0 => {
                 // A layout config: validation only for anything large, so nothing huge is allocated.
                 let mut c = std::mem::zeroed::<kvx_layout_config>();
@@ -181,6 +181,29 @@ pub unsafe fn run(data: &[u8], real: bool) {
                         assert!(r.slot_bytes.is_power_of_two() && r.bounce_bytes % r.slot_bytes == 0 && r.io_threads > 0);
                     }
                 }
+            }
+            4 => {
+                // Counts from C at and past what any array can hold: refused with a status
+                // before the array is read (the pointers here hold a few elements only).
+                let n = f.layouts.len();
+                let (src, dst) = (f.layouts[inp.u8() as usize % n] as *const kvx_layout, f.layouts[inp.u8() as usize % n] as *const kvx_layout);
+                let ids = [0u64; 4];
+                let huge = match inp.u8() % 4 {
+                    0 => usize::MAX,
+                    1 => usize::MAX / 8 + 1 + inp.u64() as usize % 1024,
+                    2 => isize::MAX as usize - inp.u8() as usize,
+                    _ => inp.u64() as usize | (1 << 62),
+                };
+                let mut r = std::ptr::null_mut();
+                let s = kvx_transfer_submit(e, src, ids.as_ptr(), dst, ids.as_ptr(), huge, std::ptr::null(), &mut r);
+                assert!(s == KVX_ERR_INVALID_ARG && r.is_null(), "num_blocks {huge}: {s}");
+                let mut c = std::mem::zeroed::<kvx_layout_config>();
+                kvx_layout_config_init(&mut c);
+                (c.num_blocks, c.num_layers, c.outer_dim, c.page_size, c.inner_dim, c.dtype_bytes) = (1, 1, 1, 1, 1, 1);
+                let bases = [ids.as_ptr() as *mut std::ffi::c_void];
+                let mut l = std::ptr::null_mut();
+                let s = kvx_layout_register_host(e, &c, bases.as_ptr(), huge, 0, &mut l);
+                assert!(s == KVX_ERR_INVALID_ARG && l.is_null(), "num_bases {huge}: {s}");
             }
             _ => {
                 // Layout math on its own: validation, region placement and coalescing.
