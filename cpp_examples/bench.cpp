@@ -256,8 +256,14 @@ kvx_engine_config engine_config(const Options &o) {
 
 // The device layout's config and the pinned host layouts' (same geometry, --host-layout's kind).
 std::pair<kvx_layout_config, kvx_layout_config> layout_configs(const Options &o) {
-  const kvx_layout_config lc = kvx::layout_config(layout_kind(o.layout), o.num_blocks, o.num_layers, o.outer_dim,
-                                                  o.page_size, o.inner_dim, o.dtype_bytes);
+  const kvx_layout_config lc = kvx::layout_config()
+                                    .set_kind(layout_kind(o.layout))
+                                    .set_num_blocks(o.num_blocks)
+                                    .set_num_layers(o.num_layers)
+                                    .set_outer_dim(o.outer_dim)
+                                    .set_page_size(o.page_size)
+                                    .set_inner_dim(o.inner_dim)
+                                    .set_dtype_bytes(o.dtype_bytes);
   kvx_layout_config hc = lc;
   hc.kind = layout_kind(o.host_layout);
   return {lc, hc};
