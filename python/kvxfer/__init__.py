@@ -1,6 +1,6 @@
 """kvxfer: move LLM KV-cache blocks between GPU memory, host memory and disk.
 
-A binding over kvxfer's C ABI (the bundled `libkvxfer.so`, or `KVXFER_LIBRARY`)::
+A binding over kvxfer's C ABI (the bundled `libkvxfer.so`, or `KVX_LIBRARY`)::
 
     import kvxfer, numpy as np
     cfg = kvxfer.LayoutConfig(num_blocks=64, num_layers=4, outer_dim=2, page_size=16,
