@@ -11,8 +11,9 @@ TEST_DIR ?= $(CURDIR)/target/test-files
 export KVX_TEST_DIR := $(TEST_DIR)
 PREFIX ?= /usr/local
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
-ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
+# The ABI's major.minor is the crate's (Cargo.toml's version is the one version source).
+ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
+ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
 .PHONY: all build bench test python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 

@@ -32,7 +32,8 @@ from .errors import (
     VersionError,
 )
 
-__version__ = "0.1.0"
+# The crate's version, as the loaded library reports it ("kvxfer 1.4.0 abi 1.4 ...").
+__version__ = _native.lib.kvx_version_string().decode().split()[1]
 library_path: str = _native.library_path
 
 

@@ -304,6 +304,13 @@ def test_the_library_is_found_in_the_package_or_by_kvxfer_library():
     assert kvxfer.version().startswith("kvxfer ")
 
 
+def test_the_package_version_is_the_librarys():
+    import importlib.metadata
+
+    # "kvxfer <crate version> abi ...": the wheel's version is the crate's.
+    assert importlib.metadata.version("kvxfer") == kvxfer.__version__ == kvxfer.version().split()[1]
+
+
 def _library_found_with(env):
     """kvxfer.library_path in a fresh interpreter with `env` added (None: the import failed, with its message)."""
     clean = {k: v for k, v in os.environ.items() if k not in ("KVX_LIBRARY", "KVXFER_LIBRARY")}
