@@ -2,7 +2,7 @@
 // processes on this host. The serving one exports a device and a pinned host layout
 // (kvx_engine_export); this one imports them (NIXL's UCX backend underneath) and moves
 // blocks to and from them through kvx_transfer_submit, as a runtime pulls KV blocks from
-// a prefill worker or a shared host tier. examples/remote_limit.rs measures NIXL driven
+// a prefill worker or a shared host tier. cpp_examples/remote_limit.rs measures NIXL driven
 // directly with the same descriptors: that is the limit these figures are read against.
 #pragma once
 
@@ -169,7 +169,7 @@ inline int run_remote(const Options &o) {
     return 2;
   }
   std::printf("GB/s = 1e9 B/s of payload; p50/p99 ms: batches of one pass submitted at once; req: %zu requests of %llu block(s) "
-              "one at a time. The limit: examples/remote_limit.rs (NIXL directly, same descriptors).\n",
+              "one at a time. The limit: cpp_examples/remote_limit.rs (NIXL directly, same descriptors).\n",
               nreq, (unsigned long long)o.blocks_per_batch);
   if (!o.verify) return 0;
   // Our bytes to both remote layouts and back: a write that moved nothing leaves the
