@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
@@ -45,7 +45,7 @@ bench: build
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test examples-test
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR) nixl-libs
@@ -132,6 +132,16 @@ EXAMPLES_OUT := target/examples
 $(EXAMPLES_OUT):
 	mkdir -p $@
 
+# examples/: the C and C++ programs against include/ and the release cdylib, strict
+# warnings, and the Python one in the package's venv (python-venv), each run on the
+# default device (GPU 0, or the emulated device without one); each checks its bytes.
+examples-test: build python-venv $(EXAMPLES_OUT) $(TEST_DIR)
+	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/transfer.c -o $(EXAMPLES_OUT)/transfer_c $(C_TEST_LIBS)
+	$(EXAMPLES_OUT)/transfer_c $(TEST_DIR)
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -Iinclude examples/cpp/transfer.cpp -o $(EXAMPLES_OUT)/transfer_cpp $(C_TEST_LIBS)
+	$(EXAMPLES_OUT)/transfer_cpp $(TEST_DIR)
+	$(PYENV)/bin/python examples/python/transfer.py $(TEST_DIR)
+
 # kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved. Built against the
 # header only, never linked to the library.
 dlopen-test: build $(EXAMPLES_OUT) $(TEST_DIR)
@@ -196,7 +206,7 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 # The Python package (python/) in a venv of its own: pip builds its wheel with the
 # crate's cdylib inside. python-test then runs its suite on the emulated device with
 # NumPy arrays, from outside the source tree so the installed copy (and its bundled
-# library) is what is tested.
+# library) is what is tested; examples-test runs examples/python there.
 PYENV := target/pyenv
 python-venv: build
 	@python3 -m venv --help >/dev/null 2>&1 || { echo "python-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
