@@ -182,10 +182,12 @@ install-test: build $(TEST_DIR)
 valgrind-test: c-test
 	valgrind -q --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3 $(CBUILD)/test_abi
 
-# The header alone, included twice, as C11 and as C++17, pedantic.
+# The headers alone, included twice, as C11 and as C++17, pedantic; and each of the
+# bench's headers on its own.
 header-test: $(CBUILD)
 	$(CC) -std=c11 -Wall -Wextra -Wpedantic -Werror -Iinclude -c tests/c/header_alone.c -o $(CBUILD)/header_c.o
 	$(CXX) -std=c++17 -Wall -Wextra -Wpedantic -Werror -Iinclude -c tests/c/header_alone.cpp -o $(CBUILD)/header_cpp.o
+	$(MAKE) --no-print-directory -C cpp_examples headers
 
 # Only kvx_ symbols leave the shared library.
 exports-test: build
