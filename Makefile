@@ -11,10 +11,11 @@ TEST_DIR ?= $(CURDIR)/target/test-files
 export KVX_TEST_DIR := $(TEST_DIR)
 PREFIX ?= /usr/local
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
-ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
+# The ABI's major.minor is the crate's (Cargo.toml's version is the one version source).
+ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
+ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
 
 all: build
 
@@ -44,7 +45,7 @@ bench: build
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test examples-test
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR) nixl-libs
@@ -127,9 +128,26 @@ abi-layout-test: build $(CBUILD)
 	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -I$(CBUILD) tests/c/abi_layout.c -o $(CBUILD)/abi_layout
 	$(CBUILD)/abi_layout
 
-# kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved.
-dlopen-test: build $(TEST_DIR)
-	./cpp_examples/dlopen_plugin $(CURDIR)/target/release/libkvxfer.so $(TEST_DIR)
+# The example programs are built here, outside the source tree.
+EXAMPLES_OUT := target/examples
+$(EXAMPLES_OUT):
+	mkdir -p $@
+
+# examples/: the C and C++ programs against include/ and the release cdylib, strict
+# warnings, and the Python one in the package's venv (python-venv), each run on the
+# default device (GPU 0, or the emulated device without one); each checks its bytes.
+examples-test: build python-venv $(EXAMPLES_OUT) $(TEST_DIR)
+	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/transfer.c -o $(EXAMPLES_OUT)/transfer_c $(C_TEST_LIBS)
+	$(EXAMPLES_OUT)/transfer_c $(TEST_DIR)
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -Iinclude examples/cpp/transfer.cpp -o $(EXAMPLES_OUT)/transfer_cpp $(C_TEST_LIBS)
+	$(EXAMPLES_OUT)/transfer_cpp $(TEST_DIR)
+	$(PYENV)/bin/python examples/python/transfer.py $(TEST_DIR)
+
+# kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved. Built against the
+# header only, never linked to the library.
+dlopen-test: build $(EXAMPLES_OUT) $(TEST_DIR)
+	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror -Iinclude examples/dlopen/dlopen_plugin.cpp -o $(EXAMPLES_OUT)/dlopen_plugin -ldl
+	$(EXAMPLES_OUT)/dlopen_plugin $(CURDIR)/target/release/libkvxfer.so $(TEST_DIR)
 
 # Headers, the shared library (SONAME libkvxfer.so.$(ABI_MAJOR)), the static library, a
 # pkg-config file and a CMake package (find_package(kvxfer) → kvxfer::kvxfer) under PREFIX.
@@ -152,10 +170,10 @@ INSTALL_TEST := $(CURDIR)/target/install-test
 install-test: build $(TEST_DIR)
 	rm -rf $(INSTALL_TEST)
 	$(MAKE) --no-print-directory install PREFIX=$(INSTALL_TEST)/prefix
-	cmake -S tests/consumer -B $(INSTALL_TEST)/cmake -DCMAKE_PREFIX_PATH=$(INSTALL_TEST)/prefix -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake -S examples/cmake -B $(INSTALL_TEST)/cmake -DCMAKE_PREFIX_PATH=$(INSTALL_TEST)/prefix -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(INSTALL_TEST)/cmake >/dev/null
 	$(INSTALL_TEST)/cmake/consumer $(TEST_DIR)
-	$(CXX) -std=c++17 -Wall -Wextra -Werror tests/consumer/main.cpp -o $(INSTALL_TEST)/consumer-pc \
+	$(CXX) -std=c++17 -Wall -Wextra -Werror examples/cmake/main.cpp -o $(INSTALL_TEST)/consumer-pc \
 	  $$(PKG_CONFIG_PATH=$(INSTALL_TEST)/prefix/lib/pkgconfig pkg-config --cflags --libs kvxfer) \
 	  -Wl,-rpath,$(INSTALL_TEST)/prefix/lib
 	$(INSTALL_TEST)/consumer-pc $(TEST_DIR)
@@ -165,10 +183,12 @@ install-test: build $(TEST_DIR)
 valgrind-test: c-test
 	valgrind -q --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3 $(CBUILD)/test_abi
 
-# The header alone, included twice, as C11 and as C++17, pedantic.
+# The headers alone, included twice, as C11 and as C++17, pedantic; and each of the
+# bench's headers on its own.
 header-test: $(CBUILD)
 	$(CC) -std=c11 -Wall -Wextra -Wpedantic -Werror -Iinclude -c tests/c/header_alone.c -o $(CBUILD)/header_c.o
 	$(CXX) -std=c++17 -Wall -Wextra -Wpedantic -Werror -Iinclude -c tests/c/header_alone.cpp -o $(CBUILD)/header_cpp.o
+	$(MAKE) --no-print-directory -C cpp_examples headers
 
 # Only kvx_ symbols leave the shared library.
 exports-test: build
@@ -186,14 +206,17 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 	  LD_LIBRARY_PATH=$(NIXL_LIBS) ./cpp_examples/bench --remote --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4; \
 	else echo "bench-smoke: --remote skipped: NIXL's libraries could not be fetched (see nixl-libs)"; fi
 
-# The Python package (python/): pip builds its wheel with the crate's cdylib inside, then
-# pytest runs its suite on the emulated device with NumPy arrays, from outside the source
-# tree so the installed copy (and its bundled library) is what is tested.
+# The Python package (python/) in a venv of its own: pip builds its wheel with the
+# crate's cdylib inside. python-test then runs its suite on the emulated device with
+# NumPy arrays, from outside the source tree so the installed copy (and its bundled
+# library) is what is tested; examples-test runs examples/python there.
 PYENV := target/pyenv
-python-test: build
-	@python3 -m venv --help >/dev/null 2>&1 || { echo "python-test: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+python-venv: build
+	@python3 -m venv --help >/dev/null 2>&1 || { echo "python-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
 	@[ -x $(PYENV)/bin/pytest ] || { python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q numpy pytest; }
 	$(PYENV)/bin/pip install -q --force-reinstall --no-deps ./python
+
+python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
 
 clean:

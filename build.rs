@@ -10,18 +10,13 @@ fn main() {
     println!("cargo:rerun-if-changed=src/ffi");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-env-changed=KVX_WRITE_HEADER");
-    // The shared library is versioned by ABI major (binaries record libkvxfer.so.1). The
-    // ABI version is written once, in Cargo.toml's [package.metadata.kvxfer]; a test
-    // checks that src/ffi/types.rs and the header agree with it.
-    let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).unwrap();
-    let abi_major = manifest
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("abi_major = "))
-        .expect("Cargo.toml: [package.metadata.kvxfer] abi_major");
-    let abi_minor = manifest.lines().find_map(|l| l.trim().strip_prefix("abi_minor = ")).expect("Cargo.toml: abi_minor");
-    println!("cargo:rerun-if-changed=Cargo.toml");
-    println!("cargo:rustc-env=KVX_CARGO_ABI_MINOR={abi_minor}");
+    // The ABI's major.minor is the crate's version's (Cargo.toml); a test checks
+    // src/ffi/types.rs against it. The shared library is versioned by ABI major
+    // (binaries record libkvxfer.so.1).
+    let abi_major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap();
+    let abi_minor = std::env::var("CARGO_PKG_VERSION_MINOR").unwrap();
     println!("cargo:rustc-env=KVX_CARGO_ABI_MAJOR={abi_major}");
+    println!("cargo:rustc-env=KVX_CARGO_ABI_MINOR={abi_minor}");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libkvxfer.so.{abi_major}");
     let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml");
     let bindings = cbindgen::Builder::new()

@@ -41,20 +41,35 @@ struct LayoutDelete { void operator()(kvx_layout *l) const noexcept { kvx_layout
 struct RequestDelete { void operator()(kvx_request *r) const noexcept { kvx_request_release(r); } };
 }  // namespace detail
 
-// A layout config with every field set; kind is a KVX_LAYOUT_* value.
-inline kvx_layout_config layout_config(uint32_t kind, uint64_t num_blocks, uint64_t num_layers, uint64_t outer_dim,
-                                       uint64_t page_size, uint64_t inner_dim, uint64_t dtype_bytes) {
-  kvx_layout_config c;
-  kvx_layout_config_init(&c);
-  c.kind = kind;
-  c.num_blocks = num_blocks;
-  c.num_layers = num_layers;
-  c.outer_dim = outer_dim;
-  c.page_size = page_size;
-  c.inner_dim = inner_dim;
-  c.dtype_bytes = dtype_bytes;
-  return c;
-}
+// A kvx_layout_config filled by field name, member by member or chained:
+//   kvx::layout_config c;  // kind KVX_LAYOUT_FULLY_CONTIGUOUS, every dimension 0
+//   c.num_blocks = 1024;
+// or
+//   auto c = kvx::layout_config().set_num_blocks(1024).set_num_layers(24).set_outer_dim(2)
+//                .set_page_size(32).set_inner_dim(4096).set_dtype_bytes(2);
+// It is a kvx_layout_config (public base), so it goes wherever one is taken.
+struct layout_config : kvx_layout_config {
+  layout_config() noexcept : kvx_layout_config() { kvx_layout_config_init(this); }
+  // Six integers in a row compile with two of them swapped; name the fields instead.
+  [[deprecated("set the fields by name: kvx::layout_config().set_num_blocks(n).set_num_layers(l)...")]]
+  layout_config(uint32_t kind_, uint64_t num_blocks_, uint64_t num_layers_, uint64_t outer_dim_, uint64_t page_size_,
+                uint64_t inner_dim_, uint64_t dtype_bytes_) noexcept
+      : layout_config() {
+    set_kind(kind_).set_num_blocks(num_blocks_).set_num_layers(num_layers_).set_outer_dim(outer_dim_);
+    set_page_size(page_size_).set_inner_dim(inner_dim_).set_dtype_bytes(dtype_bytes_);
+  }
+  // A KVX_LAYOUT_* value.
+  layout_config &set_kind(uint32_t v) noexcept { kind = v; return *this; }
+  layout_config &set_num_blocks(uint64_t v) noexcept { num_blocks = v; return *this; }
+  layout_config &set_num_layers(uint64_t v) noexcept { num_layers = v; return *this; }
+  // 2 for separate K and V, 1 for MLA.
+  layout_config &set_outer_dim(uint64_t v) noexcept { outer_dim = v; return *this; }
+  // Tokens per block.
+  layout_config &set_page_size(uint64_t v) noexcept { page_size = v; return *this; }
+  // Elements per token (kv_heads x head_dim).
+  layout_config &set_inner_dim(uint64_t v) noexcept { inner_dim = v; return *this; }
+  layout_config &set_dtype_bytes(uint64_t v) noexcept { dtype_bytes = v; return *this; }
+};
 
 class Layout {
  public:

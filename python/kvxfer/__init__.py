@@ -1,6 +1,6 @@
 """kvxfer: move LLM KV-cache blocks between GPU memory, host memory and disk.
 
-A binding over kvxfer's C ABI (the bundled `libkvxfer.so`, or `KVXFER_LIBRARY`)::
+A binding over kvxfer's C ABI (the bundled `libkvxfer.so`, or `KVX_LIBRARY`)::
 
     import kvxfer, numpy as np
     cfg = kvxfer.LayoutConfig(num_blocks=64, num_layers=4, outer_dim=2, page_size=16,
@@ -33,7 +33,8 @@ from .errors import (
     VersionError,
 )
 
-__version__ = "0.1.0"
+# The crate's version, as the loaded library reports it ("kvxfer 1.4.0 abi 1.4 ...").
+__version__ = _native.lib.kvx_version_string().decode().split()[1]
 library_path: str = _native.library_path
 
 

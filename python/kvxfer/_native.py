@@ -1,8 +1,9 @@
 """The C ABI (include/kvxfer.h) as ctypes: the library, its structs and prototypes.
 
 Nothing here is public; kvxfer's classes wrap it. The struct layouts are checked against
-the Rust ones by the test suite (tests/test_abi.py), so a header change that this file
-misses fails there instead of corrupting memory.
+the library's by the package's tests (python/tests/test_kvxfer.py,
+test_struct_layouts_match_the_library), so a header change that this file misses fails
+there instead of corrupting memory.
 """
 
 from __future__ import annotations
@@ -86,18 +87,20 @@ class StatsC(ctypes.Structure):
 
 
 def _find_library() -> str:
-    """KVXFER_LIBRARY if set, else the copy installed in this package."""
-    env = os.environ.get("KVXFER_LIBRARY")
+    """KVX_LIBRARY if set, else the copy installed in this package."""
+    # KVXFER_LIBRARY is the older name of KVX_LIBRARY, still read when KVX_LIBRARY is unset.
+    name = "KVX_LIBRARY" if os.environ.get("KVX_LIBRARY") else "KVXFER_LIBRARY"
+    env = os.environ.get(name)
     if env:
         if not os.path.isfile(env):
-            raise ImportError(f"KVXFER_LIBRARY={env} does not exist; point it at a libkvxfer.so or unset it")
+            raise ImportError(f"{name}={env} does not exist; point it at a libkvxfer.so or unset it")
         return env
     here = os.path.dirname(os.path.abspath(__file__))
     found = sorted(glob.glob(os.path.join(here, "libkvxfer*.so*")))
     if not found:
         raise ImportError(
             f"no libkvxfer.so in {here}: install the package with `pip install ./python` (which builds it), "
-            "or set KVXFER_LIBRARY to a built libkvxfer.so"
+            "or set KVX_LIBRARY to a built libkvxfer.so"
         )
     return found[0]
 

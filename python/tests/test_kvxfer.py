@@ -1,4 +1,4 @@
-"""The Python binding on the emulated device (or on `KVXFER_TEST_DEVICE=<ordinal>`) with
+"""The Python binding on the emulated device (or on `KVX_TEST_DEVICE=<ordinal>`) with
 NumPy arrays: round trips, layer ranges, callbacks, asyncio, and the errors a caller
 gets for bad input. Torch tests run where torch is installed and say so otherwise."""
 
@@ -6,6 +6,8 @@ import asyncio
 import ctypes
 import logging
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -14,7 +16,9 @@ import pytest
 import kvxfer
 from kvxfer import _native as n
 
-DEVICE = int(os.environ["KVXFER_TEST_DEVICE"]) if os.environ.get("KVXFER_TEST_DEVICE") else "emulated"
+# As the Rust suites read it: unset, `emulated` or -1 is the emulated device, else a CUDA ordinal.
+_DEVICE_ENV = os.environ.get("KVX_TEST_DEVICE", "emulated")
+DEVICE = "emulated" if _DEVICE_ENV in ("emulated", "-1") else int(_DEVICE_ENV)
 
 
 def geometry(kind="contiguous", blocks=16, layers=4):
@@ -358,6 +362,32 @@ def test_struct_layouts_match_the_library():
 def test_the_library_is_found_in_the_package_or_by_kvxfer_library():
     assert os.path.isfile(kvxfer.library_path)
     assert kvxfer.version().startswith("kvxfer ")
+
+
+def test_the_package_version_is_the_librarys():
+    import importlib.metadata
+
+    # "kvxfer <crate version> abi ...": the wheel's version is the crate's.
+    assert importlib.metadata.version("kvxfer") == kvxfer.__version__ == kvxfer.version().split()[1]
+
+
+def _library_found_with(env):
+    """kvxfer.library_path in a fresh interpreter with `env` added (None: the import failed, with its message)."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("KVX_LIBRARY", "KVXFER_LIBRARY")}
+    p = subprocess.run(
+        [sys.executable, "-c", "import kvxfer; print(kvxfer.library_path)"], env={**clean, **env}, capture_output=True, text=True
+    )
+    return (p.stdout.strip(), None) if p.returncode == 0 else (None, p.stderr)
+
+
+def test_kvx_library_names_the_library_and_kvxfer_library_is_its_alias(tmp_path):
+    lib = kvxfer.library_path
+    assert _library_found_with({"KVX_LIBRARY": lib}) == (lib, None)
+    assert _library_found_with({"KVXFER_LIBRARY": lib}) == (lib, None)
+    # KVX_LIBRARY wins over the alias.
+    assert _library_found_with({"KVX_LIBRARY": lib, "KVXFER_LIBRARY": str(tmp_path / "other.so")}) == (lib, None)
+    path, err = _library_found_with({"KVX_LIBRARY": str(tmp_path / "missing.so")})
+    assert path is None and "KVX_LIBRARY=" in err and "does not exist" in err
 
 
 def test_torch_cpu_tensors(engine):

@@ -32,12 +32,14 @@ mod tests {
     }
 
     #[test]
-    fn abi_version_matches_cargo_toml() {
-        let manifest = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
-        let get = |k: &str| manifest.lines().find_map(|l| l.trim().strip_prefix(k)).and_then(|v| v.parse::<u32>().ok());
-        assert_eq!(get("abi_major = "), Some(super::types::KVX_ABI_MAJOR));
-        assert_eq!(get("abi_minor = "), Some(super::types::KVX_ABI_MINOR));
-        assert_eq!(env!("KVX_CARGO_ABI_MAJOR").parse::<u32>().unwrap(), super::types::KVX_ABI_MAJOR);
+    fn abi_version_is_the_crate_versions_major_and_minor() {
+        let crate_abi = (env!("KVX_CARGO_ABI_MAJOR").parse::<u32>().unwrap(), env!("KVX_CARGO_ABI_MINOR").parse::<u32>().unwrap());
+        assert_eq!(
+            crate_abi,
+            (super::types::KVX_ABI_MAJOR, super::types::KVX_ABI_MINOR),
+            "Cargo.toml's version {} and the ABI (src/ffi/types.rs) differ in major.minor: bump them together",
+            env!("CARGO_PKG_VERSION")
+        );
     }
 
     #[test]

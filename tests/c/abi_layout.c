@@ -1,5 +1,5 @@
 /* The C compiler's view of every public struct must match the Rust side's (printed by
- * examples/abi_layout.rs into abi_layout.h), so a layout change cannot slip through. */
+ * tests/tools/abi_layout.rs into abi_layout.h), so a layout change cannot slip through. */
 #include <stddef.h>
 #include <stdio.h>
 

@@ -12,7 +12,7 @@
 //                  cudaEventQuery
 // Host memory is a registered /dev/shm mapping, as for a mapped file; chunks are taken
 // in random order, as random block ids are.
-// Build on the GPU machine: nvcc -O2 -std=c++17 -o stage_limit stage_limit.cu
+// Build on the GPU machine: nvcc -O2 -std=c++17 -o stage_limit cpp_examples/probes/stage_limit.cu
 // Run: ./stage_limit [GiB=2]
 #include <cuda_runtime.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
 // (a bounce slot right after an I/O worker's read into it), and what handing those
 // lines on from the writers' caches first changes. No kvxfer.
 //
-//   nvcc -O2 -o dirty_dma cpp_examples/dirty_dma.cu && ./dirty_dma [/dev/shm/file]
+//   nvcc -O2 -o dirty_dma cpp_examples/probes/dirty_dma.cu && ./dirty_dma [/dev/shm/file]
 //
 // For each piece size: N threads each pread pieces of a hot 12 MiB tmpfs file into
 // their parts of a pinned buffer; then one host->device copy per piece on one stream,

@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
     ec.bounce_bytes = 1 << 20;
     ec.slot_bytes = 64 << 10;
     kvx::Engine e(&ec);
-    auto c = kvx::layout_config(KVX_LAYOUT_FULLY_CONTIGUOUS, 4, 2, 2, 8, 64, 2);
+    auto c = kvx::layout_config().set_num_blocks(4).set_num_layers(2).set_outer_dim(2).set_page_size(8).set_inner_dim(64).set_dtype_bytes(2);
     kvx::Layout host = e.create_host_layout(c, 0), back = e.create_host_layout(c, 0);
     kvx::Layout disk = e.create_disk_layout(c, dir + "/kvx-consumer-" + std::to_string(getpid()));
     c.kind = KVX_LAYOUT_LAYER_SEPARATE_OUTER_FIRST;

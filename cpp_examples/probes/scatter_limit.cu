@@ -12,7 +12,7 @@
 //               loads; swept over piece size, pieces in flight and blocks
 //   both ways   host-to-device and device-to-host at once on two streams (what mixed
 //               submitters do): DMA both ways, kernels both ways, and one of each
-// Build on the GPU machine: nvcc -O2 -std=c++17 -arch=native -o scatter_limit scatter_limit.cu (native: the
+// Build on the GPU machine: nvcc -O2 -std=c++17 -arch=native -o scatter_limit cpp_examples/probes/scatter_limit.cu (native: the
 // bulk shape needs sm_90 code, and runs only where the GPU has it)
 // Run: ./scatter_limit [region_bytes=32768] [regions=2048] [pool_regions=65536]
 #include <cuda_runtime.h>

@@ -2,7 +2,9 @@
 // kvx_get_api, and do everything through the versioned function table — the way a
 // runtime that must not link kvxfer at build time would.
 //
-//   ./cpp_examples/dlopen_plugin target/release/libkvxfer.so [dir-for-files]
+// Build and run (`make dlopen-test` does both):
+//   c++ -std=c++17 -Iinclude examples/dlopen/dlopen_plugin.cpp -ldl -o dlopen_plugin
+//   ./dlopen_plugin target/release/libkvxfer.so [dir-for-files]
 //
 // It runs a disk -> device -> disk round trip and checks every byte, reads the table
 // through the ABI 1.0 prefix of kvx_api (what a caller built against 1.0 sees), passes

@@ -8,7 +8,7 @@ reads share host memory. Measures, on a file in the page cache or on tmpfs:
   4. the copies straight from the file's pages, mapped and registered whole with the
      device (one memory crossing instead of three), and what registering costs.
 
-  python3 cpp_examples/dma_contention.py /dev/shm/file [threads]   # needs cupy and a GPU
+  python3 cpp_examples/probes/dma_contention.py /dev/shm/file [threads]   # needs cupy and a GPU
 """
 import ctypes
 import mmap
