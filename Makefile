@@ -14,7 +14,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(shell sed -n 's/^abi_major = //p' Cargo.toml)
 ABI_MINOR := $(shell sed -n 's/^abi_minor = //p' Cargo.toml)
 
-.PHONY: all build bench test python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test
 
 all: build
 
@@ -44,7 +44,7 @@ bench: build
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test docs-test
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR) nixl-libs
@@ -129,6 +129,12 @@ abi-layout-test: build $(CBUILD)
 # kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved.
 dlopen-test: build $(TEST_DIR)
 	./cpp_examples/dlopen_plugin $(CURDIR)/target/release/libkvxfer.so $(TEST_DIR)
+
+# The docs show each example program as its file holds it, the README's headline table
+# is what docs/results holds, and every relative link resolves
+# (python3 docs/tools/check_docs.py --write refreshes the first two).
+docs-test:
+	python3 docs/tools/check_docs.py
 
 # Headers, the shared library (SONAME libkvxfer.so.$(ABI_MAJOR)), the static library, a
 # pkg-config file and a CMake package (find_package(kvxfer) → kvxfer::kvxfer) under PREFIX.
