@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean
+.PHONY: all build bench test examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test
 
 all: build
 
@@ -45,7 +45,7 @@ bench: build
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test examples-test
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test examples-test docs-test
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR) nixl-libs
@@ -148,6 +148,12 @@ examples-test: build python-venv $(EXAMPLES_OUT) $(TEST_DIR)
 dlopen-test: build $(EXAMPLES_OUT) $(TEST_DIR)
 	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror -Iinclude examples/dlopen/dlopen_plugin.cpp -o $(EXAMPLES_OUT)/dlopen_plugin -ldl
 	$(EXAMPLES_OUT)/dlopen_plugin $(CURDIR)/target/release/libkvxfer.so $(TEST_DIR)
+
+# The docs show each example program as its file holds it, the README's headline table
+# is what docs/results holds, and every relative link resolves
+# (python3 docs/tools/check_docs.py --write refreshes the first two).
+docs-test:
+	python3 docs/tools/check_docs.py
 
 # Headers, the shared library (SONAME libkvxfer.so.$(ABI_MAJOR)), the static library, a
 # pkg-config file and a CMake package (find_package(kvxfer) → kvxfer::kvxfer) under PREFIX.

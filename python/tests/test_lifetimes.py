@@ -15,7 +15,7 @@ PRELUDE = """
 import gc, mmap, os, sys, threading, time
 import numpy as np
 import kvxfer
-DEVICE = int(os.environ["KVXFER_TEST_DEVICE"]) if os.environ.get("KVXFER_TEST_DEVICE") else "emulated"
+DEVICE = int(os.environ["KVX_TEST_DEVICE"]) if os.environ.get("KVX_TEST_DEVICE") else "emulated"
 def geometry(blocks=16, layers=4, inner=64):
     return kvxfer.LayoutConfig(num_blocks=blocks, num_layers=layers, outer_dim=2, page_size=16, inner_dim=inner, dtype_bytes=2)
 def engine():
