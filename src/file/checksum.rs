@@ -44,6 +44,8 @@ pub struct Sidecar {
     path: PathBuf,
     /// Regions per block (`num_layers × outer_dim`).
     per_block: u64,
+    /// Bytes of one block's entry: its seal and its region hashes.
+    entry_bytes: u64,
     outer_dim: u64,
     /// Held from reading a block's hashes to writing its seal, so a seal computed from
     /// hashes that another request has since replaced can never be written last.
@@ -70,7 +72,7 @@ impl Sidecar {
     pub fn open(data: &Path, g: &Geometry, create: bool) -> Result<Sidecar> {
         let path = Self::path_for(data);
         let shown = path.display();
-        let per_block = g.cfg.num_layers * g.cfg.outer_dim;
+        let (per_block, entry_bytes, bytes) = Self::sizes(g)?;
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true);
         if create {
@@ -83,11 +85,11 @@ impl Sidecar {
             ),
             _ => Error::io(format_args!("opening {shown}"), e),
         })?;
-        let s = Sidecar { file, path: path.clone(), per_block, outer_dim: g.cfg.outer_dim, sealing: Default::default() };
+        let s = Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing: Default::default() };
         let want = Self::header(g);
         if create {
             // Zero entries: every block starts out "never written".
-            s.file.set_len(HEADER + g.cfg.num_blocks * (1 + per_block) * 8).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
+            s.file.set_len(bytes).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
             unsafe { posix::write_all_at(s.file.as_fd(), want.as_ptr(), want.len() as u64, 0) }?;
         } else {
             let mut got = [0u8; 40];
@@ -111,8 +113,27 @@ impl Sidecar {
         Ok(s)
     }
 
+    /// Regions per block, bytes per block entry, and the bytes of a sidecar for `g`;
+    /// refused where they would pass 64 bits. Every offset of a block the layout
+    /// addresses is below that size, so `block_offset` cannot overflow either.
+    fn sizes(g: &Geometry) -> Result<(u64, u64, u64)> {
+        let per_block = g.cfg.num_layers.checked_mul(g.cfg.outer_dim);
+        let entry_bytes = per_block.and_then(|n| n.checked_add(1)).and_then(|n| n.checked_mul(8));
+        let bytes = entry_bytes.and_then(|e| e.checked_mul(g.cfg.num_blocks)).and_then(|n| n.checked_add(HEADER));
+        match (per_block, entry_bytes, bytes) {
+            (Some(p), Some(e), Some(b)) => Ok((p, e, b)),
+            _ => bail!(
+                InvalidArg,
+                "KVX_DISK_CHECKSUM: the checksums of {} blocks of {} layers would need a sidecar past 64 bits; use fewer blocks or larger regions",
+                g.cfg.num_blocks,
+                g.cfg.num_layers
+            ),
+        }
+    }
+
+    /// Where `block`'s entry starts (`block` is one of the layout's, so within `sizes`).
     fn block_offset(&self, block: u64) -> u64 {
-        HEADER + block * (1 + self.per_block) * 8
+        HEADER + block * self.entry_bytes
     }
 
     /// The seal followed by the region hashes of `block`.
@@ -332,5 +353,22 @@ mod tests {
         let read = s.verify(0, &[(0, hash(0)), (1, hash(1))]);
         let _ = std::fs::remove_file(&path);
         assert_eq!(read, Ok(()), "both layers were written and sealed");
+    }
+
+    /// A geometry `validate` accepts (1-byte regions, 2^41 blocks: 2^62 bytes of data)
+    /// whose sidecar would need more than 2^64 bytes: refused with the reason, before
+    /// any file is made, never wrapped into a smaller file nor a panic.
+    #[test]
+    fn a_sidecar_past_64_bits_is_refused() {
+        let g = crate::layout::LayoutConfig { num_blocks: 1 << 41, num_layers: 1 << 20, outer_dim: 2, page_size: 1, inner_dim: 1, dtype_bytes: 1 }
+            .validate()
+            .unwrap();
+        let path = std::env::temp_dir().join(format!("kvx-sidecar-overflow-{}", std::process::id()));
+        let made = std::panic::catch_unwind(|| Sidecar::open(&path, &g, true).map(drop));
+        let _ = std::fs::remove_file(Sidecar::path_for(&path));
+        let err = made.expect("no panic").expect_err("a sidecar past 2^64 bytes");
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+        assert!(err.message.contains("64 bits"), "{}", err.message);
+        assert!(!Sidecar::path_for(&path).exists(), "nothing was created");
     }
 }
