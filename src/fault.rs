@@ -1,5 +1,6 @@
 //! Fault injection for tests: make the Nth disk read, disk write or device copy fail
-//! with an errno, return short, or (for device copies) fail like a CUDA error.
+//! with an errno, return short, or (for device copies) fail like a CUDA error; and make
+//! the file system report another direct-I/O alignment.
 //!
 //! Only in builds with the `fault-injection` feature, which the crate's own tests turn
 //! on (a dev-dependency on itself) and release builds leave off: there `check` is a
@@ -36,6 +37,13 @@ pub use plan::*;
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub(crate) fn check(_site: Site) -> Option<Fault> {
+    None
+}
+
+/// Without the feature: file systems report what they report.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) fn reported_dio_align() -> Option<u64> {
     None
 }
 
@@ -84,6 +92,19 @@ mod plan {
         for c in &CALLS {
             c.store(0, Ordering::Release);
         }
+    }
+
+    /// The direct-I/O alignment file systems report from now on (`None`: what they
+    /// really report), as a file system of larger sectors or pages would.
+    pub fn report_dio_align(align: Option<u64>) {
+        REPORTED_DIO_ALIGN.store(align.unwrap_or(0), Ordering::Release);
+    }
+
+    static REPORTED_DIO_ALIGN: AtomicU64 = AtomicU64::new(0);
+
+    /// The alignment set by `report_dio_align`, if any.
+    pub(crate) fn reported_dio_align() -> Option<u64> {
+        Some(REPORTED_DIO_ALIGN.load(Ordering::Acquire)).filter(|&a| a != 0)
     }
 
     /// Called by the I/O and copy layers before each call at `site`.

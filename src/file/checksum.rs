@@ -15,10 +15,10 @@
 //! seal), or a block never written (hash 0) all end in `KVX_ERR_INTEGRITY` naming the
 //! block — never in wrong bytes served as good.
 
-use super::DiskFile;
+use super::{DiskFile, DEFAULT_IO_ALIGN};
 use crate::error::{bail, Error, Result, Status};
 use crate::io::{posix, Extent, Port};
-use crate::layout::{Geometry, Placement};
+use crate::layout::{Geometry, Placement, MAX_IO_ALIGN};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -29,6 +29,8 @@ use std::sync::{Arc, Mutex, Weak};
 /// Version 2: CRC-32 region checksums (version 1 used xxh3).
 const MAGIC: &[u8; 8] = b"KVXSUM02";
 const HEADER: u64 = 4096;
+/// Bytes of the header that hold something (the rest is zero).
+const HEADER_FIELDS: usize = 48;
 
 /// A region's stored checksum: its CRC-32 with bit 32 set, as 0 means "never written".
 pub fn region_hash(bytes: &[u8]) -> u64 {
@@ -55,6 +57,8 @@ pub struct Sidecar {
     /// lock for every sidecar of this file open in the process (`seal_lock`), and a lock
     /// on the block's seal against other processes (`SealRange`).
     sealing: Arc<Mutex<()>>,
+    /// The data file's block padding, where recorded.
+    block_align: Option<u64>,
 }
 
 /// The seal lock of the sidecar open as `file`, shared by every sidecar of that file
@@ -131,17 +135,36 @@ impl Sidecar {
         PathBuf::from(p)
     }
 
-    fn header(g: &Geometry) -> [u8; 40] {
-        let mut h = [0u8; 40];
+    /// The magic, then the geometry and the block padding of the data file (0 in
+    /// sidecars written before it was recorded, which older readers ignore).
+    fn header(g: &Geometry, align: u64) -> [u8; HEADER_FIELDS] {
+        let mut h = [0u8; HEADER_FIELDS];
         h[..8].copy_from_slice(MAGIC);
-        for (i, v) in [g.cfg.num_blocks, g.cfg.num_layers, g.cfg.outer_dim, g.region_bytes].iter().enumerate() {
+        for (i, v) in [g.cfg.num_blocks, g.cfg.num_layers, g.cfg.outer_dim, g.region_bytes, align].iter().enumerate() {
             h[8 + i * 8..16 + i * 8].copy_from_slice(&v.to_le_bytes());
         }
         h
     }
 
-    /// Creates (`create`) or opens the sidecar of the data file at `data`.
-    pub fn open(data: &Path, g: &Geometry, create: bool) -> Result<Sidecar> {
+    /// Creates the sidecar of the data file at `data`, whose blocks are padded to `align`.
+    pub fn create(data: &Path, g: &Geometry, align: u64) -> Result<Sidecar> {
+        Self::open_or_create(data, g, Some(align))
+    }
+
+    /// Opens the sidecar of the data file at `data`; `block_align` then says the data
+    /// file's block padding, where the sidecar records it.
+    pub fn open(data: &Path, g: &Geometry) -> Result<Sidecar> {
+        Self::open_or_create(data, g, None)
+    }
+
+    /// The block padding of the data file, as recorded when it was created (`None` in
+    /// sidecars written before kvxfer recorded it).
+    pub fn block_align(&self) -> Option<u64> {
+        self.block_align
+    }
+
+    fn open_or_create(data: &Path, g: &Geometry, create_with: Option<u64>) -> Result<Sidecar> {
+        let create = create_with.is_some();
         let path = Self::path_for(data);
         let shown = path.display();
         let (per_block, entry_bytes, bytes) = Self::sizes(g)?;
@@ -158,15 +181,15 @@ impl Sidecar {
             _ => Error::io(format_args!("opening {shown}"), e),
         })?;
         let sealing = seal_lock(&file).map_err(|e| Error::io(format_args!("stat {shown}"), e))?;
-        let s = Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing };
-        let want = Self::header(g);
-        if create {
+        let mut s = Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing, block_align: create_with };
+        if let Some(align) = create_with {
+            let want = Self::header(g, align);
             // Zero entries: every block starts out "never written".
             s.file.set_len(bytes).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
             unsafe { posix::write_all_at(s.file.as_fd(), want.as_ptr(), want.len() as u64, 0) }?;
         } else {
-            let mut got = [0u8; 40];
-            unsafe { posix::read_exact_at(s.file.as_fd(), got.as_mut_ptr(), 40, 0) }?;
+            let mut got = [0u8; HEADER_FIELDS];
+            unsafe { posix::read_exact_at(s.file.as_fd(), got.as_mut_ptr(), HEADER_FIELDS as u64, 0) }?;
             if got[..6] == MAGIC[..6] && got[..8] != MAGIC[..] {
                 bail!(
                     InvalidArg,
@@ -182,6 +205,11 @@ impl Sidecar {
             if field(1) != g.cfg.num_layers || field(2) != g.cfg.outer_dim || field(3) != g.region_bytes || field(0) < g.cfg.num_blocks {
                 bail!(InvalidArg, "{shown} was written for another geometry; open the file with the geometry it was created with");
             }
+            s.block_align = match field(4) {
+                0 => None,
+                a if a.is_power_of_two() && (DEFAULT_IO_ALIGN..=MAX_IO_ALIGN).contains(&a) => Some(a),
+                a => bail!(Integrity, "{shown} records blocks padded to {a} bytes, which kvxfer never writes: the checksum file is damaged"),
+            };
         }
         Ok(s)
     }
@@ -457,7 +485,7 @@ mod tests {
     #[test]
     fn concurrent_seals_of_one_block_leave_the_seal_of_its_final_hashes() {
         let (path, _rm) = race_path("one");
-        let s = Arc::new(Sidecar::open(&path, &geometry(), true).unwrap());
+        let s = Arc::new(Sidecar::create(&path, &geometry(), 4096).unwrap());
         assert_eq!(race(s.clone(), &s), Ok(()), "both layers were written and sealed");
     }
 
@@ -465,8 +493,8 @@ mod tests {
     #[test]
     fn concurrent_seals_through_two_sidecars_of_one_file_leave_the_seal_of_its_final_hashes() {
         let (path, _rm) = race_path("two");
-        let first = Arc::new(Sidecar::open(&path, &geometry(), true).unwrap());
-        let second = Sidecar::open(&path, &geometry(), false).unwrap();
+        let first = Arc::new(Sidecar::create(&path, &geometry(), 4096).unwrap());
+        let second = Sidecar::open(&path, &geometry()).unwrap();
         assert_eq!(race(first, &second), Ok(()), "both layers were written and sealed");
     }
 
@@ -476,7 +504,7 @@ mod tests {
     #[ignore = "run by concurrent_seals_from_two_processes_leave_the_seal_of_its_final_hashes in a child process"]
     fn seal_slowly_in_a_child() {
         let path = PathBuf::from(std::env::var_os("KVX_SEAL_RACE_FILE").expect("run by the two-process seal test"));
-        let s = Sidecar::open(&path, &geometry(), false).unwrap();
+        let s = Sidecar::open(&path, &geometry()).unwrap();
         let read = path.with_extension("read");
         write_and_seal_slowly(&s, move || {
             std::fs::write(read, b"").unwrap();
@@ -490,7 +518,7 @@ mod tests {
         let (path, _rm) = race_path("procs");
         let read = path.with_extension("read");
         let _rm_read = Remove(read.clone());
-        let s = Sidecar::open(&path, &geometry(), true).unwrap();
+        let s = Sidecar::create(&path, &geometry(), 4096).unwrap();
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "file::checksum::tests::seal_slowly_in_a_child", "--test-threads", "1"])
             .env("KVX_SEAL_RACE_FILE", &path)
@@ -526,7 +554,7 @@ mod tests {
             .validate()
             .unwrap();
         let path = std::env::temp_dir().join(format!("kvx-sidecar-overflow-{}", std::process::id()));
-        let made = std::panic::catch_unwind(|| Sidecar::open(&path, &g, true).map(drop));
+        let made = std::panic::catch_unwind(|| Sidecar::create(&path, &g, 4096).map(drop));
         let _ = std::fs::remove_file(Sidecar::path_for(&path));
         let err = made.expect("no panic").expect_err("a sidecar past 2^64 bytes");
         assert_eq!(err.status, Status::InvalidArg, "{}", err.message);

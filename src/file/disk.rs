@@ -60,7 +60,12 @@ pub struct DiskFile {
     path: PathBuf,
     direct: Option<File>,
     buffered: File,
+    /// Block padding and I/O alignment. A property of the file, never of how it is
+    /// opened: the alignment its file system reports, or the padding the file was
+    /// written with where its sidecar records that (`use_align`).
     align: u64,
+    /// The alignment the file system reports for direct I/O.
+    reported: u64,
     remove_on_drop: bool,
     pub sync: bool,
     /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
@@ -78,17 +83,11 @@ fn open_raw(path: &CString, flags: libc::c_int) -> std::io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
-/// The direct-I/O alignment the filesystem reports (statx `STATX_DIOALIGN`), at least 4096.
-fn dio_align(f: &File) -> u64 {
-    use std::os::fd::AsRawFd;
-    // SAFETY: statx writes into the zeroed struct we own.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
-    let mut align = DEFAULT_IO_ALIGN;
-    if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 {
-        align = align.max(stx.stx_dio_offset_align as u64).max(stx.stx_dio_mem_align as u64);
-    }
-    align.next_power_of_two().min(crate::layout::MAX_IO_ALIGN)
+/// A file's block padding and I/O alignment: the alignment its file system reports for
+/// direct I/O (whatever the descriptor), at least 4096.
+fn file_align(f: &File) -> u64 {
+    let reported = posix::dio_align(f.as_fd()).unwrap_or(0);
+    reported.max(DEFAULT_IO_ALIGN).next_power_of_two().min(crate::layout::MAX_IO_ALIGN)
 }
 
 impl DiskFile {
@@ -116,12 +115,13 @@ impl DiskFile {
                 Err(e) => return Err(Error::io(format_args!("opening {shown} with O_DIRECT"), e)),
             }
         };
-        let align = direct.as_ref().map_or(DEFAULT_IO_ALIGN, dio_align);
+        let align = file_align(&buffered);
         Ok(DiskFile {
             path: path.to_path_buf(),
             direct,
             buffered,
             align,
+            reported: align,
             remove_on_drop: create && !flags.contains(DiskFlags::KEEP),
             sync: flags.contains(DiskFlags::SYNC),
             checksum: None,
@@ -169,7 +169,6 @@ impl DiskFile {
         if let Err(e) = res {
             log::warn!("{}: O_DIRECT read failed ({}); using buffered I/O", self.path.display(), e.message);
             self.direct = None;
-            self.align = DEFAULT_IO_ALIGN;
         }
         Ok(())
     }
@@ -177,6 +176,19 @@ impl DiskFile {
     /// Block padding and I/O alignment of this file.
     pub fn align(&self) -> u64 {
         self.align
+    }
+
+    /// The file's blocks are padded to `align` (as its sidecar records), whatever this
+    /// file system reports. Padding below what direct I/O needs here leaves the file to
+    /// buffered I/O.
+    pub fn use_align(&mut self, align: u64) {
+        if align != self.reported {
+            log::info!("{}: blocks padded to {align} bytes as written (this file system reports {})", self.path.display(), self.reported);
+        }
+        if align < self.reported && self.direct.take().is_some() {
+            log::info!("{}: O_DIRECT needs {}-byte alignment here; using buffered I/O", self.path.display(), self.reported);
+        }
+        self.align = align;
     }
 
     pub fn is_direct(&self) -> bool {

@@ -238,14 +238,21 @@ impl Layout {
             Mapping::check_file_system(path)?;
         }
         let mut file = DiskFile::open(path, flags)?;
-        let placement = Placement::disk(geom, file.align());
         let create = flags.contains(DiskFlags::CREATE);
-        file.prepare(placement.base_bytes(), create)?;
-        if flags.contains(DiskFlags::CHECKSUM) {
-            file.checksum = Some(checksum::Sidecar::open(path, &geom, create)?);
+        let checksum = flags.contains(DiskFlags::CHECKSUM);
+        if checksum && !create {
+            // The file's padding as written, wherever it was written.
+            let sidecar = checksum::Sidecar::open(path, &geom)?;
+            if let Some(align) = sidecar.block_align() {
+                file.use_align(align);
+            }
+            file.checksum = Some(sidecar);
         }
-        // The probe may have fallen back to buffered I/O with the default alignment;
-        // padding chosen for a larger alignment stays valid (it is still a multiple).
+        let placement = Placement::disk(geom, file.align());
+        file.prepare(placement.base_bytes(), create)?;
+        if checksum && create {
+            file.checksum = Some(checksum::Sidecar::create(path, &geom, file.align())?);
+        }
         let storage = match mapped {
             true => Storage::Mapped { map: Mapping::new(gpu, &file, placement.base_bytes())?, file },
             false => Storage::Disk(file),

@@ -1,0 +1,124 @@
+//! A disk layout's file: its block stride fixed by the file whatever opens it.
+
+mod common;
+use common::cases::{case, run};
+use common::*;
+use kvxfer::fault;
+use kvxfer::file::checksum::Sidecar;
+use kvxfer::{DiskFlags, LayoutKind, Status, StorageKind};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// Tests that make the file system report another alignment (process-wide) run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn main() {
+    run(vec![
+        case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
+        case(
+        "a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment",
+            a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment,
+        ),
+    ])
+}
+
+/// Removes a data file and its sidecar when dropped.
+struct Remove(PathBuf);
+impl Drop for Remove {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(Sidecar::path_for(&self.0));
+    }
+}
+
+/// The file system's reported alignment set for as long as this lives.
+struct Reported;
+impl Reported {
+    fn set(align: u64) -> Reported {
+        fault::report_dio_align(Some(align));
+        Reported
+    }
+}
+impl Drop for Reported {
+    fn drop(&mut self) {
+        fault::report_dio_align(None);
+    }
+}
+
+const K64: u64 = 64 << 10;
+
+/// Reads every block of the file at `path`, opened with `flags`, into host memory and
+/// checks it holds `seed`'s pattern.
+fn reads_back(e: &kvxfer::Engine, c: &kvxfer::LayoutConfig, path: &std::path::Path, flags: DiskFlags, seed: u64, what: &str) -> kvxfer::Layout {
+    let disk = e.create_disk_layout(c, path, flags).unwrap_or_else(|err| panic!("{what}: {}", err.message));
+    let host = make_layout(e, c, LayoutKind::FullyContiguous, StorageKind::Host);
+    fill(&host, 99);
+    let ids: Vec<u64> = (0..c.num_blocks).collect();
+    assert_eq!(transfer(e, &disk, &ids, &host, &ids, &Default::default()), Status::Ok, "{what}");
+    let pairs: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
+    check(&host, 99, seed, &pairs, 0..c.num_layers, what);
+    std::sync::Arc::try_unwrap(disk).expect("no request holds the layout")
+}
+
+/// Blocks of 8 KiB are padded to 64 KiB where the file system asks for that alignment.
+/// The same file opened with KVX_DISK_BUFFERED there, or (checksummed: the sidecar
+/// records the padding) where the file system reports another alignment, reads back
+/// exactly; a file padded to 4 KiB opened where 64 KiB is reported does too.
+fn a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment() {
+    let _serial = serial();
+    let e = engine_with(|c| c.slot_bytes = 4 * K64);
+    let c = cfg(4, 2, 2, 16, 64, 2); // 2 KiB regions, 8 KiB blocks
+    let ids: Vec<u64> = (0..4).collect();
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    let (wide, narrow) = (temp_path("wide"), temp_path("narrow"));
+    let _rm = (Remove(wide.clone()), Remove(narrow.clone()));
+    {
+        let _at = Reported::set(K64);
+        let disk = e.create_disk_layout(&c, &wide, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::CHECKSUM).unwrap();
+        assert_eq!(disk.placement.block_stride, K64, "blocks padded to the reported alignment");
+        fill(&host, 1);
+        assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+        drop(disk);
+        reads_back(&e, &c, &wide, DiskFlags::BUFFERED, 1, "64 KiB file, buffered");
+        reads_back(&e, &c, &wide, DiskFlags::BUFFERED | DiskFlags::CHECKSUM, 1, "64 KiB file, buffered, checksummed");
+    }
+    {
+        let _at = Reported::set(4096);
+        for flags in [DiskFlags::CHECKSUM, DiskFlags::CHECKSUM | DiskFlags::BUFFERED] {
+            let disk = reads_back(&e, &c, &wide, flags, 1, "64 KiB file where 4 KiB is reported");
+            assert_eq!(disk.placement.block_stride, K64, "the file's padding, not the file system's");
+        }
+        let disk = e.create_disk_layout(&c, &narrow, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::CHECKSUM).unwrap();
+        fill(&host, 2);
+        assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+    }
+    let _at = Reported::set(K64);
+    let disk = reads_back(&e, &c, &narrow, DiskFlags::CHECKSUM, 2, "4 KiB file where 64 KiB is reported");
+    assert_eq!(disk.placement.block_stride, 8192, "the file's padding, not the file system's");
+    assert!(!disk.disk().unwrap().is_direct(), "blocks padded to 4 KiB cannot move by O_DIRECT that needs 64 KiB");
+}
+
+/// Sidecars written before the padding was recorded hold 0 there: their file is read
+/// with the padding this file system asks for, as it always was.
+fn a_sidecar_that_does_not_record_the_padding_opens_as_before() {
+    let _serial = serial();
+    let e = engine();
+    let c = cfg(4, 2, 2, 16, 64, 2);
+    let path = temp_path("unrecorded");
+    let _rm = Remove(path.clone());
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::CHECKSUM).unwrap();
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    fill(&host, 3);
+    let ids: Vec<u64> = (0..4).collect();
+    assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+    let stride = disk.placement.block_stride;
+    drop(disk);
+    let sidecar = std::fs::OpenOptions::new().write(true).open(Sidecar::path_for(&path)).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sidecar, &[0; 8], 40).unwrap();
+    let disk = reads_back(&e, &c, &path, DiskFlags::CHECKSUM, 3, "a sidecar without the padding");
+    assert_eq!(disk.placement.block_stride, stride);
+}
