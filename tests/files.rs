@@ -1,4 +1,5 @@
-//! A disk layout's file: its block stride fixed by the file whatever opens it.
+//! A disk layout's file: its block stride fixed by the file whatever opens it, and
+//! nothing made or changed by a call that is refused.
 
 mod common;
 use common::cases::{case, run};
@@ -18,6 +19,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn main() {
     run(vec![
+        case("a_refused_geometry_creates_and_truncates_nothing", a_refused_geometry_creates_and_truncates_nothing),
         case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
         case(
         "a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment",
@@ -121,4 +123,32 @@ fn a_sidecar_that_does_not_record_the_padding_opens_as_before() {
     std::os::unix::fs::FileExt::write_all_at(&sidecar, &[0; 8], 40).unwrap();
     let disk = reads_back(&e, &c, &path, DiskFlags::CHECKSUM, 3, "a sidecar without the padding");
     assert_eq!(disk.placement.block_stride, stride);
+}
+
+/// A geometry the engine's slots cannot carry is refused before any file is made or
+/// truncated, with KVX_DISK_CREATE | KVX_DISK_KEEP too: regions too large to hash in a
+/// slot, and slots too small for the alignment the file system asks for.
+fn a_refused_geometry_creates_and_truncates_nothing() {
+    let _serial = serial();
+    let e = engine(); // 64 KiB slots
+    let flags = DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::CHECKSUM;
+    let refused = |c: &kvxfer::LayoutConfig, path: &std::path::Path, what: &str| {
+        let err = e.create_disk_layout(c, path, flags).expect_err(what);
+        assert_eq!(err.status, Status::Unsupported, "{what}: {}", err.message);
+        assert!(err.message.contains("slot_bytes"), "{what}: {}", err.message);
+        assert!(!Sidecar::path_for(path).exists(), "{what}: a refused call left a sidecar");
+    };
+    let big_regions = cfg(2, 1, 1, 64, 1024, 2); // 128 KiB regions
+    let path = temp_path("refused");
+    let _rm = Remove(path.clone());
+    refused(&big_regions, &path, "regions larger than a slot");
+    assert!(!path.exists(), "a refused call left a file");
+    std::fs::write(&path, b"the caller's bytes").unwrap();
+    refused(&big_regions, &path, "regions larger than a slot, over a file");
+    assert_eq!(std::fs::read(&path).unwrap(), b"the caller's bytes", "a refused call changed the file");
+    std::fs::remove_file(&path).unwrap();
+    // Known only once the file is open: what its file system asks for.
+    let _at = Reported::set(K64);
+    refused(&cfg(4, 2, 2, 16, 64, 2), &path, "slots smaller than two alignments");
+    assert!(!path.exists(), "a refused call left a file");
 }

@@ -66,7 +66,11 @@ pub struct DiskFile {
     align: u64,
     /// The alignment the file system reports for direct I/O.
     reported: u64,
+    /// Removed when dropped. Until `commit`: a file this call created, so a failed call
+    /// leaves nothing behind. After: a file the layout created, unless `KEEP`.
     remove_on_drop: bool,
+    /// What `remove_on_drop` becomes at `commit`.
+    remove_when_done: bool,
     pub sync: bool,
     /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
     pub checksum: Option<super::checksum::Sidecar>,
@@ -91,18 +95,24 @@ fn file_align(f: &File) -> u64 {
 }
 
 impl DiskFile {
-    /// Opens (or with `DiskFlags::CREATE` creates and truncates) `path`. The caller then
-    /// asks `align()` for the block padding and calls `prepare` with the layout's byte size.
+    /// Opens (or with `DiskFlags::CREATE` creates) `path`; nothing is truncated before
+    /// `prepare`. The caller then asks `align()` for the block padding, calls `prepare`
+    /// with the layout's byte size, and `commit` once the layout is made.
     pub fn open(path: &Path, flags: DiskFlags) -> Result<DiskFile> {
         let cpath = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::new(crate::error::Status::InvalidArg, "disk path contains a NUL byte"))?;
         let create = flags.contains(DiskFlags::CREATE);
-        let mut oflags = libc::O_RDWR;
-        if create {
-            oflags |= libc::O_CREAT | libc::O_TRUNC;
-        }
         let shown = path.display();
-        let buffered = open_raw(&cpath, oflags).map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        let opening = |e| Error::io(format_args!("opening {shown}"), e);
+        let (buffered, created) = if create {
+            match open_raw(&cpath, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
+                Ok(f) => (f, true),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (open_raw(&cpath, libc::O_RDWR | libc::O_CREAT).map_err(opening)?, false),
+                Err(e) => return Err(opening(e)),
+            }
+        } else {
+            (open_raw(&cpath, libc::O_RDWR).map_err(opening)?, false)
+        };
         let direct = if flags.contains(DiskFlags::BUFFERED) {
             None
         } else {
@@ -122,15 +132,17 @@ impl DiskFile {
             buffered,
             align,
             reported: align,
-            remove_on_drop: create && !flags.contains(DiskFlags::KEEP),
+            remove_on_drop: created,
+            remove_when_done: create && !flags.contains(DiskFlags::KEEP),
             sync: flags.contains(DiskFlags::SYNC),
             checksum: None,
             key: FileKey::new(0),
         })
     }
 
-    /// Sizes a created file to `bytes` (fallocate, else ftruncate) or checks that an
-    /// existing one is large enough; then proves that direct I/O really works here.
+    /// Truncates a created file and sizes it to `bytes` (fallocate, else ftruncate) or
+    /// checks that an existing one is large enough; then proves that direct I/O really
+    /// works here.
     pub fn prepare(&mut self, bytes: u64, create: bool) -> Result<()> {
         use std::os::fd::AsRawFd;
         self.key = FileKey::new(bytes);
@@ -138,6 +150,9 @@ impl DiskFile {
         if create {
             let fd = self.buffered.as_raw_fd();
             // SAFETY: plain syscalls on an owned descriptor.
+            if unsafe { libc::ftruncate(fd, 0) } != 0 {
+                return Err(Error::io(format_args!("truncating {shown}"), std::io::Error::last_os_error()));
+            }
             if unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) } != 0 {
                 let err = std::io::Error::last_os_error();
                 if !matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) {
@@ -171,6 +186,11 @@ impl DiskFile {
             self.direct = None;
         }
         Ok(())
+    }
+
+    /// The layout is made: from now on a file it created goes with it unless `KEEP`.
+    pub fn commit(&mut self) {
+        self.remove_on_drop = self.remove_when_done;
     }
 
     /// Block padding and I/O alignment of this file.
