@@ -28,6 +28,9 @@ pub enum Fault {
     Short,
     /// The device copy fails.
     CopyError,
+    /// The call waits until `release` (or `clear`), then does its work: its request
+    /// stays in flight for as long as the test needs.
+    Hold,
 }
 
 #[cfg(feature = "fault-injection")]
@@ -51,7 +54,7 @@ pub(crate) fn reported_dio_align() -> Option<u64> {
 mod plan {
     use super::{Fault, Site};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Mutex;
+    use std::sync::{Condvar, Mutex};
 
     struct Plan {
         site: Site,
@@ -77,10 +80,33 @@ mod plan {
         ENABLED.store(true, Ordering::Release);
     }
 
-    /// Turns injection and counting off.
+    /// Turns injection and counting off, and lets a held call go.
     pub fn clear() {
         ENABLED.store(false, Ordering::Release);
         *PLAN.lock().unwrap() = None;
+        release();
+    }
+
+    /// Whether a call is held (`Fault::Hold`) now.
+    pub fn holding() -> bool {
+        *HELD.lock().unwrap()
+    }
+
+    /// Lets the held call go on.
+    pub fn release() {
+        *HELD.lock().unwrap() = false;
+        RELEASED.notify_all();
+    }
+
+    static HELD: Mutex<bool> = Mutex::new(false);
+    static RELEASED: Condvar = Condvar::new();
+
+    fn hold() {
+        let mut held = HELD.lock().unwrap();
+        *held = true;
+        while *held {
+            held = RELEASED.wait(held).unwrap();
+        }
     }
 
     /// Calls seen at `site` since the last `inject`/`count_only`.
@@ -114,10 +140,14 @@ mod plan {
             return None;
         }
         let n = CALLS[site as usize].fetch_add(1, Ordering::AcqRel);
-        let plan = PLAN.lock().unwrap();
-        match &*plan {
+        let fault = match &*PLAN.lock().unwrap() {
             Some(p) if p.site == site && p.nth == n => Some(p.fault),
             _ => None,
+        };
+        if fault == Some(Fault::Hold) {
+            hold();
+            return None;
         }
+        fault
     }
 }

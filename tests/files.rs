@@ -1,4 +1,5 @@
-//! A disk layout's file: its block stride fixed by the file whatever opens it, and
+//! A disk layout's file: removed with its last user but never by a name that has moved
+//! on to another file, its block stride fixed by the file whatever opens it, and
 //! nothing made or changed by a call that is refused.
 
 mod common;
@@ -19,6 +20,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn main() {
     run(vec![
+        case("a_removed_layouts_file_goes_only_while_its_path_still_names_it", a_removed_layouts_file_goes_only_while_its_path_still_names_it),
         case("a_refused_geometry_creates_and_truncates_nothing", a_refused_geometry_creates_and_truncates_nothing),
         case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
         case(
@@ -151,4 +153,55 @@ fn a_refused_geometry_creates_and_truncates_nothing() {
     let _at = Reported::set(K64);
     refused(&cfg(4, 2, 2, 16, 64, 2), &path, "slots smaller than two alignments");
     assert!(!path.exists(), "a refused call left a file");
+}
+
+/// A layout created with KVX_DISK_CREATE is destroyed while a request still reads it, and
+/// a new layout is created at the same path (a rotated tier file) and written. The old
+/// request reads its own file to the end; when it ends, that file goes, and the new one,
+/// now at the path, stays with its bytes.
+fn a_removed_layouts_file_goes_only_while_its_path_still_names_it() {
+    let _serial = serial();
+    let e = engine();
+    let c = cfg(4, 2, 2, 16, 64, 2);
+    let ids: Vec<u64> = (0..4).collect();
+    let path = temp_path("rotated");
+    let _rm = Remove(path.clone());
+    drop(e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::CHECKSUM).unwrap());
+    assert!(!path.exists() && !Sidecar::path_for(&path).exists(), "a created file goes with its layout");
+    let old = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::CHECKSUM).unwrap();
+    let dev = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Device);
+    fill(&dev, 6);
+    assert_eq!(transfer(&e, &dev, &ids, &old, &ids, &Default::default()), Status::Ok);
+    fill(&dev, 8);
+    // The request's device copy waits until released: it is in flight, holding `old`.
+    let _injected = Injected;
+    fault::inject(fault::Site::DeviceCopy, 0, fault::Fault::Hold);
+    let reading = e.submit(&old, &ids, &dev, &ids, &Default::default()).unwrap();
+    let started = std::time::Instant::now();
+    while !fault::holding() && started.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(fault::holding(), "the request never reached its device copy");
+    drop(old);
+    let new = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::CHECKSUM).unwrap();
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    fill(&host, 7);
+    assert_eq!(transfer(&e, &host, &ids, &new, &ids, &Default::default()), Status::Ok);
+    fault::clear();
+    assert_eq!(reading.wait(Some(std::time::Duration::from_secs(60))), Status::Ok, "{}", reading.error_message().to_string_lossy());
+    drop(reading);
+    let pairs: Vec<(u64, u64)> = ids.iter().map(|&b| (b, b)).collect();
+    check(&dev, 8, 6, &pairs, 0..c.num_layers, "the old layout's request read its own file");
+    assert!(path.exists(), "the old layout's last request removed the new layout's file");
+    assert!(Sidecar::path_for(&path).exists(), "the old layout's last request removed the new layout's sidecar");
+    drop(new);
+    reads_back(&e, &c, &path, DiskFlags::CHECKSUM, 7, "the new layout's file");
+}
+
+/// Injection stays on no longer than the test that turned it on, even when it fails.
+struct Injected;
+impl Drop for Injected {
+    fn drop(&mut self) {
+        fault::clear();
+    }
 }

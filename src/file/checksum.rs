@@ -29,6 +29,8 @@ use std::sync::{Arc, Mutex, Weak};
 /// Version 2: CRC-32 region checksums (version 1 used xxh3).
 const MAGIC: &[u8; 8] = b"KVXSUM02";
 const HEADER: u64 = 4096;
+/// A sidecar's name: its data file's, and this.
+pub const SUFFIX: &str = ".kvxsum";
 /// Bytes of the header that hold something (the rest is zero).
 const HEADER_FIELDS: usize = 48;
 
@@ -131,8 +133,13 @@ fn ofd_lock(fd: BorrowedFd<'_>, off: u64, kind: libc::c_int) -> std::io::Result<
 impl Sidecar {
     pub fn path_for(data: &Path) -> PathBuf {
         let mut p = data.as_os_str().to_owned();
-        p.push(".kvxsum");
+        p.push(SUFFIX);
         PathBuf::from(p)
+    }
+
+    /// The open sidecar file.
+    pub(super) fn file(&self) -> &File {
+        &self.file
     }
 
     /// The magic, then the geometry and the block padding of the data file (0 in
@@ -171,7 +178,13 @@ impl Sidecar {
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true);
         if create {
-            opts.create(true).truncate(true);
+            // A new file, as for the data: a sidecar found at the path stays intact for
+            // whatever still has it open, and its layout's removal leaves this one alone.
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(format_args!("replacing {shown}"), e)),
+                _ => {}
+            }
+            opts.create_new(true);
         }
         let file = opts.open(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::new(

@@ -7,10 +7,11 @@ use crate::error::{bail, Error, Result};
 use crate::host::{map_anonymous, unmap};
 use crate::io::{posix, streamed, Extent, FileKey, Io, Port};
 use crate::layout::Placement;
+use super::place::{open_at, Place};
 use std::sync::Arc;
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -66,25 +67,20 @@ pub struct DiskFile {
     align: u64,
     /// The alignment the file system reports for direct I/O.
     reported: u64,
+    /// The folder and name of a file this layout created, where it is removed.
+    place: Option<Place>,
     /// Removed when dropped. Until `commit`: a file this call created, so a failed call
     /// leaves nothing behind. After: a file the layout created, unless `KEEP`.
     remove_on_drop: bool,
     /// What `remove_on_drop` becomes at `commit`.
     remove_when_done: bool,
+    /// `CREATE` found a file at the path: `prepare` puts a new one in its place.
+    replace: bool,
     pub sync: bool,
     /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
     pub checksum: Option<super::checksum::Sidecar>,
     /// This file's identity for the ports that register files (sized in `prepare`).
     key: Arc<FileKey>,
-}
-
-fn open_raw(path: &CString, flags: libc::c_int) -> std::io::Result<File> {
-    // SAFETY: `path` is NUL-terminated; the returned descriptor is owned by the File.
-    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, 0o644 as libc::c_uint) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 /// A file's block padding and I/O alignment: the alignment its file system reports for
@@ -104,19 +100,25 @@ impl DiskFile {
         let create = flags.contains(DiskFlags::CREATE);
         let shown = path.display();
         let opening = |e| Error::io(format_args!("opening {shown}"), e);
+        // A file it creates is opened by its name in its folder, where it is removed.
+        let place = if create { Some(Place::of(path)?) } else { None };
+        let (dir, name) = match &place {
+            Some(p) => (Some(p.dir()), p.name()),
+            None => (None, cpath.as_c_str()),
+        };
         let (buffered, created) = if create {
-            match open_raw(&cpath, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
+            match open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
                 Ok(f) => (f, true),
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (open_raw(&cpath, libc::O_RDWR | libc::O_CREAT).map_err(opening)?, false),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (open_at(dir, name, libc::O_RDWR | libc::O_CREAT).map_err(opening)?, false),
                 Err(e) => return Err(opening(e)),
             }
         } else {
-            (open_raw(&cpath, libc::O_RDWR).map_err(opening)?, false)
+            (open_at(dir, name, libc::O_RDWR).map_err(opening)?, false)
         };
         let direct = if flags.contains(DiskFlags::BUFFERED) {
             None
         } else {
-            match open_raw(&cpath, libc::O_RDWR | libc::O_DIRECT) {
+            match open_at(dir, name, libc::O_RDWR | libc::O_DIRECT) {
                 Ok(f) => Some(f),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     log::warn!("{shown}: the filesystem refuses O_DIRECT; using buffered I/O");
@@ -132,6 +134,8 @@ impl DiskFile {
             buffered,
             align,
             reported: align,
+            place,
+            replace: create && !created,
             remove_on_drop: created,
             remove_when_done: create && !flags.contains(DiskFlags::KEEP),
             sync: flags.contains(DiskFlags::SYNC),
@@ -140,19 +144,19 @@ impl DiskFile {
         })
     }
 
-    /// Truncates a created file and sizes it to `bytes` (fallocate, else ftruncate) or
-    /// checks that an existing one is large enough; then proves that direct I/O really
-    /// works here.
+    /// Sizes a created file to `bytes` (fallocate, else ftruncate), a new file in place
+    /// of one found at the path (`replace_file`), or checks that an existing one is large
+    /// enough; then proves that direct I/O really works here.
     pub fn prepare(&mut self, bytes: u64, create: bool) -> Result<()> {
         use std::os::fd::AsRawFd;
         self.key = FileKey::new(bytes);
+        if self.replace {
+            self.replace_file()?;
+        }
         let shown = self.path.display();
         if create {
             let fd = self.buffered.as_raw_fd();
             // SAFETY: plain syscalls on an owned descriptor.
-            if unsafe { libc::ftruncate(fd, 0) } != 0 {
-                return Err(Error::io(format_args!("truncating {shown}"), std::io::Error::last_os_error()));
-            }
             if unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) } != 0 {
                 let err = std::io::Error::last_os_error();
                 if !matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) {
@@ -172,6 +176,25 @@ impl DiskFile {
             }
         }
         self.probe_direct()
+    }
+
+    /// Puts a new, empty file at the path in place of the one found there, which goes as
+    /// a truncation would have emptied it. Whatever still has the old one open keeps it
+    /// intact (a request of a destroyed layout of that file, say), and that layout's
+    /// removal, finding the path naming another file, leaves the new one alone.
+    fn replace_file(&mut self) -> Result<()> {
+        let place = self.place.as_ref().expect("only a file being created is replaced");
+        let shown = self.path.display();
+        place.remove(place.name(), &self.buffered, &self.path);
+        let (dir, name) = (Some(place.dir()), place.name());
+        // Exclusive: a file someone put at the path meanwhile is theirs.
+        self.buffered = open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).map_err(|e| Error::io(format_args!("creating {shown}"), e))?;
+        self.remove_on_drop = true;
+        self.replace = false;
+        if self.direct.is_some() {
+            self.direct = Some(open_at(dir, name, libc::O_RDWR | libc::O_DIRECT).map_err(|e| Error::io(format_args!("opening {shown} with O_DIRECT"), e))?);
+        }
+        Ok(())
     }
 
     /// Some filesystems accept `O_DIRECT` at open and refuse it at the first read.
@@ -332,14 +355,14 @@ impl DiskFile {
 }
 
 impl Drop for DiskFile {
+    /// Removes the file (and its sidecar) if the layout created it, where it created
+    /// it, and only while the path still names it: a file created at the path since is
+    /// the caller's.
     fn drop(&mut self) {
-        if self.remove_on_drop {
-            let sidecar = self.checksum.as_ref().map(|s| s.path().to_path_buf());
-            for p in std::iter::once(self.path.clone()).chain(sidecar) {
-                if let Err(e) = std::fs::remove_file(&p) {
-                    log::warn!("could not remove {}: {e}", p.display());
-                }
-            }
+        let Some(place) = self.place.as_ref().filter(|_| self.remove_on_drop) else { return };
+        place.remove(place.name(), &self.buffered, &self.path);
+        if let Some(sidecar) = &self.checksum {
+            place.remove(&place.beside(super::checksum::SUFFIX), sidecar.file(), sidecar.path());
         }
     }
 }
