@@ -1,6 +1,7 @@
 //! A disk layout's file: removed with its last user but never by a name that has moved
-//! on to another file, its block stride fixed by the file whatever opens it, and
-//! nothing made or changed by a call that is refused.
+//! on to another file, its block stride fixed by the file whatever opens it, nothing
+//! made or changed by a call that is refused, and a created KVX_DISK_SYNC file durable
+//! as a name.
 
 mod common;
 use common::cases::{case, run};
@@ -19,7 +20,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn main() {
+    if let Some(path) = std::env::var_os(SYNC_CHILD) {
+        return create_synced(&PathBuf::from(path));
+    }
+    let no_strace = strace_missing();
     run(vec![
+        case("a_synced_files_folder_is_synced_after_it_is_created", a_synced_files_folder_is_synced_after_it_is_created).unless(no_strace),
         case("a_removed_layouts_file_goes_only_while_its_path_still_names_it", a_removed_layouts_file_goes_only_while_its_path_still_names_it),
         case("a_refused_geometry_creates_and_truncates_nothing", a_refused_geometry_creates_and_truncates_nothing),
         case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
@@ -203,5 +209,54 @@ struct Injected;
 impl Drop for Injected {
     fn drop(&mut self) {
         fault::clear();
+    }
+}
+
+/// Set in the child that `a_synced_files_folder_is_synced…` traces: the path to create.
+const SYNC_CHILD: &str = "KVX_FILES_SYNC_CHILD";
+
+/// The child's work: a checksummed KVX_DISK_SYNC layout created (and kept) at `path`.
+fn create_synced(path: &std::path::Path) {
+    let e = engine();
+    drop(e.create_disk_layout(&cfg(4, 2, 2, 16, 64, 2), path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::SYNC | DiskFlags::CHECKSUM).unwrap());
+}
+
+/// Why strace cannot trace a child here, if it cannot.
+fn strace_missing() -> Option<String> {
+    let ok = std::process::Command::new("strace").args(["-o", "/dev/null", "true"]).status().is_ok_and(|s| s.success());
+    (!ok).then(|| "strace is missing or cannot trace here (apt-get install strace)".to_string())
+}
+
+/// A file created with KVX_DISK_SYNC survives a power cut only once its folder's entry
+/// is durable too. No power is cut here: the system calls of a child creating such a
+/// layout on its own thread are traced (strace, descriptors shown with their paths; the
+/// engine's threads, which take no part in creating it, are not), and the folder must
+/// be fsynced after the data file and the sidecar were created and their own sizes and
+/// headers synced.
+fn a_synced_files_folder_is_synced_after_it_is_created() {
+    let path = temp_path("synced");
+    let _rm = Remove(path.clone());
+    let trace = temp_path("strace");
+    let _rm_trace = Remove(trace.clone());
+    let status = std::process::Command::new("strace")
+        .args(["-qq", "-y", "-e", "trace=openat,fsync,fdatasync", "-o"])
+        .arg(&trace)
+        .arg(std::env::current_exe().unwrap())
+        .env(SYNC_CHILD, &path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the traced child failed ({status})");
+    let log = std::fs::read_to_string(&trace).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    let dir = std::fs::canonicalize(path.parent().unwrap()).unwrap();
+    let (data, sidecar) = (dir.join(path.file_name().unwrap()), dir.join(Sidecar::path_for(&path).file_name().unwrap()));
+    let (data, sidecar, dir) = (data.display().to_string(), sidecar.display().to_string(), dir.display().to_string());
+    let last = |what: &str, hit: &dyn Fn(&str) -> bool| lines.iter().rposition(|l| hit(l)).unwrap_or_else(|| panic!("no {what} in the trace:\n{log}"));
+    let created = |p: &str| last(&format!("creation of {p}"), &|l: &str| l.contains("openat(") && l.contains("O_CREAT") && l.contains(&format!("<{p}>")));
+    let synced = |p: &str| last(&format!("sync of {p}"), &|l: &str| (l.contains("fsync(") || l.contains("fdatasync(")) && l.contains(&format!("<{p}>")));
+    let dir_synced = last(&format!("fsync of the folder {dir}"), &|l: &str| l.contains("fsync(") && l.contains(&format!("<{dir}>")));
+    for p in [&data, &sidecar] {
+        assert!(created(p) < dir_synced, "{p} was created after the folder's last fsync:\n{log}");
+        assert!(synced(p) < dir_synced, "{p} was synced after the folder's last fsync:\n{log}");
     }
 }

@@ -91,8 +91,8 @@ fn file_align(f: &File) -> u64 {
 }
 
 impl DiskFile {
-    /// Opens (or with `DiskFlags::CREATE` creates) `path`; nothing is truncated before
-    /// `prepare`. The caller then asks `align()` for the block padding, calls `prepare`
+    /// Opens (or with `DiskFlags::CREATE` creates) `path`; a file found there is not
+    /// changed before `prepare`. The caller then asks `align()` for the block padding, calls `prepare`
     /// with the layout's byte size, and `commit` once the layout is made.
     pub fn open(path: &Path, flags: DiskFlags) -> Result<DiskFile> {
         let cpath = CString::new(path.as_os_str().as_bytes())
@@ -351,6 +351,15 @@ impl DiskFile {
             Some(s) => s.sync(),
             None => Ok(()),
         }
+    }
+
+    /// Makes a file this layout created durable as a name (`SYNC`): its size and its
+    /// sidecar's header, then its folder, whose entries for both are durable only once
+    /// the folder itself is synced.
+    pub fn sync_created(&self) -> Result<()> {
+        self.sync_data()?;
+        let Some(place) = &self.place else { return Ok(()) };
+        posix::sync_all(place.dir().as_fd()).map_err(|e| Error::new(e.status, format!("the folder of {}: {}", self.path.display(), e.message)))
     }
 }
 

@@ -40,7 +40,8 @@ impl Place {
             _ => Path::new("."),
         };
         let cdir = CString::new(dir.as_os_str().as_bytes()).map_err(nul)?;
-        // Read access for fsync; a folder that may be written but not listed still works.
+        // Read access, for the fsync of KVX_DISK_SYNC; without it (a folder that may be
+        // written but not listed) files are still created and removed there.
         let dir = open_at(None, &cdir, libc::O_RDONLY | libc::O_DIRECTORY)
             .or_else(|_| open_at(None, &cdir, libc::O_PATH | libc::O_DIRECTORY))
             .map_err(|e| Error::io(format_args!("opening the folder of {}", path.display()), e))?;

@@ -89,14 +89,23 @@ pub unsafe fn write_all_at(fd: BorrowedFd<'_>, buf: *const u8, len: u64, offset:
 
 /// Makes written data durable.
 pub fn sync_data(fd: BorrowedFd<'_>) -> Result<()> {
+    sync_with(fd, libc::fdatasync, "fdatasync")
+}
+
+/// Makes a file durable with all its metadata; for a folder, its entries.
+pub fn sync_all(fd: BorrowedFd<'_>) -> Result<()> {
+    sync_with(fd, libc::fsync, "fsync")
+}
+
+fn sync_with(fd: BorrowedFd<'_>, call: unsafe extern "C" fn(libc::c_int) -> libc::c_int, name: &str) -> Result<()> {
     loop {
         // SAFETY: plain syscall on a borrowed, open descriptor.
-        if unsafe { libc::fdatasync(fd.as_raw_fd()) } == 0 {
+        if unsafe { call(fd.as_raw_fd()) } == 0 {
             return Ok(());
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
-            return Err(Error::io("fdatasync", err));
+            return Err(Error::io(name, err));
         }
     }
 }

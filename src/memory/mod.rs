@@ -260,6 +260,9 @@ impl Layout {
         if checksum && create {
             file.checksum = Some(checksum::Sidecar::create(path, &geom, file.align())?);
         }
+        if create && file.sync {
+            file.sync_created()?;
+        }
         let storage = match mapped {
             true => Storage::Mapped { map: Mapping::new(gpu, &file, placement.base_bytes())?, file },
             false => Storage::Disk(file),
