@@ -1,7 +1,8 @@
 //! Fault injection for tests: make the Nth disk read, disk write, device copy or
 //! device op fail with an errno, return short, or (on the device) fail like a CUDA
-//! error. With it comes the deferred emulated device (`deferred_device`), whose copies
-//! complete later on a thread of their own, as a GPU's do, and can be held back.
+//! error; and make the file system report another direct-I/O alignment. With it comes
+//! the deferred emulated device (`deferred_device`), whose copies complete later on a
+//! thread of their own, as a GPU's do, and can be held back.
 //!
 //! Only in builds with the `fault-injection` feature, which the crate's own tests turn
 //! on (a dev-dependency on itself) and release builds leave off: there `check` is a
@@ -32,6 +33,9 @@ pub enum Fault {
     Short,
     /// The device copy fails.
     CopyError,
+    /// The call waits until `release` (or `clear`), then does its work: its request
+    /// stays in flight for as long as the test needs.
+    Hold,
 }
 
 #[cfg(feature = "fault-injection")]
@@ -41,6 +45,13 @@ pub use plan::*;
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub(crate) fn check(_site: Site) -> Option<Fault> {
+    None
+}
+
+/// Without the feature: file systems report what they report.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) fn reported_dio_align() -> Option<u64> {
     None
 }
 
@@ -74,10 +85,33 @@ mod plan {
         ENABLED.store(true, Ordering::Release);
     }
 
-    /// Turns injection and counting off.
+    /// Turns injection and counting off, and lets a held call go.
     pub fn clear() {
         ENABLED.store(false, Ordering::Release);
         *PLAN.lock().unwrap() = None;
+        release();
+    }
+
+    /// Whether a call is held (`Fault::Hold`) now.
+    pub fn holding() -> bool {
+        *HELD.lock().unwrap()
+    }
+
+    /// Lets the held call go on.
+    pub fn release() {
+        *HELD.lock().unwrap() = false;
+        RELEASED.notify_all();
+    }
+
+    static HELD: Mutex<bool> = Mutex::new(false);
+    static RELEASED: Condvar = Condvar::new();
+
+    fn hold() {
+        let mut held = HELD.lock().unwrap();
+        *held = true;
+        while *held {
+            held = RELEASED.wait(held).unwrap();
+        }
     }
 
     /// Calls seen at `site` since the last `inject`/`count_only`.
@@ -91,6 +125,19 @@ mod plan {
         }
     }
 
+    /// The direct-I/O alignment file systems report from now on (`None`: what they
+    /// really report), as a file system of larger sectors or pages would.
+    pub fn report_dio_align(align: Option<u64>) {
+        REPORTED_DIO_ALIGN.store(align.unwrap_or(0), Ordering::Release);
+    }
+
+    static REPORTED_DIO_ALIGN: AtomicU64 = AtomicU64::new(0);
+
+    /// The alignment set by `report_dio_align`, if any.
+    pub(crate) fn reported_dio_align() -> Option<u64> {
+        Some(REPORTED_DIO_ALIGN.load(Ordering::Acquire)).filter(|&a| a != 0)
+    }
+
     /// Called by the I/O and copy layers before each call at `site`.
     #[inline]
     pub(crate) fn check(site: Site) -> Option<Fault> {
@@ -98,11 +145,15 @@ mod plan {
             return None;
         }
         let n = CALLS[site as usize].fetch_add(1, Ordering::AcqRel);
-        let plan = PLAN.lock().unwrap();
-        match &*plan {
+        let fault = match &*PLAN.lock().unwrap() {
             Some(p) if p.site == site && p.nth == n => Some(p.fault),
             _ => None,
+        };
+        if fault == Some(Fault::Hold) {
+            hold();
+            return None;
         }
+        fault
     }
 
     /// Emulated devices opened from now on: deferred (`Some(true)`), immediate

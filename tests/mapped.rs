@@ -1,6 +1,7 @@
 //! KVX_DISK_MAPPED: a file on tmpfs moved as pinned memory. It must hold exactly the
-//! bytes, in exactly the places, that the same file opened without the flag holds, and
-//! be refused (with the reason) where it cannot be honoured.
+//! bytes, in exactly the places, that the same file opened without the flag holds, be
+//! refused (with the reason) where it cannot be honoured, and on hugetlbfs give its huge
+//! pages back when it goes.
 
 mod common;
 use common::cases::{case, run};
@@ -27,7 +28,28 @@ fn tmpfs_path(tag: &str) -> PathBuf {
     tmpfs_dir().expect("listed only with tmpfs").join(format!("kvx-test-{}-{tag}", std::process::id()))
 }
 
+/// A hugetlbfs mount with free huge pages of its size: (folder, page size in KiB).
+fn hugetlbfs() -> Option<(PathBuf, u64)> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().filter_map(|l| l.split_whitespace().nth(1).filter(|_| l.split_whitespace().nth(2) == Some("hugetlbfs"))).find_map(|dir| {
+        let dir = PathBuf::from(dir);
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        let writable = unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && libc::access(c.as_ptr(), libc::W_OK) == 0 };
+        let kib = st.f_bsize as u64 >> 10;
+        (writable && free_huge_pages(kib)? > 0).then_some((dir, kib))
+    })
+}
+
+/// Free huge pages of `kib` KiB.
+fn free_huge_pages(kib: u64) -> Option<u64> {
+    std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-{kib}kB/free_hugepages")).ok()?.trim().parse().ok()
+}
+
 fn main() {
+    let no_hugetlbfs = hugetlbfs()
+        .is_none()
+        .then(|| "no writable hugetlbfs mount with free huge pages (mount -t hugetlbfs none DIR; echo N > /proc/sys/vm/nr_hugepages)".to_string());
     let no_tmpfs = tmpfs_dir().is_none().then(|| "no tmpfs here (set KVX_TEST_DIR to a tmpfs folder)".to_string());
     let test_dir_is_tmpfs =
         is_tmpfs(temp_path("probe").parent().unwrap()).then(|| "the test folder is tmpfs (set KVX_TEST_DIR to another file system)".to_string());
@@ -36,6 +58,7 @@ fn main() {
             .unless(no_tmpfs.clone()),
         case("mapped_is_refused_with_checksums", mapped_is_refused_with_checksums).unless(no_tmpfs),
         case("mapped_is_refused_off_tmpfs", mapped_is_refused_off_tmpfs).unless(test_dir_is_tmpfs),
+        case("mapped_layouts_on_hugetlbfs_give_their_huge_pages_back", mapped_layouts_on_hugetlbfs_give_their_huge_pages_back).unless(no_hugetlbfs),
     ])
 }
 
@@ -105,4 +128,25 @@ fn mapped_is_refused_off_tmpfs() {
     assert_eq!(err.status, Status::Unsupported, "{}", err.message);
     assert!(err.message.contains("tmpfs") && err.message.contains("drop KVX_DISK_MAPPED"), "{}", err.message);
     assert!(!path.exists(), "a refused layout leaves no file behind");
+}
+
+/// A mapped layout of 36 KiB (3 blocks of 12 KiB) takes one huge page of hugetlbfs;
+/// created and destroyed 100 times, it gives each back: the mapping is unmapped whole,
+/// though the layout is no multiple of the huge page.
+fn mapped_layouts_on_hugetlbfs_give_their_huge_pages_back() {
+    let (dir, kib) = hugetlbfs().expect("listed only with hugetlbfs");
+    let e = engine();
+    let path = dir.join(format!("kvx-test-{}-huge", std::process::id()));
+    let _rm = Remove(path.clone());
+    let c = cfg(3, 3, 1, 1, 4096, 1);
+    let free = || free_huge_pages(kib).unwrap();
+    let before = free();
+    for i in 0..100 {
+        let l = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::MAPPED).unwrap_or_else(|err| {
+            panic!("layout {i}: {} ({} of {before} huge pages free)", err.message, free())
+        });
+        assert_eq!(l.placement.base_bytes(), 36 << 10);
+        drop(l);
+    }
+    assert_eq!(free(), before, "huge pages free after 100 mapped layouts came and went");
 }

@@ -196,21 +196,7 @@ impl Engine {
 
     pub fn create_disk_layout(&self, cfg: &LayoutConfig, path: &Path, flags: DiskFlags) -> Result<Arc<Layout>> {
         let geom = cfg.validate()?;
-        let layout = Layout::create_disk(self.id, &self.gpu, geom, path, flags)?;
-        let align = layout.disk().map_or(0, |f| f.align());
-        if self.cfg.slot_bytes < 2 * align {
-            bail!(Unsupported, "{} needs {align}-byte aligned I/O; raise slot_bytes to at least {}", path.display(), 2 * align);
-        }
-        // Checksums are computed per region inside one slot, so a region must fit in one.
-        let region = layout.geometry().region_bytes;
-        if flags.contains(DiskFlags::CHECKSUM) && region + 2 * align > self.cfg.slot_bytes {
-            bail!(
-                Unsupported,
-                "KVX_DISK_CHECKSUM hashes whole {region}-byte regions inside one bounce slot; raise slot_bytes above {}",
-                region + 2 * align
-            );
-        }
-        Ok(Arc::new(layout))
+        Ok(Arc::new(Layout::create_disk(self.id, &self.gpu, geom, path, flags, self.cfg.slot_bytes)?))
     }
 
     /// Validates everything, then queues the transfer; nothing starts if this fails.

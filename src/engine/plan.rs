@@ -619,7 +619,7 @@ mod tests {
         let g = cfg.validate().unwrap();
         let dir = std::env::temp_dir();
         let path = dir.join(format!("kvx-plan-gds-{}", std::process::id()));
-        let disk = Arc::new(Layout::create_disk(1, &gpu, g, &path, DiskFlags::CREATE).unwrap());
+        let disk = Arc::new(Layout::create_disk(1, &gpu, g, &path, DiskFlags::CREATE, 64 << 10).unwrap());
         let dev = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
         let pairs: Vec<(u64, u64)> = (0..6).map(|b| (b, 5 - b)).collect();
         for (src, dst) in [(disk.clone(), dev.clone()), (dev.clone(), disk.clone())] {
@@ -658,7 +658,7 @@ mod tests {
         }
         // A checksummed file: two stages through a slot.
         let sum_path = dir.join(format!("kvx-plan-gds-sum-{}", std::process::id()));
-        let sum = Arc::new(Layout::create_disk(1, &gpu, g, &sum_path, DiskFlags::CREATE | DiskFlags::CHECKSUM).unwrap());
+        let sum = Arc::new(Layout::create_disk(1, &gpu, g, &sum_path, DiskFlags::CREATE | DiskFlags::CHECKSUM, 64 << 10).unwrap());
         let segs = segments(&sum.placement, &dev.placement, &pairs, 0..3);
         let mut planner = Planner::new(sum, dev, segs, 64 << 10, None, true);
         assert!(matches!(planner.next_chunk(0), Some([Some(Op::ReadDisk { .. }), Some(Op::DeviceCopy { .. })])));

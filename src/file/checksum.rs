@@ -15,17 +15,24 @@
 //! seal), or a block never written (hash 0) all end in `KVX_ERR_INTEGRITY` naming the
 //! block — never in wrong bytes served as good.
 
-use super::DiskFile;
+use super::{DiskFile, DEFAULT_IO_ALIGN};
 use crate::error::{bail, Error, Result, Status};
 use crate::io::{posix, Extent, Port};
-use crate::layout::{Geometry, Placement};
+use crate::layout::{Geometry, Placement, MAX_IO_ALIGN};
+use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Version 2: CRC-32 region checksums (version 1 used xxh3).
 const MAGIC: &[u8; 8] = b"KVXSUM02";
 const HEADER: u64 = 4096;
+/// A sidecar's name: its data file's, and this.
+pub const SUFFIX: &str = ".kvxsum";
+/// Bytes of the header that hold something (the rest is zero).
+const HEADER_FIELDS: usize = 48;
 
 /// A region's stored checksum: its CRC-32 with bit 32 set, as 0 means "never written".
 pub fn region_hash(bytes: &[u8]) -> u64 {
@@ -44,37 +51,140 @@ pub struct Sidecar {
     path: PathBuf,
     /// Regions per block (`num_layers × outer_dim`).
     per_block: u64,
+    /// Bytes of one block's entry: its seal and its region hashes.
+    entry_bytes: u64,
     outer_dim: u64,
     /// Held from reading a block's hashes to writing its seal, so a seal computed from
-    /// hashes that another request has since replaced can never be written last.
-    sealing: std::sync::Mutex<()>,
+    /// hashes that another request has since replaced can never be written last: one
+    /// lock for every sidecar of this file open in the process (`seal_lock`), and a lock
+    /// on the block's seal against other processes (`SealRange`).
+    sealing: Arc<Mutex<()>>,
+    /// The data file's block padding, where recorded.
+    block_align: Option<u64>,
+}
+
+/// The seal lock of the sidecar open as `file`, shared by every sidecar of that file
+/// (same device and inode) open in this process: two layouts on one file, in one engine
+/// or two, serialise their seals through it.
+fn seal_lock(file: &File) -> std::io::Result<Arc<Mutex<()>>> {
+    static LOCKS: Mutex<BTreeMap<(u64, u64), Weak<Mutex<()>>>> = Mutex::new(BTreeMap::new());
+    let m = file.metadata()?;
+    let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
+    locks.retain(|_, l| l.strong_count() > 0);
+    // An open sidecar keeps its inode, so a live entry is this very file.
+    let entry = locks.entry((m.dev(), m.ino())).or_default();
+    Ok(entry.upgrade().unwrap_or_else(|| {
+        let lock = Arc::new(Mutex::new(()));
+        *entry = Arc::downgrade(&lock);
+        lock
+    }))
+}
+
+/// A write lock on one block's seal (an open-file-description lock, `F_OFD_SETLKW`),
+/// held against sidecars of the file that other processes have open; released on drop.
+/// Descriptors of one process conflict too, but threads sharing one descriptor do not:
+/// `seal_lock` serialises those.
+struct SealRange<'a> {
+    fd: BorrowedFd<'a>,
+    off: u64,
+}
+
+impl<'a> SealRange<'a> {
+    /// Waits for the lock. Where the file system has no such locks, seals are still
+    /// serialised within this process, and that is logged (once).
+    fn lock(fd: BorrowedFd<'a>, off: u64, path: &Path) -> Option<SealRange<'a>> {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        match ofd_lock(fd, off, libc::F_WRLCK) {
+            Ok(()) => Some(SealRange { fd, off }),
+            Err(e) => {
+                WARNED.call_once(|| log::warn!("{}: cannot lock a block's seal against other processes ({e}); seals from other processes are not serialised", path.display()));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SealRange<'_> {
+    fn drop(&mut self) {
+        // Closing the descriptor releases it too; an unlock of a held lock does not fail.
+        let _ = ofd_lock(self.fd, self.off, libc::F_UNLCK);
+    }
+}
+
+fn ofd_lock(fd: BorrowedFd<'_>, off: u64, kind: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: a zeroed flock (l_pid 0, as OFD locks require) filled in below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = off as libc::off_t;
+    fl.l_len = 8;
+    loop {
+        // SAFETY: fcntl on a descriptor we borrow, with a flock we own.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLKW, &fl) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
 }
 
 impl Sidecar {
     pub fn path_for(data: &Path) -> PathBuf {
         let mut p = data.as_os_str().to_owned();
-        p.push(".kvxsum");
+        p.push(SUFFIX);
         PathBuf::from(p)
     }
 
-    fn header(g: &Geometry) -> [u8; 40] {
-        let mut h = [0u8; 40];
+    /// The open sidecar file.
+    pub(super) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The magic, then the geometry and the block padding of the data file (0 in
+    /// sidecars written before it was recorded, which older readers ignore).
+    fn header(g: &Geometry, align: u64) -> [u8; HEADER_FIELDS] {
+        let mut h = [0u8; HEADER_FIELDS];
         h[..8].copy_from_slice(MAGIC);
-        for (i, v) in [g.cfg.num_blocks, g.cfg.num_layers, g.cfg.outer_dim, g.region_bytes].iter().enumerate() {
+        for (i, v) in [g.cfg.num_blocks, g.cfg.num_layers, g.cfg.outer_dim, g.region_bytes, align].iter().enumerate() {
             h[8 + i * 8..16 + i * 8].copy_from_slice(&v.to_le_bytes());
         }
         h
     }
 
-    /// Creates (`create`) or opens the sidecar of the data file at `data`.
-    pub fn open(data: &Path, g: &Geometry, create: bool) -> Result<Sidecar> {
+    /// Creates the sidecar of the data file at `data`, whose blocks are padded to `align`.
+    pub fn create(data: &Path, g: &Geometry, align: u64) -> Result<Sidecar> {
+        Self::open_or_create(data, g, Some(align))
+    }
+
+    /// Opens the sidecar of the data file at `data`; `block_align` then says the data
+    /// file's block padding, where the sidecar records it.
+    pub fn open(data: &Path, g: &Geometry) -> Result<Sidecar> {
+        Self::open_or_create(data, g, None)
+    }
+
+    /// The block padding of the data file, as recorded when it was created (`None` in
+    /// sidecars written before kvxfer recorded it).
+    pub fn block_align(&self) -> Option<u64> {
+        self.block_align
+    }
+
+    fn open_or_create(data: &Path, g: &Geometry, create_with: Option<u64>) -> Result<Sidecar> {
+        let create = create_with.is_some();
         let path = Self::path_for(data);
         let shown = path.display();
-        let per_block = g.cfg.num_layers * g.cfg.outer_dim;
+        let (per_block, entry_bytes, bytes) = Self::sizes(g)?;
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true);
         if create {
-            opts.create(true).truncate(true);
+            // A new file, as for the data: a sidecar found at the path stays intact for
+            // whatever still has it open, and its layout's removal leaves this one alone.
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(format_args!("replacing {shown}"), e)),
+                _ => {}
+            }
+            opts.create_new(true);
         }
         let file = opts.open(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::new(
@@ -83,15 +193,16 @@ impl Sidecar {
             ),
             _ => Error::io(format_args!("opening {shown}"), e),
         })?;
-        let s = Sidecar { file, path: path.clone(), per_block, outer_dim: g.cfg.outer_dim, sealing: Default::default() };
-        let want = Self::header(g);
-        if create {
+        let sealing = seal_lock(&file).map_err(|e| Error::io(format_args!("stat {shown}"), e))?;
+        let mut s = Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing, block_align: create_with };
+        if let Some(align) = create_with {
+            let want = Self::header(g, align);
             // Zero entries: every block starts out "never written".
-            s.file.set_len(HEADER + g.cfg.num_blocks * (1 + per_block) * 8).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
+            s.file.set_len(bytes).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
             unsafe { posix::write_all_at(s.file.as_fd(), want.as_ptr(), want.len() as u64, 0) }?;
         } else {
-            let mut got = [0u8; 40];
-            unsafe { posix::read_exact_at(s.file.as_fd(), got.as_mut_ptr(), 40, 0) }?;
+            let mut got = [0u8; HEADER_FIELDS];
+            unsafe { posix::read_exact_at(s.file.as_fd(), got.as_mut_ptr(), HEADER_FIELDS as u64, 0) }?;
             if got[..6] == MAGIC[..6] && got[..8] != MAGIC[..] {
                 bail!(
                     InvalidArg,
@@ -107,12 +218,36 @@ impl Sidecar {
             if field(1) != g.cfg.num_layers || field(2) != g.cfg.outer_dim || field(3) != g.region_bytes || field(0) < g.cfg.num_blocks {
                 bail!(InvalidArg, "{shown} was written for another geometry; open the file with the geometry it was created with");
             }
+            s.block_align = match field(4) {
+                0 => None,
+                a if a.is_power_of_two() && (DEFAULT_IO_ALIGN..=MAX_IO_ALIGN).contains(&a) => Some(a),
+                a => bail!(Integrity, "{shown} records blocks padded to {a} bytes, which kvxfer never writes: the checksum file is damaged"),
+            };
         }
         Ok(s)
     }
 
+    /// Regions per block, bytes per block entry, and the bytes of a sidecar for `g`;
+    /// refused where they would pass 64 bits. Every offset of a block the layout
+    /// addresses is below that size, so `block_offset` cannot overflow either.
+    fn sizes(g: &Geometry) -> Result<(u64, u64, u64)> {
+        let per_block = g.cfg.num_layers.checked_mul(g.cfg.outer_dim);
+        let entry_bytes = per_block.and_then(|n| n.checked_add(1)).and_then(|n| n.checked_mul(8));
+        let bytes = entry_bytes.and_then(|e| e.checked_mul(g.cfg.num_blocks)).and_then(|n| n.checked_add(HEADER));
+        match (per_block, entry_bytes, bytes) {
+            (Some(p), Some(e), Some(b)) => Ok((p, e, b)),
+            _ => bail!(
+                InvalidArg,
+                "KVX_DISK_CHECKSUM: the checksums of {} blocks of {} layers would need a sidecar past 64 bits; use fewer blocks or larger regions",
+                g.cfg.num_blocks,
+                g.cfg.num_layers
+            ),
+        }
+    }
+
+    /// Where `block`'s entry starts (`block` is one of the layout's, so within `sizes`).
     fn block_offset(&self, block: u64) -> u64 {
-        HEADER + block * (1 + self.per_block) * 8
+        HEADER + block * self.entry_bytes
     }
 
     /// The seal followed by the region hashes of `block`.
@@ -138,6 +273,7 @@ impl Sidecar {
     /// Recomputes `block`'s seal from its region hashes (after a write request completed).
     pub fn seal(&self, block: u64) -> Result<()> {
         let _one_at_a_time = self.sealing.lock().unwrap_or_else(|p| p.into_inner());
+        let _nor_beside_another_process = SealRange::lock(self.file.as_fd(), self.block_offset(block), &self.path);
         let v = self.read_block(block)?;
         #[cfg(test)]
         tests::pause_in_seal();
@@ -292,45 +428,150 @@ pub unsafe fn hash_regions(pl: &Placement, file_off: u64, addr: u64, len: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::time::Duration;
+    use std::cell::RefCell;
+    use std::time::{Duration, Instant};
 
     thread_local! {
-        /// How long this thread's next seal pauses between reading the hashes and
-        /// writing the seal, to make the race window wide.
-        pub static SEAL_PAUSE: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+        /// What this thread's next seal does between reading the hashes and writing the
+        /// seal: a pause, to make the race window wide.
+        static IN_SEAL: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
     }
 
     pub fn pause_in_seal() {
-        std::thread::sleep(SEAL_PAUSE.with(|p| p.replace(Duration::ZERO)));
+        if let Some(pause) = IN_SEAL.with(|p| p.borrow_mut().take()) {
+            pause();
+        }
+    }
+
+    fn geometry() -> Geometry {
+        crate::layout::LayoutConfig { num_blocks: 1, num_layers: 2, outer_dim: 1, page_size: 1, inner_dim: 8, dtype_bytes: 1 }.validate().unwrap()
+    }
+
+    fn hash(layer: u64) -> u64 {
+        (1 << 32) | (7 + layer)
+    }
+
+    /// The request that wrote layer 0 of block 0 seals it, running `pause` after it read
+    /// the hashes.
+    fn write_and_seal_slowly(s: &Sidecar, pause: impl FnOnce() + 'static) {
+        IN_SEAL.with(|p| *p.borrow_mut() = Some(Box::new(pause)));
+        s.write_regions(0, 0, &[hash(0)]).unwrap();
+        s.seal(0).unwrap();
+    }
+
+    /// The request that wrote layer 1 of block 0 seals it.
+    fn write_and_seal(s: &Sidecar) {
+        s.write_regions(0, 1, &[hash(1)]).unwrap();
+        s.seal(0).unwrap();
+    }
+
+    /// A reader of both layers, once both requests sealed.
+    fn verify_both(s: &Sidecar) -> Result<()> {
+        s.verify(0, &[(0, hash(0)), (1, hash(1))])
     }
 
     /// Two requests that wrote different layers of one block complete together and both
-    /// seal it. The one that read the hashes first must not write its (stale) seal last,
-    /// or every later read of the block is a false integrity error.
+    /// seal it: `slow` in another thread, pausing with the hashes read; `fast` meanwhile.
+    fn race(slow: Arc<Sidecar>, fast: &Sidecar) -> Result<()> {
+        let slow = std::thread::spawn(move || write_and_seal_slowly(&slow, || std::thread::sleep(Duration::from_millis(300))));
+        std::thread::sleep(Duration::from_millis(100));
+        write_and_seal(fast);
+        slow.join().unwrap();
+        verify_both(fast)
+    }
+
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn race_path(tag: &str) -> (PathBuf, Remove) {
+        let path = std::env::temp_dir().join(format!("kvx-seal-race-{}-{tag}", std::process::id()));
+        let rm = Remove(Sidecar::path_for(&path));
+        (path, rm)
+    }
+
+    /// The one that read the hashes first must not write its (stale) seal last, or every
+    /// later read of the block is a false integrity error.
     #[test]
     fn concurrent_seals_of_one_block_leave_the_seal_of_its_final_hashes() {
-        let g = crate::layout::LayoutConfig { num_blocks: 1, num_layers: 2, outer_dim: 1, page_size: 1, inner_dim: 8, dtype_bytes: 1 }
+        let (path, _rm) = race_path("one");
+        let s = Arc::new(Sidecar::create(&path, &geometry(), 4096).unwrap());
+        assert_eq!(race(s.clone(), &s), Ok(()), "both layers were written and sealed");
+    }
+
+    /// The same through two sidecars of one file, as two layouts (two engines) on it have.
+    #[test]
+    fn concurrent_seals_through_two_sidecars_of_one_file_leave_the_seal_of_its_final_hashes() {
+        let (path, _rm) = race_path("two");
+        let first = Arc::new(Sidecar::create(&path, &geometry(), 4096).unwrap());
+        let second = Sidecar::open(&path, &geometry()).unwrap();
+        assert_eq!(race(first, &second), Ok(()), "both layers were written and sealed");
+    }
+
+    /// The slow request of `concurrent_seals_from_two_processes…`, in a child process:
+    /// says (by a file) when it has read the hashes, then pauses 2 s before sealing.
+    #[test]
+    #[ignore = "run by concurrent_seals_from_two_processes_leave_the_seal_of_its_final_hashes in a child process"]
+    fn seal_slowly_in_a_child() {
+        let path = PathBuf::from(std::env::var_os("KVX_SEAL_RACE_FILE").expect("run by the two-process seal test"));
+        let s = Sidecar::open(&path, &geometry()).unwrap();
+        let read = path.with_extension("read");
+        write_and_seal_slowly(&s, move || {
+            std::fs::write(read, b"").unwrap();
+            std::thread::sleep(Duration::from_secs(2));
+        });
+    }
+
+    /// The same between two processes: the child seals slowly, this process meanwhile.
+    #[test]
+    fn concurrent_seals_from_two_processes_leave_the_seal_of_its_final_hashes() {
+        let (path, _rm) = race_path("procs");
+        let read = path.with_extension("read");
+        let _rm_read = Remove(read.clone());
+        let s = Sidecar::create(&path, &geometry(), 4096).unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "file::checksum::tests::seal_slowly_in_a_child", "--test-threads", "1"])
+            .env("KVX_SEAL_RACE_FILE", &path)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Hang guards only: the child reaches its pause in milliseconds.
+        let started = Instant::now();
+        while !read.exists() && started.elapsed() < Duration::from_secs(60) && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let sealed = read.exists().then(|| write_and_seal(&s));
+        let status = loop {
+            match child.try_wait().unwrap() {
+                Some(status) => break status,
+                None if started.elapsed() > Duration::from_secs(120) => {
+                    child.kill().unwrap();
+                    panic!("the child did not finish its seal");
+                }
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        assert!(status.success(), "the child's seal failed ({status})");
+        assert!(sealed.is_some(), "the child never reached its seal");
+        assert_eq!(verify_both(&s), Ok(()), "both layers were written and sealed, from two processes");
+    }
+    /// A geometry `validate` accepts (1-byte regions, 2^41 blocks: 2^62 bytes of data)
+    /// whose sidecar would need more than 2^64 bytes: refused with the reason, before
+    /// any file is made, never wrapped into a smaller file nor a panic.
+    #[test]
+    fn a_sidecar_past_64_bits_is_refused() {
+        let g = crate::layout::LayoutConfig { num_blocks: 1 << 41, num_layers: 1 << 20, outer_dim: 2, page_size: 1, inner_dim: 1, dtype_bytes: 1 }
             .validate()
             .unwrap();
-        let path = std::env::temp_dir().join(format!("kvx-seal-race-{}", std::process::id()));
-        let s = Arc::new(Sidecar::open(&path, &g, true).unwrap());
-        let hash = |layer: u64| (1 << 32) | (7 + layer);
-        let slow = {
-            let s = s.clone();
-            std::thread::spawn(move || {
-                SEAL_PAUSE.with(|p| p.set(Duration::from_millis(300)));
-                s.write_regions(0, 0, &[hash(0)]).unwrap();
-                s.seal(0).unwrap();
-            })
-        };
-        // The other request writes its layer and seals while the first one pauses.
-        std::thread::sleep(Duration::from_millis(100));
-        s.write_regions(0, 1, &[hash(1)]).unwrap();
-        s.seal(0).unwrap();
-        slow.join().unwrap();
-        let read = s.verify(0, &[(0, hash(0)), (1, hash(1))]);
-        let _ = std::fs::remove_file(&path);
-        assert_eq!(read, Ok(()), "both layers were written and sealed");
+        let path = std::env::temp_dir().join(format!("kvx-sidecar-overflow-{}", std::process::id()));
+        let made = std::panic::catch_unwind(|| Sidecar::create(&path, &g, 4096).map(drop));
+        let _ = std::fs::remove_file(Sidecar::path_for(&path));
+        let err = made.expect("no panic").expect_err("a sidecar past 2^64 bytes");
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+        assert!(err.message.contains("64 bits"), "{}", err.message);
+        assert!(!Sidecar::path_for(&path).exists(), "nothing was created");
     }
 }

@@ -7,10 +7,11 @@ use crate::error::{bail, Error, Result};
 use crate::host::{map_anonymous, unmap};
 use crate::io::{posix, streamed, Extent, FileKey, Io, Port};
 use crate::layout::Placement;
+use super::place::{open_at, Place};
 use std::sync::Arc;
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -60,8 +61,21 @@ pub struct DiskFile {
     path: PathBuf,
     direct: Option<File>,
     buffered: File,
+    /// Block padding and I/O alignment. A property of the file, never of how it is
+    /// opened: the alignment its file system reports, or the padding the file was
+    /// written with where its sidecar records that (`use_align`).
     align: u64,
+    /// The alignment the file system reports for direct I/O.
+    reported: u64,
+    /// The folder and name of a file this layout created, where it is removed.
+    place: Option<Place>,
+    /// Removed when dropped. Until `commit`: a file this call created, so a failed call
+    /// leaves nothing behind. After: a file the layout created, unless `KEEP`.
     remove_on_drop: bool,
+    /// What `remove_on_drop` becomes at `commit`.
+    remove_when_done: bool,
+    /// `CREATE` found a file at the path: `prepare` puts a new one in its place.
+    replace: bool,
     pub sync: bool,
     /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
     pub checksum: Option<super::checksum::Sidecar>,
@@ -69,45 +83,42 @@ pub struct DiskFile {
     key: Arc<FileKey>,
 }
 
-fn open_raw(path: &CString, flags: libc::c_int) -> std::io::Result<File> {
-    // SAFETY: `path` is NUL-terminated; the returned descriptor is owned by the File.
-    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, 0o644 as libc::c_uint) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(unsafe { File::from_raw_fd(fd) })
-}
-
-/// The direct-I/O alignment the filesystem reports (statx `STATX_DIOALIGN`), at least 4096.
-fn dio_align(f: &File) -> u64 {
-    use std::os::fd::AsRawFd;
-    // SAFETY: statx writes into the zeroed struct we own.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
-    let mut align = DEFAULT_IO_ALIGN;
-    if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 {
-        align = align.max(stx.stx_dio_offset_align as u64).max(stx.stx_dio_mem_align as u64);
-    }
-    align.next_power_of_two().min(crate::layout::MAX_IO_ALIGN)
+/// A file's block padding and I/O alignment: the alignment its file system reports for
+/// direct I/O (whatever the descriptor), at least 4096.
+fn file_align(f: &File) -> u64 {
+    let reported = posix::dio_align(f.as_fd()).unwrap_or(0);
+    reported.max(DEFAULT_IO_ALIGN).next_power_of_two().min(crate::layout::MAX_IO_ALIGN)
 }
 
 impl DiskFile {
-    /// Opens (or with `DiskFlags::CREATE` creates and truncates) `path`. The caller then
-    /// asks `align()` for the block padding and calls `prepare` with the layout's byte size.
+    /// Opens (or with `DiskFlags::CREATE` creates) `path`; a file found there is not
+    /// changed before `prepare`. The caller then asks `align()` for the block padding, calls `prepare`
+    /// with the layout's byte size, and `commit` once the layout is made.
     pub fn open(path: &Path, flags: DiskFlags) -> Result<DiskFile> {
         let cpath = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::new(crate::error::Status::InvalidArg, "disk path contains a NUL byte"))?;
         let create = flags.contains(DiskFlags::CREATE);
-        let mut oflags = libc::O_RDWR;
-        if create {
-            oflags |= libc::O_CREAT | libc::O_TRUNC;
-        }
         let shown = path.display();
-        let buffered = open_raw(&cpath, oflags).map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        let opening = |e| Error::io(format_args!("opening {shown}"), e);
+        // A file it creates is opened by its name in its folder, where it is removed.
+        let place = if create { Some(Place::of(path)?) } else { None };
+        let (dir, name) = match &place {
+            Some(p) => (Some(p.dir()), p.name()),
+            None => (None, cpath.as_c_str()),
+        };
+        let (buffered, created) = if create {
+            match open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
+                Ok(f) => (f, true),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (open_at(dir, name, libc::O_RDWR | libc::O_CREAT).map_err(opening)?, false),
+                Err(e) => return Err(opening(e)),
+            }
+        } else {
+            (open_at(dir, name, libc::O_RDWR).map_err(opening)?, false)
+        };
         let direct = if flags.contains(DiskFlags::BUFFERED) {
             None
         } else {
-            match open_raw(&cpath, libc::O_RDWR | libc::O_DIRECT) {
+            match open_at(dir, name, libc::O_RDWR | libc::O_DIRECT) {
                 Ok(f) => Some(f),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     log::warn!("{shown}: the filesystem refuses O_DIRECT; using buffered I/O");
@@ -116,24 +127,32 @@ impl DiskFile {
                 Err(e) => return Err(Error::io(format_args!("opening {shown} with O_DIRECT"), e)),
             }
         };
-        let align = direct.as_ref().map_or(DEFAULT_IO_ALIGN, dio_align);
+        let align = file_align(&buffered);
         Ok(DiskFile {
             path: path.to_path_buf(),
             direct,
             buffered,
             align,
-            remove_on_drop: create && !flags.contains(DiskFlags::KEEP),
+            reported: align,
+            place,
+            replace: create && !created,
+            remove_on_drop: created,
+            remove_when_done: create && !flags.contains(DiskFlags::KEEP),
             sync: flags.contains(DiskFlags::SYNC),
             checksum: None,
             key: FileKey::new(0),
         })
     }
 
-    /// Sizes a created file to `bytes` (fallocate, else ftruncate) or checks that an
-    /// existing one is large enough; then proves that direct I/O really works here.
+    /// Sizes a created file to `bytes` (fallocate, else ftruncate), a new file in place
+    /// of one found at the path (`replace_file`), or checks that an existing one is large
+    /// enough; then proves that direct I/O really works here.
     pub fn prepare(&mut self, bytes: u64, create: bool) -> Result<()> {
         use std::os::fd::AsRawFd;
         self.key = FileKey::new(bytes);
+        if self.replace {
+            self.replace_file()?;
+        }
         let shown = self.path.display();
         if create {
             let fd = self.buffered.as_raw_fd();
@@ -159,6 +178,25 @@ impl DiskFile {
         self.probe_direct()
     }
 
+    /// Puts a new, empty file at the path in place of the one found there, which goes as
+    /// a truncation would have emptied it. Whatever still has the old one open keeps it
+    /// intact (a request of a destroyed layout of that file, say), and that layout's
+    /// removal, finding the path naming another file, leaves the new one alone.
+    fn replace_file(&mut self) -> Result<()> {
+        let place = self.place.as_ref().expect("only a file being created is replaced");
+        let shown = self.path.display();
+        place.remove(place.name(), &self.buffered, &self.path);
+        let (dir, name) = (Some(place.dir()), place.name());
+        // Exclusive: a file someone put at the path meanwhile is theirs.
+        self.buffered = open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).map_err(|e| Error::io(format_args!("creating {shown}"), e))?;
+        self.remove_on_drop = true;
+        self.replace = false;
+        if self.direct.is_some() {
+            self.direct = Some(open_at(dir, name, libc::O_RDWR | libc::O_DIRECT).map_err(|e| Error::io(format_args!("opening {shown} with O_DIRECT"), e))?);
+        }
+        Ok(())
+    }
+
     /// Some filesystems accept `O_DIRECT` at open and refuse it at the first read.
     fn probe_direct(&mut self) -> Result<()> {
         let Some(f) = &self.direct else { return Ok(()) };
@@ -169,14 +207,31 @@ impl DiskFile {
         if let Err(e) = res {
             log::warn!("{}: O_DIRECT read failed ({}); using buffered I/O", self.path.display(), e.message);
             self.direct = None;
-            self.align = DEFAULT_IO_ALIGN;
         }
         Ok(())
+    }
+
+    /// The layout is made: from now on a file it created goes with it unless `KEEP`.
+    pub fn commit(&mut self) {
+        self.remove_on_drop = self.remove_when_done;
     }
 
     /// Block padding and I/O alignment of this file.
     pub fn align(&self) -> u64 {
         self.align
+    }
+
+    /// The file's blocks are padded to `align` (as its sidecar records), whatever this
+    /// file system reports. Padding below what direct I/O needs here leaves the file to
+    /// buffered I/O.
+    pub fn use_align(&mut self, align: u64) {
+        if align != self.reported {
+            log::info!("{}: blocks padded to {align} bytes as written (this file system reports {})", self.path.display(), self.reported);
+        }
+        if align < self.reported && self.direct.take().is_some() {
+            log::info!("{}: O_DIRECT needs {}-byte alignment here; using buffered I/O", self.path.display(), self.reported);
+        }
+        self.align = align;
     }
 
     pub fn is_direct(&self) -> bool {
@@ -297,17 +352,26 @@ impl DiskFile {
             None => Ok(()),
         }
     }
+
+    /// Makes a file this layout created durable as a name (`SYNC`): its size and its
+    /// sidecar's header, then its folder, whose entries for both are durable only once
+    /// the folder itself is synced.
+    pub fn sync_created(&self) -> Result<()> {
+        self.sync_data()?;
+        let Some(place) = &self.place else { return Ok(()) };
+        posix::sync_all(place.dir().as_fd()).map_err(|e| Error::new(e.status, format!("the folder of {}: {}", self.path.display(), e.message)))
+    }
 }
 
 impl Drop for DiskFile {
+    /// Removes the file (and its sidecar) if the layout created it, where it created
+    /// it, and only while the path still names it: a file created at the path since is
+    /// the caller's.
     fn drop(&mut self) {
-        if self.remove_on_drop {
-            let sidecar = self.checksum.as_ref().map(|s| s.path().to_path_buf());
-            for p in std::iter::once(self.path.clone()).chain(sidecar) {
-                if let Err(e) = std::fs::remove_file(&p) {
-                    log::warn!("could not remove {}: {e}", p.display());
-                }
-            }
+        let Some(place) = self.place.as_ref().filter(|_| self.remove_on_drop) else { return };
+        place.remove(place.name(), &self.buffered, &self.path);
+        if let Some(sidecar) = &self.checksum {
+            place.remove(&place.beside(super::checksum::SUFFIX), sidecar.file(), sidecar.path());
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::gpu::Gpu;
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
@@ -24,7 +24,31 @@ const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
 pub struct Mapping {
     gpu: Arc<dyn Gpu>,
     addr: u64,
-    bytes: u64,
+    /// Bytes mapped: the layout's, rounded up to the file system's block (a huge page
+    /// on hugetlbfs), as hugetlbfs unmaps only whole huge pages.
+    len: u64,
+    path: PathBuf,
+}
+
+/// The file system's block size for the file open as `fd` (`statfs` `f_bsize`).
+fn block_size(fd: libc::c_int) -> std::io::Result<u64> {
+    // SAFETY: fstatfs into a zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bsize as u64)
+}
+
+/// Unmaps `len` bytes at `addr`; a failure (which leaves the mapping and its pages in
+/// place) is logged.
+///
+/// # Safety
+/// Nothing may use the mapping any more.
+unsafe fn unmap(addr: u64, len: u64, path: &Path) {
+    if libc::munmap(addr as *mut libc::c_void, len as usize) != 0 {
+        log::error!("unmapping {len} bytes of {}: {}; its pages stay until the process exits", path.display(), std::io::Error::last_os_error());
+    }
 }
 
 impl Mapping {
@@ -55,18 +79,20 @@ impl Mapping {
     pub fn new(gpu: &Arc<dyn Gpu>, file: &DiskFile, bytes: u64) -> Result<Mapping> {
         let shown = file.path().display();
         let fd = file.buffered_fd().as_raw_fd();
-        // SAFETY: a new shared mapping of `bytes` of an open file; checked below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), bytes as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        let block = block_size(fd).map_err(|e| Error::io(format_args!("statfs {shown}"), e))?;
+        let len = bytes.div_ceil(block.max(1)) * block.max(1);
+        // SAFETY: a new shared mapping of `len` bytes of an open file; checked below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
         if p == libc::MAP_FAILED {
-            return Err(Error::io(format_args!("mapping {bytes} bytes of {shown}"), std::io::Error::last_os_error()));
+            return Err(Error::io(format_args!("mapping {len} bytes of {shown}"), std::io::Error::last_os_error()));
         }
         let addr = p as u64;
         if let Err(e) = gpu.register_host(addr, bytes) {
             // SAFETY: the mapping made above, not yet shared with anyone.
-            unsafe { libc::munmap(p, bytes as usize) };
+            unsafe { unmap(addr, len, file.path()) };
             return Err(Error::new(e.status, format!("{shown}: {}", e.message)));
         }
-        Ok(Mapping { gpu: gpu.clone(), addr, bytes })
+        Ok(Mapping { gpu: gpu.clone(), addr, len, path: file.path().to_path_buf() })
     }
 
     /// The mapping as a layout's one base.
@@ -80,7 +106,7 @@ impl Drop for Mapping {
         // SAFETY: the layout (and so every request using it) is gone: no copy uses it.
         unsafe {
             self.gpu.unregister_host(self.addr);
-            libc::munmap(self.addr as *mut libc::c_void, self.bytes as usize);
+            unmap(self.addr, self.len, &self.path);
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod checksum;
 mod disk;
 pub mod mapped;
+mod place;
 
 pub use disk::*;
 pub use mapped::Mapping;

@@ -25,6 +25,19 @@ unsafe fn syscall(site: Site, fd: BorrowedFd<'_>, buf: *mut u8, len: u64, offset
     }
 }
 
+/// The alignment direct I/O on the file needs, as its file system reports it (statx
+/// `STATX_DIOALIGN`: the larger of the file offset and memory alignments), the same on
+/// any descriptor of the file, `O_DIRECT` or not; `None` where it reports none.
+pub fn dio_align(fd: BorrowedFd<'_>) -> Option<u64> {
+    if let Some(reported) = fault::reported_dio_align() {
+        return Some(reported);
+    }
+    // SAFETY: statx writes into the zeroed struct we own.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statx(fd.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    (rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0).then(|| (stx.stx_dio_offset_align as u64).max(stx.stx_dio_mem_align as u64))
+}
+
 /// Reads exactly `len` bytes at `offset` into `buf`.
 ///
 /// # Safety
@@ -76,14 +89,23 @@ pub unsafe fn write_all_at(fd: BorrowedFd<'_>, buf: *const u8, len: u64, offset:
 
 /// Makes written data durable.
 pub fn sync_data(fd: BorrowedFd<'_>) -> Result<()> {
+    sync_with(fd, libc::fdatasync, "fdatasync")
+}
+
+/// Makes a file durable with all its metadata; for a folder, its entries.
+pub fn sync_all(fd: BorrowedFd<'_>) -> Result<()> {
+    sync_with(fd, libc::fsync, "fsync")
+}
+
+fn sync_with(fd: BorrowedFd<'_>, call: unsafe extern "C" fn(libc::c_int) -> libc::c_int, name: &str) -> Result<()> {
     loop {
         // SAFETY: plain syscall on a borrowed, open descriptor.
-        if unsafe { libc::fdatasync(fd.as_raw_fd()) } == 0 {
+        if unsafe { call(fd.as_raw_fd()) } == 0 {
             return Ok(());
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
-            return Err(Error::io("fdatasync", err));
+            return Err(Error::io(name, err));
         }
     }
 }

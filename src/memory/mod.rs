@@ -4,7 +4,7 @@
 use crate::error::{bail, Result};
 use crate::gpu::Gpu;
 use crate::layout::{Geometry, LayoutKind, Placement};
-use crate::file::{checksum, DiskFile, DiskFlags, Mapping};
+use crate::file::{checksum, DiskFile, DiskFlags, Mapping, DEFAULT_IO_ALIGN};
 use std::path::Path;
 use crate::remote::{blob::Mem, Peer, Registration};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -225,8 +225,10 @@ impl Layout {
         Ok(Layout::new(engine_id, gpu, placement, Storage::Memory { kind: storage, bases: bases.to_vec(), _owned: Vec::new() }))
     }
 
-    /// A disk layout in the file at `path`.
-    pub fn create_disk(engine_id: u64, gpu: &Arc<dyn Gpu>, geom: Geometry, path: &Path, flags: DiskFlags) -> Result<Layout> {
+    /// A disk layout in the file at `path`, moved through bounce slots of `slot_bytes`.
+    /// A geometry those slots cannot carry is refused before any file is made or
+    /// truncated; a file this call made is removed again if it fails.
+    pub fn create_disk(engine_id: u64, gpu: &Arc<dyn Gpu>, geom: Geometry, path: &Path, flags: DiskFlags, slot_bytes: u64) -> Result<Layout> {
         let mapped = flags.contains(DiskFlags::MAPPED);
         if mapped && flags.contains(DiskFlags::CHECKSUM) {
             bail!(
@@ -236,22 +238,59 @@ impl Layout {
         }
         if mapped {
             Mapping::check_file_system(path)?;
+        } else {
+            fits_slots(&geom, path, flags, slot_bytes, DEFAULT_IO_ALIGN)?;
         }
         let mut file = DiskFile::open(path, flags)?;
-        let placement = Placement::disk(geom, file.align());
         let create = flags.contains(DiskFlags::CREATE);
-        file.prepare(placement.base_bytes(), create)?;
-        if flags.contains(DiskFlags::CHECKSUM) {
-            file.checksum = Some(checksum::Sidecar::open(path, &geom, create)?);
+        let checksum = flags.contains(DiskFlags::CHECKSUM);
+        if checksum && !create {
+            // The file's padding as written, wherever it was written.
+            let sidecar = checksum::Sidecar::open(path, &geom)?;
+            if let Some(align) = sidecar.block_align() {
+                file.use_align(align);
+            }
+            file.checksum = Some(sidecar);
         }
-        // The probe may have fallen back to buffered I/O with the default alignment;
-        // padding chosen for a larger alignment stays valid (it is still a multiple).
+        if !mapped {
+            fits_slots(&geom, path, flags, slot_bytes, file.align())?;
+        }
+        let placement = Placement::disk(geom, file.align());
+        file.prepare(placement.base_bytes(), create)?;
+        if checksum && create {
+            file.checksum = Some(checksum::Sidecar::create(path, &geom, file.align())?);
+        }
+        if create && file.sync {
+            file.sync_created()?;
+        }
         let storage = match mapped {
             true => Storage::Mapped { map: Mapping::new(gpu, &file, placement.base_bytes())?, file },
             false => Storage::Disk(file),
         };
-        Ok(Layout::new(engine_id, gpu, placement, storage))
+        let mut layout = Layout::new(engine_id, gpu, placement, storage);
+        if let Storage::Disk(file) | Storage::Mapped { file, .. } = &mut layout.storage {
+            file.commit();
+        }
+        Ok(layout)
     }
+}
+
+/// Refuses a disk layout whose I/O, aligned to `align`, bounce slots of `slot_bytes`
+/// cannot carry.
+fn fits_slots(geom: &Geometry, path: &Path, flags: DiskFlags, slot_bytes: u64, align: u64) -> Result<()> {
+    if slot_bytes < 2 * align {
+        bail!(Unsupported, "{} needs {align}-byte aligned I/O; raise slot_bytes to at least {}", path.display(), 2 * align);
+    }
+    // Checksums are computed per region inside one slot, so a region must fit in one.
+    let region = geom.region_bytes;
+    if flags.contains(DiskFlags::CHECKSUM) && region + 2 * align > slot_bytes {
+        bail!(
+            Unsupported,
+            "KVX_DISK_CHECKSUM hashes whole {region}-byte regions inside one bounce slot; raise slot_bytes above {}",
+            region + 2 * align
+        );
+    }
+    Ok(())
 }
 
 pub fn kind_name(kind: LayoutKind) -> &'static str {
