@@ -313,6 +313,46 @@ fn killed_peer_ends_requests_in_time() {
     assert_eq!(e.slots().0, e.slots().1, "every slot came back");
 }
 
+/// Runs `f` on a thread and waits at most `limit` for it: a hang fails the test
+/// instead of blocking the suite (the hung thread is left behind).
+fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("{what} did not return within {limit:?}"))
+}
+
+/// An export that lists one layout twice is refused with which; two threads exporting
+/// the same layouts in opposite orders never wait on each other for good.
+fn duplicate_and_crossed_exports_end() {
+    let e = Arc::new(engine());
+    let (a, b) = (make_layout(&e, &peer_cfg(4), FC, StorageKind::Host), make_layout(&e, &peer_cfg(4), FC, StorageKind::Pinned));
+    let err = {
+        let (e, a, b) = (e.clone(), a.clone(), b.clone());
+        within(Duration::from_secs(10), "export of [a, b, a]", move || e.export(&[a.clone(), b, a]).map(drop).expect_err("a duplicate refused"))
+    };
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    assert!(err.message.contains("layouts 0 and 2"), "{}", err.message);
+    let crossed: Vec<_> = [[a.clone(), b.clone()], [b, a]]
+        .into_iter()
+        .map(|pair| {
+            let e = e.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for _ in 0..1000 {
+                    e.export(&pair).expect("export");
+                }
+                let _ = tx.send(());
+            });
+            rx
+        })
+        .collect();
+    for rx in crossed {
+        rx.recv_timeout(Duration::from_secs(60)).expect("1000 exports of two layouts, crossed with another thread's, did not end within 60 s");
+    }
+}
+
 /// Without NIXL at run time, export and import say why; local work is as before.
 fn without_nixl_export_and_import_are_unsupported() {
     let e = engine();
@@ -337,6 +377,7 @@ fn main() {
         case("bad_and_replaced_blobs", bad_and_replaced_blobs).unless(why.clone()),
         case("callbacks_poll_and_cancel_hold", callbacks_poll_and_cancel_hold).unless(why.clone()),
         case("killed_peer_ends_requests_in_time", killed_peer_ends_requests_in_time).unless(why.clone()),
+        case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),
     ])

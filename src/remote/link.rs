@@ -94,18 +94,19 @@ impl Link {
         register(&self.agent, &self.opts, mem, spans)
     }
 
-    /// The blob for these registered layouts: (id, what, geometry, registration).
-    pub fn export(&self, layouts: Vec<(Shared, &Registration)>) -> Result<Vec<u8>> {
+    /// The NIXL metadata of one registration: what a peer loads to reach that memory.
+    pub fn metadata(&self, reg: &Registration) -> Result<Vec<u8>> {
+        let (mt, dev) = mem_type(reg.mem);
+        let mut descs = RegDescList::new(mt).map_err(|e| nixl_failed("building a descriptor list", e))?;
+        reg.spans.iter().for_each(|&(a, n)| descs.add_desc(a as usize, n as usize, dev));
+        self.agent.get_local_partial_md(&descs, Some(&self.opts.0)).map_err(|e| nixl_failed("reading a layout's metadata", e))
+    }
+
+    /// The blob of these layouts (their metadata from `metadata`), with the agent's
+    /// connection metadata.
+    pub fn export(&self, shared: Vec<Shared>) -> Result<Vec<u8>> {
         let empty = RegDescList::new(MemType::Dram).map_err(|e| nixl_failed("building a descriptor list", e))?;
         let connection = self.agent.get_local_partial_md(&empty, Some(&self.opts.0)).map_err(|e| nixl_failed("reading the agent's connection metadata", e))?;
-        let mut shared = Vec::with_capacity(layouts.len());
-        for (mut s, reg) in layouts {
-            let (mt, dev) = mem_type(reg.mem);
-            let mut descs = RegDescList::new(mt).map_err(|e| nixl_failed("building a descriptor list", e))?;
-            reg.spans.iter().for_each(|&(a, n)| descs.add_desc(a as usize, n as usize, dev));
-            s.metadata = self.agent.get_local_partial_md(&descs, Some(&self.opts.0)).map_err(|e| nixl_failed("reading a layout's metadata", e))?;
-            shared.push(s);
-        }
         let blob = Blob {
             abi_major: abi_major(),
             abi_minor: env!("KVX_CARGO_ABI_MINOR").parse().expect("abi_minor"),
