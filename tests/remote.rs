@@ -313,6 +313,46 @@ fn killed_peer_ends_requests_in_time() {
     assert_eq!(e.slots().0, e.slots().1, "every slot came back");
 }
 
+/// A blob refused by import leaves every working import as it was: a newer blob of the
+/// same peer whose layout metadata NIXL refuses, and a blob that names one peer but
+/// carries another's metadata, break neither peer's layouts; the peer's real newer
+/// blob then still replaces the older import.
+fn a_refused_blob_leaves_working_imports_alone() {
+    use kvxfer::remote::{abi_major, blob::Blob};
+    let (p, q) = (Peer::spawn(4), Peer::spawn(4));
+    let e = engine();
+    let old = import(&e, &p.blobs[0], Duration::ZERO);
+    let other = import(&e, &q.blobs[1], Duration::ZERO);
+    let local = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
+    let works = |layouts: &[Arc<kvxfer::Layout>], what: &str| {
+        fill(&local, 0);
+        assert_eq!(transfer(&e, &layouts[0], &[1], &local, &[2], &TransferOptions::default()), Status::Ok, "{what}");
+        check(&local, 0, PEER_SEEDS[0], &[(1, 2)], 0..4, what);
+    };
+    works(&old, "p's import before");
+    works(&other, "q's import before");
+    let refused = |blob: &Blob, want: &str| {
+        let err = e.import(&blob.encode(), Duration::ZERO).expect_err("refused");
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+        assert!(err.message.contains(want), "wanted '{want}': {}", err.message);
+    };
+    let mut damaged = Blob::decode(&p.blobs[1], abi_major()).expect("p's blob");
+    damaged.layouts[1].metadata[0] ^= 0xff;
+    refused(&damaged, "NIXL metadata was refused");
+    works(&old, "p's import after p's damaged blob");
+    works(&other, "q's import after p's damaged blob");
+    let mut borrowed = Blob::decode(&q.blobs[1], abi_major()).expect("q's blob");
+    borrowed.agent = damaged.agent.clone();
+    refused(&borrowed, "metadata belongs to");
+    works(&old, "p's import after a blob naming p with q's metadata");
+    works(&other, "q's import after a blob naming p with q's metadata");
+    let new = import(&e, &p.blobs[1], Duration::ZERO);
+    works(&new, "p's newer import");
+    works(&other, "q's import after p's newer import");
+    let err = e.submit(&old[0], &[0], &local, &[0], &TransferOptions::default()).expect_err("the replaced import refused");
+    assert!(err.message.contains("older blob"), "{}", err.message);
+}
+
 /// Runs `f` on a thread and waits at most `limit` for it: a hang fails the test
 /// instead of blocking the suite (the hung thread is left behind).
 fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -377,6 +417,7 @@ fn main() {
         case("bad_and_replaced_blobs", bad_and_replaced_blobs).unless(why.clone()),
         case("callbacks_poll_and_cancel_hold", callbacks_poll_and_cancel_hold).unless(why.clone()),
         case("killed_peer_ends_requests_in_time", killed_peer_ends_requests_in_time).unless(why.clone()),
+        case("a_refused_blob_leaves_working_imports_alone", a_refused_blob_leaves_working_imports_alone).unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),

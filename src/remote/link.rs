@@ -119,27 +119,58 @@ impl Link {
     }
 
     /// Loads a decoded blob's metadata: the peer it names, replacing an older import of
-    /// the same peer. A blob older than the one already imported is refused.
+    /// the same peer. A blob older than the one already imported is refused. A blob
+    /// refused here leaves every import as it was: its metadata is loaded on top of
+    /// what is loaded and checked before the older import of its peer is dropped, and
+    /// only agents that no import uses are forgotten again.
     pub fn import(self: &Arc<Link>, blob: &Blob, timeout: Duration) -> Result<Arc<Peer>> {
         let mut peers = self.peers.lock().unwrap();
         self.check(&peers, blob)?;
+        let in_use = |name: &str| peers.get(name).is_some_and(|p| p.strong_count() > 0);
+        if let Err((e, loaded)) = self.load(blob) {
+            for name in loaded.iter().filter(|n| !in_use(n)) {
+                let _ = self.agent.invalidate_remote_md(name);
+            }
+            return Err(e);
+        }
         if let Some(old) = peers.remove(&blob.agent) {
             if let Some(old) = old.upgrade() {
                 old.stale.store(true, Ordering::Release);
             }
-            // Forget the old registrations before loading the new ones.
+            // Forget the old registrations, then load the checked blob on a clean slate.
             let _ = self.agent.invalidate_remote_md(&blob.agent);
-        }
-        for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
-            let name = self.agent.load_remote_md(md).map_err(|e| Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL")))?;
-            if name != blob.agent {
-                let _ = self.agent.invalidate_remote_md(&name);
-                bail!(InvalidArg, "the blob names agent {} but its metadata belongs to {name}", blob.agent);
+            if let Err((e, _)) = self.load(blob) {
+                let _ = self.agent.invalidate_remote_md(&blob.agent);
+                return Err(Error::new(Status::Remote, format!("{}; loading it again after dropping the older import failed: import the blob again", e.message)));
             }
         }
         let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), timeout, link: self.clone() });
         peers.insert(blob.agent.clone(), Arc::downgrade(&peer));
         Ok(peer)
+    }
+
+    /// Loads the blob's connection and layout metadata, each of which must belong to
+    /// the agent the blob names. On failure, also the agents it loaded (the blob's own
+    /// among them: NIXL may have taken part of the metadata it refused).
+    fn load(&self, blob: &Blob) -> std::result::Result<(), (Error, Vec<String>)> {
+        let mut loaded = Vec::new();
+        for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
+            let name = match self.agent.load_remote_md(md) {
+                Ok(name) => name,
+                Err(e) => {
+                    loaded.push(blob.agent.clone());
+                    let e = Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL"));
+                    return Err((e, loaded));
+                }
+            };
+            if name != blob.agent {
+                loaded.push(name.clone());
+                let e = Error::new(Status::InvalidArg, format!("the blob names agent {} but its metadata belongs to {name}", blob.agent));
+                return Err((e, loaded));
+            }
+            loaded.push(name);
+        }
+        Ok(())
     }
 
     /// Whether `blob` may be imported now, without importing it (the blob's count
