@@ -116,6 +116,9 @@ impl Engine {
         if remote.0.stale() {
             bail!(InvalidArg, "the remote layout comes from an older blob of {}; use the layouts of its newest import", remote.0.name);
         }
+        if remote.0.dead() {
+            return Err(remote.0.closed());
+        }
         if local.kind() == StorageKind::Disk {
             return Ok(()); // through the bounce ring, registered with the link
         }

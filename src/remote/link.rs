@@ -43,6 +43,8 @@ pub struct Peer {
     generation: u64,
     /// Set when a newer blob of this peer was imported.
     stale: AtomicBool,
+    /// Set when one of its transfers timed out or failed: nothing new is posted to it.
+    dead: AtomicBool,
     /// How long one of its transfers may take before it ends with `KVX_ERR_REMOTE`.
     pub timeout: Duration,
     link: Arc<Link>,
@@ -144,7 +146,7 @@ impl Link {
                 return Err(Error::new(Status::Remote, format!("{}; loading it again after dropping the older import failed: import the blob again", e.message)));
             }
         }
-        let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), timeout, link: self.clone() });
+        let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), dead: AtomicBool::new(false), timeout, link: self.clone() });
         peers.insert(blob.agent.clone(), Arc::downgrade(&peer));
         Ok(peer)
     }
@@ -214,7 +216,9 @@ impl Drop for Registration {
     }
 }
 
-/// A posted transfer; dropping it releases it (NIXL aborts it if it still runs).
+/// A posted transfer; dropping it releases it. Drop it only once `done` reported it
+/// ended: NIXL's release of a running transfer cancels it, and UCX does not stop the
+/// reads and writes already under way, which may land in local memory after.
 pub struct Posted {
     req: Option<XferRequest>,
     pub peer: Arc<Peer>,
@@ -225,6 +229,28 @@ impl Peer {
     /// Whether a newer blob of this peer has replaced the one its layouts came from.
     pub fn stale(&self) -> bool {
         self.stale.load(Ordering::Acquire)
+    }
+
+    /// Whether a transfer with this import timed out or failed (`close`).
+    pub fn dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Closes this import after one of its transfers timed out or failed: the peer is
+    /// gone or stuck, and every new transfer that timed out too would keep its slot out
+    /// of the ring, so nothing new is posted until the peer's blob is imported again.
+    pub fn close(&self) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            log::warn!("remote peer {}: a transfer timed out or failed; its import is closed until its blob is imported again", self.name);
+        }
+    }
+
+    /// The error of a transfer with a closed import.
+    pub fn closed(&self) -> Error {
+        Error::new(
+            Status::Remote,
+            format!("remote peer {}: an earlier transfer with it timed out or failed, so its import is closed; re-import its blob once the peer is back", self.name),
+        )
     }
 
     fn failed(&self, what: &str, e: impl std::fmt::Display) -> Error {
@@ -239,6 +265,9 @@ impl Peer {
     pub fn post(self: &Arc<Peer>, write: bool, local: Mem, remote: Mem, ops: &[crate::gpu::CopyOp]) -> Result<Posted> {
         if self.stale() {
             bail!(Remote, "remote peer {}: a newer blob of it was imported; use the layouts of that import", self.name);
+        }
+        if self.dead() {
+            return Err(self.closed());
         }
         let link = &self.link;
         let ((lt, ld), (rt, rd)) = (mem_type(local), mem_type(remote));
@@ -274,7 +303,11 @@ impl Posted {
     pub fn timed_out(&self) -> Error {
         Error::new(
             Status::Remote,
-            format!("remote peer {}: a transfer did not complete within {} ms (the import's timeout); the peer may be gone or overloaded", self.peer.name, self.peer.timeout.as_millis()),
+            format!(
+                "remote peer {}: a transfer did not complete within {} ms (the import's timeout); the peer may be gone or overloaded. Its import is closed: re-import its blob once the peer is back. The transfer's local blocks may still be written",
+                self.peer.name,
+                self.peer.timeout.as_millis()
+            ),
         )
     }
 }
