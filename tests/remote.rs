@@ -460,13 +460,23 @@ fn a_refused_blob_leaves_working_imports_alone() {
         assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
         assert!(err.message.contains(want), "wanted '{want}': {}", err.message);
     };
-    let mut damaged = Blob::decode(&p.blobs[1], abi_major()).expect("p's blob");
+    let newer = Blob::decode(&p.blobs[1], abi_major()).expect("p's blob");
+    let mut damaged = newer.clone();
     damaged.layouts[1].metadata[0] ^= 0xff;
     refused(&damaged, "NIXL metadata was refused");
-    works(&old, "p's import after p's damaged blob");
-    works(&other, "q's import after p's damaged blob");
+    works(&old, "p's import after p's blob with damaged NIXL metadata");
+    works(&other, "q's import after p's blob with damaged NIXL metadata");
+    // Past the header, in the registrations: NIXL drops all it holds of an agent whose
+    // registrations it refuses.
+    let mut damaged = newer.clone();
+    let md = &mut damaged.layouts[1].metadata;
+    let at = md.windows(11).position(|w| w == b"nixlSecElms").expect("the registrations' section");
+    md[at + 1] ^= 0x01;
+    refused(&damaged, "NIXL metadata was refused");
+    works(&old, "p's import after p's blob with damaged registrations");
+    works(&other, "q's import after p's blob with damaged registrations");
     let mut borrowed = Blob::decode(&q.blobs[1], abi_major()).expect("q's blob");
-    borrowed.agent = damaged.agent.clone();
+    borrowed.agent = newer.agent.clone();
     refused(&borrowed, "metadata belongs to");
     works(&old, "p's import after a blob naming p with q's metadata");
     works(&other, "q's import after a blob naming p with q's metadata");

@@ -1,5 +1,6 @@
 //! The engine's NIXL agent with the UCX backend: registrations, export and import,
-//! and posting and checking the transfers of remote chunks.
+//! and posting and checking the transfers of remote chunks; and a second agent on which
+//! a blob's metadata is tried before the first loads it.
 
 use super::blob::{Blob, Mem, Shared};
 use crate::error::{bail, Error, Result, Status};
@@ -19,6 +20,9 @@ pub struct Link {
     /// The peers imported, by agent name: the newest import of each (weak: a peer
     /// lives as long as its layouts, and holds the link).
     peers: Mutex<HashMap<String, Weak<Peer>>>,
+    /// The agent that loads a blob's metadata before `agent` does (`Link::try_load`),
+    /// made on first use and made anew after it refused a blob.
+    checker: Mutex<Option<Agent>>,
     /// The bounce ring's registration, for remote ↔ disk chunks.
     _slots: Registration,
 }
@@ -78,17 +82,12 @@ impl Link {
         // The progress thread serves peers' transfers into our exported memory over
         // transports that need the target to take part (TCP); it sleeps between polls.
         let cfg = AgentConfig { enable_prog_thread: true, enable_listen_thread: false, thread_sync: ThreadSync::Strict, pthr_delay_us: 1000, ..AgentConfig::default() };
-        let unsupported = |what: &str, e: nixl_sys::NixlError| {
-            Error::new(Status::Unsupported, format!("remote layouts: {what} ({e}); check that NIXL's plugins/libplugin_UCX.so and UCX's libraries are installed, or NIXL_PLUGIN_DIR"))
-        };
-        let agent = Agent::new_configured(&name, &cfg).map_err(|e| unsupported("creating a NIXL agent failed", e))?;
-        let (_mems, params) = agent.get_plugin_params("UCX").map_err(|e| unsupported("the UCX plugin was not found", e))?;
-        let backend = agent.create_backend("UCX", &params).map_err(|e| unsupported("the UCX backend did not start", e))?;
+        let (agent, backend) = ucx_agent(&name, &cfg)?;
         let mut opts = OptArgs::new().map_err(|e| nixl_failed("creating options", e))?;
         opts.add_backend(&backend).map_err(|e| nixl_failed("choosing the UCX backend", e))?;
         let opts = Opts(opts);
         let _slots = register(&agent, &opts, Mem::Dram, &[slots])?;
-        Ok(Arc::new(Link { agent, opts, name, generation: AtomicU64::new(0), peers: Mutex::new(HashMap::new()), _slots }))
+        Ok(Arc::new(Link { agent, opts, name, generation: AtomicU64::new(0), peers: Mutex::new(HashMap::new()), checker: Mutex::new(None), _slots }))
     }
 
     /// Registers memory spans (address, bytes) of one memory type.
@@ -122,56 +121,45 @@ impl Link {
 
     /// Loads a decoded blob's metadata: the peer it names, replacing an older import of
     /// the same peer. A blob older than the one already imported is refused. A blob
-    /// refused here leaves every import as it was: its metadata is loaded on top of
-    /// what is loaded and checked before the older import of its peer is dropped, and
-    /// only agents that no import uses are forgotten again.
+    /// refused here leaves every import as it was: its metadata is checked on another
+    /// agent (`try_load`) before the older import of its peer is dropped.
     pub fn import(self: &Arc<Link>, blob: &Blob, timeout: Duration) -> Result<Arc<Peer>> {
         let mut peers = self.peers.lock().unwrap();
         self.check(&peers, blob)?;
-        let in_use = |name: &str| peers.get(name).is_some_and(|p| p.strong_count() > 0);
-        if let Err((e, loaded)) = self.load(blob) {
-            for name in loaded.iter().filter(|n| !in_use(n)) {
-                let _ = self.agent.invalidate_remote_md(name);
-            }
-            return Err(e);
-        }
+        self.try_load(blob)?;
         if let Some(old) = peers.remove(&blob.agent) {
             if let Some(old) = old.upgrade() {
                 old.stale.store(true, Ordering::Release);
             }
-            // Forget the old registrations, then load the checked blob on a clean slate.
+            // Forget the old registrations before loading the new ones.
             let _ = self.agent.invalidate_remote_md(&blob.agent);
-            if let Err((e, _)) = self.load(blob) {
-                let _ = self.agent.invalidate_remote_md(&blob.agent);
-                return Err(Error::new(Status::Remote, format!("{}; loading it again after dropping the older import failed: import the blob again", e.message)));
-            }
+        }
+        if let Err(e) = load(&self.agent, blob) {
+            let _ = self.agent.invalidate_remote_md(&blob.agent);
+            return Err(Error::new(Status::Remote, format!("{}, after the same metadata loaded on a checking agent; import the blob again", e.message)));
         }
         let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), dead: AtomicBool::new(false), timeout, link: self.clone() });
         peers.insert(blob.agent.clone(), Arc::downgrade(&peer));
         Ok(peer)
     }
 
-    /// Loads the blob's connection and layout metadata, each of which must belong to
-    /// the agent the blob names. On failure, also the agents it loaded (the blob's own
-    /// among them: NIXL may have taken part of the metadata it refused).
-    fn load(&self, blob: &Blob) -> std::result::Result<(), (Error, Vec<String>)> {
-        let mut loaded = Vec::new();
-        for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
-            let name = match self.agent.load_remote_md(md) {
-                Ok(name) => name,
-                Err(e) => {
-                    loaded.push(blob.agent.clone());
-                    let e = Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL"));
-                    return Err((e, loaded));
-                }
-            };
-            if name != blob.agent {
-                loaded.push(name.clone());
-                let e = Error::new(Status::InvalidArg, format!("the blob names agent {} but its metadata belongs to {name}", blob.agent));
-                return Err((e, loaded));
+    /// Loads the blob's metadata on the checking agent, then forgets it there. NIXL drops
+    /// all it holds of an agent when a load of that agent's registrations fails, and its
+    /// UCX backend then refuses that agent's connection again: a damaged blob loaded
+    /// straight into the link's agent would break the working import of its peer for
+    /// good. A checking agent that refused a blob is dropped for the same reason.
+    fn try_load(&self, blob: &Blob) -> Result<()> {
+        let mut checker = self.checker.lock().unwrap();
+        let agent = match checker.take() {
+            Some(agent) => agent,
+            None => {
+                let cfg = AgentConfig { enable_prog_thread: false, enable_listen_thread: false, ..AgentConfig::default() };
+                ucx_agent(&format!("{}-check", self.name), &cfg)?.0
             }
-            loaded.push(name);
-        }
+        };
+        load(&agent, blob)?;
+        let _ = agent.invalidate_remote_md(&blob.agent);
+        *checker = Some(agent);
         Ok(())
     }
 
@@ -192,6 +180,30 @@ impl Link {
         }
         Ok(())
     }
+}
+
+/// An agent named `name` with the UCX backend. `Unsupported` with the reason when NIXL's
+/// UCX plugin does not start.
+fn ucx_agent(name: &str, cfg: &AgentConfig) -> Result<(Agent, nixl_sys::Backend)> {
+    let unsupported = |what: &str, e: nixl_sys::NixlError| {
+        Error::new(Status::Unsupported, format!("remote layouts: {what} ({e}); check that NIXL's plugins/libplugin_UCX.so and UCX's libraries are installed, or NIXL_PLUGIN_DIR"))
+    };
+    let agent = Agent::new_configured(name, cfg).map_err(|e| unsupported("creating a NIXL agent failed", e))?;
+    let (_mems, params) = agent.get_plugin_params("UCX").map_err(|e| unsupported("the UCX plugin was not found", e))?;
+    let backend = agent.create_backend("UCX", &params).map_err(|e| unsupported("the UCX backend did not start", e))?;
+    Ok((agent, backend))
+}
+
+/// Loads the blob's connection and layout metadata into `agent`; each must belong to
+/// the agent the blob names.
+fn load(agent: &Agent, blob: &Blob) -> Result<()> {
+    for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
+        let name = agent.load_remote_md(md).map_err(|e| Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL")))?;
+        if name != blob.agent {
+            bail!(InvalidArg, "the blob names agent {} but its metadata belongs to {name}", blob.agent);
+        }
+    }
+    Ok(())
 }
 
 fn register(agent: &Agent, opts: &Opts, mem: Mem, spans: &[(u64, u64)]) -> Result<Registration> {
