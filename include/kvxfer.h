@@ -22,7 +22,8 @@
 // `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
 // 1.2: `KVX_DISK_MAPPED`.
 // 1.3: remote layouts: `kvx_engine_export`, `kvx_blob_*`, `kvx_engine_import`, `KVX_ERR_REMOTE`.
-#define KVX_ABI_MINOR 3
+// 1.4: `kvx_stats.slots_quarantined`.
+#define KVX_ABI_MINOR 4
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 #define KVX_DEVICE_AUTO -2
@@ -141,6 +142,10 @@ typedef struct kvx_stats {
   uint64_t host_copy_ns;
   uint64_t device_copy_ns;
   uint64_t slot_wait_ns;
+  // ABI 1.4: bounce slots held out of the ring now, because a remote transfer through
+  // each timed out or failed and NIXL has not reported it ended (it may still write
+  // the slot). A slot whose transfer NIXL reported failed stays out for good.
+  uint64_t slots_quarantined;
 } kvx_stats;
 
 typedef struct kvx_layout_config {

@@ -3,8 +3,9 @@
 //! prints the blob; the test imports it and moves blocks both ways through NIXL's UCX
 //! backend, byte-exact, with random ids and layer ranges, to and from memory and disk.
 //! Then the peer is SIGKILLed mid-transfer: the survivor's requests end with
-//! `KVX_ERR_REMOTE` within the import's timeout and local work goes on. Bad blobs are
-//! refused. Skipped (and counted) without NIXL's libraries on the library path.
+//! `KVX_ERR_REMOTE` within the import's timeout and local work goes on; a stopped peer's
+//! read keeps its bounce slot out of the ring until NIXL reports it ended. Bad blobs are
+//! refused and leave working imports alone. Skipped (and counted) without NIXL's libraries on the library path.
 mod common;
 use common::cases::{case, run};
 use common::*;
@@ -277,7 +278,8 @@ fn callbacks_poll_and_cancel_hold() {
 }
 
 /// The peer is SIGKILLed while big reads run: every request ends, the ones after the
-/// kill with `KVX_ERR_REMOTE`, within the import's timeout; local work goes on.
+/// kill with `KVX_ERR_REMOTE` (or are refused, once a transfer failed and closed the
+/// import), within the import's timeout; local work goes on.
 fn killed_peer_ends_requests_in_time() {
     let blocks = 2048; // 12 MiB per layout
     let mut peer = Peer::spawn(blocks);
@@ -292,7 +294,16 @@ fn killed_peer_ends_requests_in_time() {
     peer.child.kill().expect("SIGKILL");
     let _ = peer.child.wait();
     let killed = Instant::now();
-    let after: Vec<_> = (0..4).map(|_| e.submit(&remote[1], &all[..64], &local, &all[..64], &TransferOptions::default()).expect("submit")).collect();
+    // A submit after one of the import's transfers failed is refused at once.
+    let after: Vec<_> = (0..4)
+        .filter_map(|_| match e.submit(&remote[1], &all[..64], &local, &all[..64], &TransferOptions::default()) {
+            Ok(r) => Some(r),
+            Err(err) => {
+                assert!(err.status == Status::Remote && err.message.contains("re-import"), "a submit after the kill: {err}");
+                None
+            }
+        })
+        .collect();
     for (i, r) in inflight.iter().chain(&after).enumerate() {
         let s = r.wait(Some(timeout * 3));
         assert_ne!(s, Status::Pending, "request {i} still pending {:?} after the kill", killed.elapsed());
@@ -313,6 +324,209 @@ fn killed_peer_ends_requests_in_time() {
     assert_eq!(e.slots().0, e.slots().1, "every slot came back");
 }
 
+/// Stops a process (SIGSTOP) until dropped (SIGCONT), so a failed assertion never leaves
+/// it stopped.
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: u32) -> Stopped {
+        // SAFETY: signals a child process this test spawned.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0, "SIGSTOP");
+        let stopped = Stopped(pid as i32);
+        // The signal takes effect when each thread is next scheduled: wait until every
+        // thread shows state T (stopped) in /proc.
+        let all_stopped = || {
+            std::fs::read_dir(format!("/proc/{pid}/task")).expect("the stopped peer's threads").all(|t| {
+                let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !all_stopped() {
+            assert!(Instant::now() < deadline, "the peer's threads did not stop within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stopped
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The peer is stopped (SIGSTOP) while a read from it into a bounce slot runs, past the
+/// import's timeout: over TCP its progress thread serves the read, so the read cannot
+/// end. The request ends with `KVX_ERR_REMOTE`; the slot stays out of the ring (counted)
+/// while the read may still write it; the import is closed, so new requests to its
+/// layouts are refused until it is imported again. After SIGCONT, local disk <-> device
+/// requests through the ring stay byte-exact, the held slot is back only if NIXL
+/// reported the read ended, and the peer imported again works. Runs in a child process
+/// (TCP on loopback), so a hang fails the test.
+fn a_stalled_peer_holds_the_slot_and_closes_the_import() {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("KVX_REMOTE_STALLED", "1")
+        .env("UCX_TLS", "tcp")
+        .env("UCX_NET_DEVICES", "lo")
+        .spawn()
+        .expect("spawning the test's child");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the stalled-peer case did not end within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "the stalled-peer case failed: {status}");
+}
+
+fn stalled_peer_main() {
+    let blocks = 64;
+    let peer = Peer::spawn(blocks);
+    let e = engine_with(|c| c.bounce_bytes = 8 << 20);
+    let timeout = Duration::from_millis(500);
+    let remote = import(&e, &peer.blobs[1], timeout);
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let path = temp_path("remote-stalled");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+    assert_eq!(transfer(&e, &remote[0], &[0], &disk, &[0], &d), Status::Ok, "before the stop");
+    let (_, total) = e.slots();
+    let stopped = Stopped::new(peer.child.id());
+    let r = e.submit(&remote[0], &[1], &disk, &[1], &d).expect("submit");
+    let s = r.wait(Some(timeout * 20));
+    let msg = r.error_message().to_string_lossy().to_string();
+    assert_eq!(s, Status::Remote, "the read from the stopped peer: {msg}");
+    assert!(msg.contains("within"), "{msg}");
+    assert_eq!(e.slots().0, total - 1, "the slot of the read that may still run is out of the ring");
+    assert_eq!(e.stats().slots_quarantined, 1);
+    assert!(msg.contains("re-import"), "{msg}");
+    let local = make_layout(&e, &c, FC, StorageKind::Host);
+    let err = e.submit(&remote[1], &[0], &local, &[0], &d).expect_err("the closed import is refused");
+    assert!(err.status == Status::Remote && err.message.contains("re-import"), "{err}");
+    drop(stopped);
+    let (host, dev) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, OUTER_FIRST, StorageKind::Device));
+    let all: Vec<u64> = (0..blocks).collect();
+    let pairs: Vec<_> = all.iter().map(|&b| (b, b)).collect();
+    for seed in 100..108 {
+        fill(&host, seed);
+        fill(&dev, 0);
+        assert_eq!(transfer(&e, &host, &all, &disk, &all, &d), Status::Ok, "host -> disk after the stall");
+        assert_eq!(transfer(&e, &disk, &all, &dev, &all, &d), Status::Ok, "disk -> device after the stall");
+        check(&dev, 0, seed, &pairs, 0..4, "disk -> device after the stall");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.stats().slots_quarantined > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let held = e.stats().slots_quarantined;
+    assert!(held <= 1, "{held} slots held");
+    assert_eq!(e.slots().0 as u64 + held, total as u64, "every slot not held came back");
+    // Imported again, the peer is reachable as before.
+    let again = import(&e, &peer.blobs[1], timeout);
+    fill(&local, 0);
+    assert_eq!(transfer(&e, &again[0], &[1], &local, &[2], &d), Status::Ok, "after importing the peer again");
+    check(&local, 0, PEER_SEEDS[0], &[(1, 2)], 0..4, "after importing the peer again");
+    let _ = std::fs::remove_file(path);
+}
+
+/// A blob refused by import leaves every working import as it was: a newer blob of the
+/// same peer whose layout metadata NIXL refuses, and a blob that names one peer but
+/// carries another's metadata, break neither peer's layouts; the peer's real newer
+/// blob then still replaces the older import.
+fn a_refused_blob_leaves_working_imports_alone() {
+    use kvxfer::remote::{abi_major, blob::Blob};
+    let (p, q) = (Peer::spawn(4), Peer::spawn(4));
+    let e = engine();
+    let old = import(&e, &p.blobs[0], Duration::ZERO);
+    let other = import(&e, &q.blobs[1], Duration::ZERO);
+    let local = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
+    let works = |layouts: &[Arc<kvxfer::Layout>], what: &str| {
+        fill(&local, 0);
+        assert_eq!(transfer(&e, &layouts[0], &[1], &local, &[2], &TransferOptions::default()), Status::Ok, "{what}");
+        check(&local, 0, PEER_SEEDS[0], &[(1, 2)], 0..4, what);
+    };
+    works(&old, "p's import before");
+    works(&other, "q's import before");
+    let refused = |blob: &Blob, want: &str| {
+        let err = e.import(&blob.encode(), Duration::ZERO).expect_err("refused");
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+        assert!(err.message.contains(want), "wanted '{want}': {}", err.message);
+    };
+    let newer = Blob::decode(&p.blobs[1], abi_major()).expect("p's blob");
+    let mut damaged = newer.clone();
+    damaged.layouts[1].metadata[0] ^= 0xff;
+    refused(&damaged, "NIXL metadata was refused");
+    works(&old, "p's import after p's blob with damaged NIXL metadata");
+    works(&other, "q's import after p's blob with damaged NIXL metadata");
+    // Past the header, in the registrations: NIXL drops all it holds of an agent whose
+    // registrations it refuses.
+    let mut damaged = newer.clone();
+    let md = &mut damaged.layouts[1].metadata;
+    let at = md.windows(11).position(|w| w == b"nixlSecElms").expect("the registrations' section");
+    md[at + 1] ^= 0x01;
+    refused(&damaged, "NIXL metadata was refused");
+    works(&old, "p's import after p's blob with damaged registrations");
+    works(&other, "q's import after p's blob with damaged registrations");
+    let mut borrowed = Blob::decode(&q.blobs[1], abi_major()).expect("q's blob");
+    borrowed.agent = newer.agent.clone();
+    refused(&borrowed, "metadata belongs to");
+    works(&old, "p's import after a blob naming p with q's metadata");
+    works(&other, "q's import after a blob naming p with q's metadata");
+    let new = import(&e, &p.blobs[1], Duration::ZERO);
+    works(&new, "p's newer import");
+    works(&other, "q's import after p's newer import");
+    let err = e.submit(&old[0], &[0], &local, &[0], &TransferOptions::default()).expect_err("the replaced import refused");
+    assert!(err.message.contains("older blob"), "{}", err.message);
+}
+
+/// Runs `f` on a thread and waits at most `limit` for it: a hang fails the test
+/// instead of blocking the suite (the hung thread is left behind).
+fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("{what} did not return within {limit:?}"))
+}
+
+/// An export that lists one layout twice is refused with which; two threads exporting
+/// the same layouts in opposite orders never wait on each other for good.
+fn duplicate_and_crossed_exports_end() {
+    let e = Arc::new(engine());
+    let (a, b) = (make_layout(&e, &peer_cfg(4), FC, StorageKind::Host), make_layout(&e, &peer_cfg(4), FC, StorageKind::Pinned));
+    let err = {
+        let (e, a, b) = (e.clone(), a.clone(), b.clone());
+        within(Duration::from_secs(10), "export of [a, b, a]", move || e.export(&[a.clone(), b, a]).map(drop).expect_err("a duplicate refused"))
+    };
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    assert!(err.message.contains("layouts 0 and 2"), "{}", err.message);
+    let crossed: Vec<_> = [[a.clone(), b.clone()], [b, a]]
+        .into_iter()
+        .map(|pair| {
+            let e = e.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for _ in 0..1000 {
+                    e.export(&pair).expect("export");
+                }
+                let _ = tx.send(());
+            });
+            rx
+        })
+        .collect();
+    for rx in crossed {
+        rx.recv_timeout(Duration::from_secs(60)).expect("1000 exports of two layouts, crossed with another thread's, did not end within 60 s");
+    }
+}
+
 /// Without NIXL at run time, export and import say why; local work is as before.
 fn without_nixl_export_and_import_are_unsupported() {
     let e = engine();
@@ -330,6 +544,9 @@ fn main() {
         peer_main(blocks.parse().unwrap());
         return;
     }
+    if std::env::var_os("KVX_REMOTE_STALLED").is_some() {
+        return stalled_peer_main();
+    }
     let why = kvxfer::io::nixl::missing();
     run(vec![
         case("moves_blocks_both_ways", moves_blocks_both_ways).unless(why.clone()),
@@ -337,6 +554,9 @@ fn main() {
         case("bad_and_replaced_blobs", bad_and_replaced_blobs).unless(why.clone()),
         case("callbacks_poll_and_cancel_hold", callbacks_poll_and_cancel_hold).unless(why.clone()),
         case("killed_peer_ends_requests_in_time", killed_peer_ends_requests_in_time).unless(why.clone()),
+        case("a_refused_blob_leaves_working_imports_alone", a_refused_blob_leaves_working_imports_alone).unless(why.clone()),
+        case("a_stalled_peer_holds_the_slot_and_closes_the_import", a_stalled_peer_holds_the_slot_and_closes_the_import).unless(why.clone()),
+        case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),
     ])

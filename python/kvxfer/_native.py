@@ -82,6 +82,7 @@ class StatsC(ctypes.Structure):
             "host_copy_ns",
             "device_copy_ns",
             "slot_wait_ns",
+            "slots_quarantined",
         )
     ]
 

@@ -107,6 +107,7 @@ class Stats:
     host_copy_ns: int
     device_copy_ns: int
     slot_wait_ns: int
+    slots_quarantined: int
 
 
 # Completion callbacks in flight, by key: the C callback gets the key as user_data.

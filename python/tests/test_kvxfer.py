@@ -263,7 +263,7 @@ def test_stats_and_effective_config(engine):
     with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
         engine.submit(h, [0], d, [0]).wait()
     s = engine.stats()
-    assert s.requests_completed == 1 and s.bytes_host_to_device == cfg.block_bytes
+    assert s.requests_completed == 1 and s.bytes_host_to_device == cfg.block_bytes and s.slots_quarantined == 0
     c = engine.config()
     assert c.slot_bytes == 64 << 10 and c.io_threads == 2 and c.io_backend in ("posix", "uring", "nixl", "gds")
     assert isinstance(c, kvxfer.EngineConfig) and isinstance(s, kvxfer.Stats)

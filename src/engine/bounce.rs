@@ -11,6 +11,7 @@
 use crate::error::{bail, Result};
 use crate::gpu::Gpu;
 use crate::host::prefault;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 pub struct BounceRing {
@@ -21,6 +22,9 @@ pub struct BounceRing {
     /// Free slots; the last one pushed is the next handed out.
     free: Mutex<Vec<u32>>,
     freed: Condvar,
+    /// Slots held out of the ring (`hold`): a remote transfer through them timed out or
+    /// failed and may still read or write them. Changed under `free`'s lock.
+    held: AtomicU32,
 }
 
 // SAFETY: the ring only hands out addresses; ownership of each slot's bytes is the token.
@@ -39,7 +43,7 @@ impl BounceRing {
         unsafe { prefault(base, total) };
         // Slot 0 on top: the first chunks take the ring's start in order.
         let free = Mutex::new((0..slots).rev().collect());
-        Ok(BounceRing { gpu, base, total, slot_bytes, free, freed: Condvar::new() })
+        Ok(BounceRing { gpu, base, total, slot_bytes, free, freed: Condvar::new(), held: AtomicU32::new(0) })
     }
 
     pub fn slots(&self) -> u32 {
@@ -92,7 +96,7 @@ impl BounceRing {
     pub fn release(&self, slot: u32) {
         assert!(slot < self.slots(), "bounce slot {slot} released; the ring has {}", self.slots());
         let mut free = self.free.lock().unwrap();
-        if free.len() == self.slots() as usize {
+        if free.len() as u32 + self.held() == self.slots() {
             drop(free);
             panic!("bounce slot {slot} released while every slot is free: a chunk gave its slot back twice");
         }
@@ -101,16 +105,47 @@ impl BounceRing {
         self.freed.notify_one();
     }
 
-    /// Takes every slot back: returns once no chunk is in flight.
+    /// Keeps a chunk's slot out of the ring instead of giving it back: a remote
+    /// transfer through it timed out or failed, and NIXL has not reported it ended.
+    pub fn hold(&self, slot: u32) {
+        assert!(slot < self.slots(), "bounce slot {slot} held; the ring has {}", self.slots());
+        let _free = self.free.lock().unwrap();
+        self.held.fetch_add(1, Ordering::Relaxed);
+        self.freed.notify_all(); // a drain counts held slots as back
+    }
+
+    /// Gives a held slot back once the transfer through it has ended.
+    pub fn unhold(&self, slot: u32) {
+        let mut free = self.free.lock().unwrap();
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        free.push(slot);
+        drop(free);
+        self.freed.notify_one();
+    }
+
+    /// Slots held out of the ring now (`hold`).
+    pub fn held(&self) -> u32 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Takes every slot back: returns once no chunk is in flight. Held slots are not
+    /// waited for: the transfers through them may never end.
     pub fn drain_all(&self) {
-        for _ in 0..self.slots() {
-            self.acquire();
+        let mut free = self.free.lock().unwrap();
+        while (free.len() as u32) + self.held() < self.slots() {
+            free = self.freed.wait(free).unwrap();
         }
+        free.clear();
     }
 }
 
 impl Drop for BounceRing {
     fn drop(&mut self) {
+        if self.held() > 0 {
+            // A transfer NIXL never reported ended may still write a held slot.
+            log::warn!("{} bounce slots were held after remote transfers that did not end; the ring's {} bytes are not freed", self.held(), self.total);
+            return;
+        }
         // SAFETY: allocated in `new` with the same size; no chunk outlives the engine.
         unsafe { self.gpu.free_pinned(self.base, self.total) }
     }
@@ -164,6 +199,32 @@ mod tests {
         assert!(ring.shallow(), "back to two of four");
         ring.release(a);
         ring.release(b);
+    }
+
+    /// A held slot is neither handed out nor waited for by a drain; given back, it is
+    /// handed out again.
+    #[test]
+    fn a_held_slot_stays_out_until_given_back_and_a_drain_does_not_wait_for_it() {
+        let ring = Arc::new(BounceRing::new(Arc::new(Emulated::default()), 2, 64 << 10).unwrap());
+        let (a, b) = (ring.acquire(), ring.acquire());
+        ring.hold(a);
+        ring.release(b);
+        assert_eq!((ring.held(), ring.free_slots()), (1, 1));
+        assert_eq!((ring.try_acquire(), ring.try_acquire()), (Some(b), None), "the held slot was handed out");
+        ring.release(b);
+        ring.unhold(a);
+        assert_eq!((ring.held(), ring.free_slots()), (0, 2));
+        let (a, b) = (ring.acquire(), ring.acquire());
+        ring.hold(a);
+        ring.release(b);
+        let r = ring.clone();
+        let drain = std::thread::spawn(move || r.drain_all());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !drain.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(drain.is_finished(), "the drain waited for a held slot");
+        drain.join().unwrap();
     }
 
     /// A waiter blocked on an empty ring gets the slot that comes back.

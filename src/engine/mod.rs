@@ -181,7 +181,7 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Stats {
-        self.counters.snapshot()
+        Stats { slots_quarantined: self.ring.held() as u64, ..self.counters.snapshot() }
     }
 
     pub fn create_layout(&self, cfg: &LayoutConfig, kind: LayoutKind, storage: StorageKind) -> Result<Arc<Layout>> {

@@ -59,23 +59,29 @@ impl Engine {
                 bail!(Unsupported, "layout {i} is {:?} storage; only device, pinned and host memory layouts can be exported", l.kind());
             }
         }
+        for (i, l) in layouts.iter().enumerate() {
+            if let Some(j) = layouts[..i].iter().position(|m| m.id == l.id) {
+                bail!(InvalidArg, "layouts {j} and {i} are the same layout; export each layout once");
+            }
+        }
         let link = self.link()?;
-        layouts.iter().try_for_each(|l| self.register_for_remote(&link, l))?;
-        let regs: Vec<_> = layouts.iter().map(|l| l.registration.lock().unwrap()).collect();
+        // One registration lock at a time: two exports of the same layouts in other
+        // orders never wait on each other.
         let shared = layouts
             .iter()
-            .zip(&regs)
-            .map(|(l, reg)| {
+            .map(|l| {
+                self.register_for_remote(&link, l)?;
+                let reg = l.registration.lock().unwrap();
+                let reg = reg.as_ref().expect("registered above");
                 let storage = match l.kind() {
                     StorageKind::Device => Exported::Device,
                     StorageKind::Pinned => Exported::Pinned,
                     _ => Exported::Host,
                 };
-                let reg = reg.as_ref().expect("registered above");
-                let s = Shared { id: l.id, storage, mem: reg.mem(), kind: l.placement.kind, cfg: l.geometry().cfg, bases: l.bases().unwrap().to_vec(), metadata: Vec::new() };
-                (s, reg)
+                let metadata = link.metadata(reg)?;
+                Ok(Shared { id: l.id, storage, mem: reg.mem(), kind: l.placement.kind, cfg: l.geometry().cfg, bases: l.bases().unwrap().to_vec(), metadata })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         link.export(shared)
     }
 
@@ -114,6 +120,9 @@ impl Engine {
         };
         if remote.0.stale() {
             bail!(InvalidArg, "the remote layout comes from an older blob of {}; use the layouts of its newest import", remote.0.name);
+        }
+        if remote.0.dead() {
+            return Err(remote.0.closed());
         }
         if local.kind() == StorageKind::Disk {
             return Ok(()); // through the bounce ring, registered with the link

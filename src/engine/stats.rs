@@ -46,6 +46,10 @@ pub struct Stats {
     /// Chunk reads an I/O worker shared with idle ones (`engine::fanout`); not in
     /// `kvx_stats`.
     pub reads_fanned_out: u64,
+    /// Bounce slots held out of the ring now: a remote transfer through each timed out
+    /// or failed, and NIXL has not reported it ended. A slot whose transfer NIXL
+    /// reported failed stays out for good.
+    pub slots_quarantined: u64,
 }
 
 impl Counters {
@@ -64,6 +68,7 @@ impl Counters {
             device_copy_ns: self.device_copy_ns.load(Relaxed),
             slot_wait_ns: self.slot_wait_ns.load(Relaxed),
             reads_fanned_out: self.reads_fanned_out.load(Relaxed),
+            slots_quarantined: 0, // the ring's count (`Engine::stats`)
         }
     }
 

@@ -159,6 +159,17 @@ impl Router {
         self.finish(chunk);
     }
 
+    /// As `fail`, but the chunk's slot stays out of the ring (`BounceRing::hold`): a
+    /// remote transfer through it may still read or write it.
+    fn fail_holding_slot(&self, chunk: Chunk, err: Error) -> u32 {
+        chunk.req.fail(err);
+        let Chunk { req, slot, stages, .. } = chunk;
+        drop(stages);
+        self.ring.hold(slot);
+        req.release_one();
+        slot
+    }
+
     fn take_op(chunk: &mut Chunk) -> Op {
         let op = chunk.stages[chunk.next].take().expect("advance checked the stage");
         chunk.next += 1;
@@ -330,21 +341,30 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
 /// flight at once. Right after a post or a completion it checks without sleeping for
 /// `REMOTE_SPIN` (a small transfer ends within it: 20 us for 256 KiB by CUDA IPC on the
 /// H200), then every `REMOTE_POLL`; with nothing posted it sleeps on its queue.
+///
+/// A transfer that timed out or failed ends its request with `KVX_ERR_REMOTE` and closes
+/// its peer's import (`Peer::close`), but is not released while it may still run:
+/// NIXL's release of a running transfer cancels it, and UCX does not stop the reads and
+/// writes already under way. It is kept (`Stalled`), with its slot held out of the ring
+/// when the transfer goes through the slot, until NIXL reports it ended; then it is
+/// released and the slot given back. One that NIXL reported failed is released at once
+/// (NIXL tells nothing more of it), and its slot stays out of the ring for good.
 pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
     tight_timer_slack();
-    let mut posted: Vec<(Posted, Chunk)> = Vec::new();
+    let mut posted: Vec<(Posted, Chunk, bool)> = Vec::new();
+    let mut stalled: Vec<Stalled> = Vec::new();
     let mut progress = std::time::Instant::now();
     loop {
-        let job = if posted.is_empty() {
+        let job = if posted.is_empty() && stalled.is_empty() {
             rx.recv().ok()
-        } else if progress.elapsed() < REMOTE_SPIN {
+        } else if !posted.is_empty() && progress.elapsed() < REMOTE_SPIN {
             match rx.try_recv() {
                 Ok(job) => Some(job),
                 Err(crossbeam_channel::TryRecvError::Empty) => None,
                 Err(crossbeam_channel::TryRecvError::Disconnected) => Some(Job::Stop),
             }
         } else {
-            match rx.recv_timeout(REMOTE_POLL) {
+            match rx.recv_timeout(if posted.is_empty() { STALLED_POLL } else { REMOTE_POLL }) {
                 Ok(job) => Some(job),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(Job::Stop),
@@ -354,15 +374,18 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
             progress = std::time::Instant::now();
         }
         match job {
-            // Stop comes only after every slot, hence every posted chunk, came back.
+            // Stop comes only after every slot not held, hence every posted chunk, came
+            // back. Stalled transfers are released here; their held slots stay out.
             Some(Job::Stop) => return,
             Some(Job::Part(_)) => unreachable!("read parts go to the I/O workers"),
             Some(Job::Run(mut chunk)) => {
                 let Op::Remote { peer, write, local, remote, ops } = Router::take_op(&mut chunk) else {
                     unreachable!("only remote transfers are queued here")
                 };
+                let slot = router.ring.addr(chunk.slot)..router.ring.addr(chunk.slot) + router.ring.slot_bytes();
+                let through_slot = ops.iter().any(|o| slot.contains(if write { &o.src } else { &o.dst }));
                 match peer.post(write, local, remote, &ops) {
-                    Ok(p) => posted.push((p, chunk)),
+                    Ok(p) => posted.push((p, chunk, through_slot)),
                     Err(e) => router.fail(chunk, e),
                 }
             }
@@ -382,14 +405,53 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
                 None => i += 1,
                 Some(result) => {
                     progress = now;
-                    // Released (aborted if still running) before the chunk's slot is reused.
-                    let (p, chunk) = posted.swap_remove(i);
-                    drop(p);
+                    let (p, chunk, through_slot) = posted.swap_remove(i);
                     match result {
-                        Ok(()) => router.advance(chunk),
-                        Err(e) => router.fail(chunk, e),
+                        Ok(()) => {
+                            drop(p); // ended: released before the chunk's slot is reused
+                            router.advance(chunk)
+                        }
+                        Err(e) => {
+                            p.peer.close();
+                            let slot = if through_slot { Some(router.fail_holding_slot(chunk, e)) } else { router.fail(chunk, e); None };
+                            stalled.push(Stalled { posted: p, slot });
+                        }
                     }
                 }
+            }
+        }
+        stalled.retain_mut(|s| s.settle(&router.ring));
+    }
+}
+
+/// A remote transfer that timed out or failed, kept until NIXL reports it ended.
+struct Stalled {
+    posted: Posted,
+    /// Its chunk's slot, held out of the ring, when the transfer goes through it.
+    slot: Option<u32>,
+}
+
+impl Stalled {
+    /// Checks the transfer; `true` while it may still run. One that ended is released
+    /// and its slot given back. One NIXL reported failed is released (NIXL tells
+    /// nothing more of the parts it may still run) and its slot stays out for good; so
+    /// is one whose peer was imported again, which dropped the metadata NIXL checks it
+    /// against (some NIXL releases free a transfer checked after that).
+    fn settle(&mut self, ring: &BounceRing) -> bool {
+        let status = if self.posted.peer.stale() { Err(()) } else { self.posted.done().map_err(drop) };
+        match status {
+            Ok(false) => true,
+            Ok(true) => {
+                if let Some(slot) = self.slot {
+                    ring.unhold(slot);
+                }
+                false
+            }
+            Err(_) => {
+                if let Some(slot) = self.slot {
+                    log::warn!("a remote transfer through bounce slot {slot} was given up while parts of it may still run; the slot stays out of the ring for good");
+                }
+                false
             }
         }
     }
@@ -397,6 +459,8 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
 
 /// How often posted remote transfers are checked while new chunks may still arrive.
 const REMOTE_POLL: std::time::Duration = std::time::Duration::from_micros(20);
+/// How often stalled remote transfers are checked when nothing is posted.
+const STALLED_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 /// How long after a post or a completion posted transfers are checked without sleeping.
 const REMOTE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 

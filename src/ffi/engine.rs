@@ -41,6 +41,7 @@ impl Versioned for kvx_stats {
             host_copy_ns: 0,
             device_copy_ns: 0,
             slot_wait_ns: 0,
+            slots_quarantined: 0,
         }
     }
 }
@@ -137,6 +138,7 @@ pub unsafe extern "C" fn kvx_engine_stats(e: *const kvx_engine, out: *mut kvx_st
                 host_copy_ns: s.host_copy_ns,
                 device_copy_ns: s.device_copy_ns,
                 slot_wait_ns: s.slot_wait_ns,
+                slots_quarantined: s.slots_quarantined,
             },
         )
     })

@@ -40,7 +40,8 @@ pub const KVX_ABI_MAJOR: u32 = 1;
 /// `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
 /// 1.2: `KVX_DISK_MAPPED`.
 /// 1.3: remote layouts: `kvx_engine_export`, `kvx_blob_*`, `kvx_engine_import`, `KVX_ERR_REMOTE`.
-pub const KVX_ABI_MINOR: u32 = 3;
+/// 1.4: `kvx_stats.slots_quarantined`.
+pub const KVX_ABI_MINOR: u32 = 4;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 pub const KVX_DEVICE_AUTO: i32 = -2;
@@ -207,6 +208,10 @@ pub struct kvx_stats {
     pub host_copy_ns: u64,
     pub device_copy_ns: u64,
     pub slot_wait_ns: u64,
+    /// ABI 1.4: bounce slots held out of the ring now, because a remote transfer through
+    /// each timed out or failed and NIXL has not reported it ended (it may still write
+    /// the slot). A slot whose transfer NIXL reported failed stays out for good.
+    pub slots_quarantined: u64,
 }
 
 /// Log sink: `level` is 1 error, 2 warn, 3 info, 4 debug, 5 trace; `target` and

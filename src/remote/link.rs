@@ -1,5 +1,6 @@
 //! The engine's NIXL agent with the UCX backend: registrations, export and import,
-//! and posting and checking the transfers of remote chunks.
+//! and posting and checking the transfers of remote chunks; and a second agent on which
+//! a blob's metadata is tried before the first loads it.
 
 use super::blob::{Blob, Mem, Shared};
 use crate::error::{bail, Error, Result, Status};
@@ -19,6 +20,9 @@ pub struct Link {
     /// The peers imported, by agent name: the newest import of each (weak: a peer
     /// lives as long as its layouts, and holds the link).
     peers: Mutex<HashMap<String, Weak<Peer>>>,
+    /// The agent that loads a blob's metadata before `agent` does (`Link::try_load`),
+    /// made on first use and made anew after it refused a blob.
+    checker: Mutex<Option<Agent>>,
     /// The bounce ring's registration, for remote ↔ disk chunks.
     _slots: Registration,
 }
@@ -43,6 +47,8 @@ pub struct Peer {
     generation: u64,
     /// Set when a newer blob of this peer was imported.
     stale: AtomicBool,
+    /// Set when one of its transfers timed out or failed: nothing new is posted to it.
+    dead: AtomicBool,
     /// How long one of its transfers may take before it ends with `KVX_ERR_REMOTE`.
     pub timeout: Duration,
     link: Arc<Link>,
@@ -76,17 +82,12 @@ impl Link {
         // The progress thread serves peers' transfers into our exported memory over
         // transports that need the target to take part (TCP); it sleeps between polls.
         let cfg = AgentConfig { enable_prog_thread: true, enable_listen_thread: false, thread_sync: ThreadSync::Strict, pthr_delay_us: 1000, ..AgentConfig::default() };
-        let unsupported = |what: &str, e: nixl_sys::NixlError| {
-            Error::new(Status::Unsupported, format!("remote layouts: {what} ({e}); check that NIXL's plugins/libplugin_UCX.so and UCX's libraries are installed, or NIXL_PLUGIN_DIR"))
-        };
-        let agent = Agent::new_configured(&name, &cfg).map_err(|e| unsupported("creating a NIXL agent failed", e))?;
-        let (_mems, params) = agent.get_plugin_params("UCX").map_err(|e| unsupported("the UCX plugin was not found", e))?;
-        let backend = agent.create_backend("UCX", &params).map_err(|e| unsupported("the UCX backend did not start", e))?;
+        let (agent, backend) = ucx_agent(&name, &cfg)?;
         let mut opts = OptArgs::new().map_err(|e| nixl_failed("creating options", e))?;
         opts.add_backend(&backend).map_err(|e| nixl_failed("choosing the UCX backend", e))?;
         let opts = Opts(opts);
         let _slots = register(&agent, &opts, Mem::Dram, &[slots])?;
-        Ok(Arc::new(Link { agent, opts, name, generation: AtomicU64::new(0), peers: Mutex::new(HashMap::new()), _slots }))
+        Ok(Arc::new(Link { agent, opts, name, generation: AtomicU64::new(0), peers: Mutex::new(HashMap::new()), checker: Mutex::new(None), _slots }))
     }
 
     /// Registers memory spans (address, bytes) of one memory type.
@@ -94,18 +95,19 @@ impl Link {
         register(&self.agent, &self.opts, mem, spans)
     }
 
-    /// The blob for these registered layouts: (id, what, geometry, registration).
-    pub fn export(&self, layouts: Vec<(Shared, &Registration)>) -> Result<Vec<u8>> {
+    /// The NIXL metadata of one registration: what a peer loads to reach that memory.
+    pub fn metadata(&self, reg: &Registration) -> Result<Vec<u8>> {
+        let (mt, dev) = mem_type(reg.mem);
+        let mut descs = RegDescList::new(mt).map_err(|e| nixl_failed("building a descriptor list", e))?;
+        reg.spans.iter().for_each(|&(a, n)| descs.add_desc(a as usize, n as usize, dev));
+        self.agent.get_local_partial_md(&descs, Some(&self.opts.0)).map_err(|e| nixl_failed("reading a layout's metadata", e))
+    }
+
+    /// The blob of these layouts (their metadata from `metadata`), with the agent's
+    /// connection metadata.
+    pub fn export(&self, shared: Vec<Shared>) -> Result<Vec<u8>> {
         let empty = RegDescList::new(MemType::Dram).map_err(|e| nixl_failed("building a descriptor list", e))?;
         let connection = self.agent.get_local_partial_md(&empty, Some(&self.opts.0)).map_err(|e| nixl_failed("reading the agent's connection metadata", e))?;
-        let mut shared = Vec::with_capacity(layouts.len());
-        for (mut s, reg) in layouts {
-            let (mt, dev) = mem_type(reg.mem);
-            let mut descs = RegDescList::new(mt).map_err(|e| nixl_failed("building a descriptor list", e))?;
-            reg.spans.iter().for_each(|&(a, n)| descs.add_desc(a as usize, n as usize, dev));
-            s.metadata = self.agent.get_local_partial_md(&descs, Some(&self.opts.0)).map_err(|e| nixl_failed("reading a layout's metadata", e))?;
-            shared.push(s);
-        }
         let blob = Blob {
             abi_major: abi_major(),
             abi_minor: env!("KVX_CARGO_ABI_MINOR").parse().expect("abi_minor"),
@@ -118,10 +120,13 @@ impl Link {
     }
 
     /// Loads a decoded blob's metadata: the peer it names, replacing an older import of
-    /// the same peer. A blob older than the one already imported is refused.
+    /// the same peer. A blob older than the one already imported is refused. A blob
+    /// refused here leaves every import as it was: its metadata is checked on another
+    /// agent (`try_load`) before the older import of its peer is dropped.
     pub fn import(self: &Arc<Link>, blob: &Blob, timeout: Duration) -> Result<Arc<Peer>> {
         let mut peers = self.peers.lock().unwrap();
         self.check(&peers, blob)?;
+        self.try_load(blob)?;
         if let Some(old) = peers.remove(&blob.agent) {
             if let Some(old) = old.upgrade() {
                 old.stale.store(true, Ordering::Release);
@@ -129,16 +134,33 @@ impl Link {
             // Forget the old registrations before loading the new ones.
             let _ = self.agent.invalidate_remote_md(&blob.agent);
         }
-        for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
-            let name = self.agent.load_remote_md(md).map_err(|e| Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL")))?;
-            if name != blob.agent {
-                let _ = self.agent.invalidate_remote_md(&name);
-                bail!(InvalidArg, "the blob names agent {} but its metadata belongs to {name}", blob.agent);
-            }
+        if let Err(e) = load(&self.agent, blob) {
+            let _ = self.agent.invalidate_remote_md(&blob.agent);
+            return Err(Error::new(Status::Remote, format!("{}, after the same metadata loaded on a checking agent; import the blob again", e.message)));
         }
-        let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), timeout, link: self.clone() });
+        let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), dead: AtomicBool::new(false), timeout, link: self.clone() });
         peers.insert(blob.agent.clone(), Arc::downgrade(&peer));
         Ok(peer)
+    }
+
+    /// Loads the blob's metadata on the checking agent, then forgets it there. NIXL drops
+    /// all it holds of an agent when a load of that agent's registrations fails, and its
+    /// UCX backend then refuses that agent's connection again: a damaged blob loaded
+    /// straight into the link's agent would break the working import of its peer for
+    /// good. A checking agent that refused a blob is dropped for the same reason.
+    fn try_load(&self, blob: &Blob) -> Result<()> {
+        let mut checker = self.checker.lock().unwrap();
+        let agent = match checker.take() {
+            Some(agent) => agent,
+            None => {
+                let cfg = AgentConfig { enable_prog_thread: false, enable_listen_thread: false, ..AgentConfig::default() };
+                ucx_agent(&format!("{}-check", self.name), &cfg)?.0
+            }
+        };
+        load(&agent, blob)?;
+        let _ = agent.invalidate_remote_md(&blob.agent);
+        *checker = Some(agent);
+        Ok(())
     }
 
     /// Whether `blob` may be imported now, without importing it (the blob's count
@@ -158,6 +180,30 @@ impl Link {
         }
         Ok(())
     }
+}
+
+/// An agent named `name` with the UCX backend. `Unsupported` with the reason when NIXL's
+/// UCX plugin does not start.
+fn ucx_agent(name: &str, cfg: &AgentConfig) -> Result<(Agent, nixl_sys::Backend)> {
+    let unsupported = |what: &str, e: nixl_sys::NixlError| {
+        Error::new(Status::Unsupported, format!("remote layouts: {what} ({e}); check that NIXL's plugins/libplugin_UCX.so and UCX's libraries are installed, or NIXL_PLUGIN_DIR"))
+    };
+    let agent = Agent::new_configured(name, cfg).map_err(|e| unsupported("creating a NIXL agent failed", e))?;
+    let (_mems, params) = agent.get_plugin_params("UCX").map_err(|e| unsupported("the UCX plugin was not found", e))?;
+    let backend = agent.create_backend("UCX", &params).map_err(|e| unsupported("the UCX backend did not start", e))?;
+    Ok((agent, backend))
+}
+
+/// Loads the blob's connection and layout metadata into `agent`; each must belong to
+/// the agent the blob names.
+fn load(agent: &Agent, blob: &Blob) -> Result<()> {
+    for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
+        let name = agent.load_remote_md(md).map_err(|e| Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL")))?;
+        if name != blob.agent {
+            bail!(InvalidArg, "the blob names agent {} but its metadata belongs to {name}", blob.agent);
+        }
+    }
+    Ok(())
 }
 
 fn register(agent: &Agent, opts: &Opts, mem: Mem, spans: &[(u64, u64)]) -> Result<Registration> {
@@ -182,7 +228,9 @@ impl Drop for Registration {
     }
 }
 
-/// A posted transfer; dropping it releases it (NIXL aborts it if it still runs).
+/// A posted transfer; dropping it releases it. Drop it only once `done` reported it
+/// ended: NIXL's release of a running transfer cancels it, and UCX does not stop the
+/// reads and writes already under way, which may land in local memory after.
 pub struct Posted {
     req: Option<XferRequest>,
     pub peer: Arc<Peer>,
@@ -193,6 +241,28 @@ impl Peer {
     /// Whether a newer blob of this peer has replaced the one its layouts came from.
     pub fn stale(&self) -> bool {
         self.stale.load(Ordering::Acquire)
+    }
+
+    /// Whether a transfer with this import timed out or failed (`close`).
+    pub fn dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Closes this import after one of its transfers timed out or failed: the peer is
+    /// gone or stuck, and every new transfer that timed out too would keep its slot out
+    /// of the ring, so nothing new is posted until the peer's blob is imported again.
+    pub fn close(&self) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            log::warn!("remote peer {}: a transfer timed out or failed; its import is closed until its blob is imported again", self.name);
+        }
+    }
+
+    /// The error of a transfer with a closed import.
+    pub fn closed(&self) -> Error {
+        Error::new(
+            Status::Remote,
+            format!("remote peer {}: an earlier transfer with it timed out or failed, so its import is closed; re-import its blob once the peer is back", self.name),
+        )
     }
 
     fn failed(&self, what: &str, e: impl std::fmt::Display) -> Error {
@@ -207,6 +277,9 @@ impl Peer {
     pub fn post(self: &Arc<Peer>, write: bool, local: Mem, remote: Mem, ops: &[crate::gpu::CopyOp]) -> Result<Posted> {
         if self.stale() {
             bail!(Remote, "remote peer {}: a newer blob of it was imported; use the layouts of that import", self.name);
+        }
+        if self.dead() {
+            return Err(self.closed());
         }
         let link = &self.link;
         let ((lt, ld), (rt, rd)) = (mem_type(local), mem_type(remote));
@@ -242,7 +315,11 @@ impl Posted {
     pub fn timed_out(&self) -> Error {
         Error::new(
             Status::Remote,
-            format!("remote peer {}: a transfer did not complete within {} ms (the import's timeout); the peer may be gone or overloaded", self.peer.name, self.peer.timeout.as_millis()),
+            format!(
+                "remote peer {}: a transfer did not complete within {} ms (the import's timeout); the peer may be gone or overloaded. Its import is closed: re-import its blob once the peer is back. The transfer's local blocks may still be written",
+                self.peer.name,
+                self.peer.timeout.as_millis()
+            ),
         )
     }
 }

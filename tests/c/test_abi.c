@@ -100,6 +100,16 @@ static void round_trip(kvx_engine *e, const char *dir) {
   EXPECT(st.requests_completed >= 4, "requests_completed %llu", (unsigned long long)st.requests_completed);
   EXPECT(st.bytes_host_to_device == N * block_bytes, "bytes_host_to_device %llu", (unsigned long long)st.bytes_host_to_device);
   EXPECT(st.bytes_disk_read >= 2 * N * block_bytes, "bytes_disk_read %llu", (unsigned long long)st.bytes_disk_read);
+  EXPECT(st.struct_size == sizeof st && st.slots_quarantined == 0, "struct_size %u, slots_quarantined %llu", st.struct_size,
+         (unsigned long long)st.slots_quarantined);
+  /* A 1.3 caller's struct ends before slots_quarantined: filled up to there, nothing after. */
+  kvx_stats older;
+  memset(&older, 0xab, sizeof older);
+  older.struct_size = offsetof(kvx_stats, slots_quarantined);
+  OK(kvx_engine_stats(e, &older));
+  EXPECT(older.struct_size == offsetof(kvx_stats, slots_quarantined) && older.requests_completed == st.requests_completed &&
+             older.slots_quarantined == 0xababababababababULL,
+         "a 1.3-sized kvx_stats: struct_size %u", older.struct_size);
 
   kvx_layout_destroy(back);
   kvx_layout_destroy(disk_b);

@@ -22,7 +22,7 @@ fn main() {
     layout!(kvx_transfer_options; struct_size, layer_begin, layer_end, flags, on_complete, user_data, wait_event);
     layout!(kvx_stats; struct_size, requests_completed, requests_failed, requests_cancelled, bytes_disk_read,
         bytes_disk_written, bytes_host_to_device, bytes_device_to_host, disk_read_ns, disk_write_ns, host_copy_ns,
-        device_copy_ns, slot_wait_ns);
+        device_copy_ns, slot_wait_ns, slots_quarantined);
     layout!(kvx_api; struct_size, abi_major, abi_minor, abi_version, version_string, status_str, last_error,
         engine_config_init, engine_create, engine_destroy, engine_device, layout_config_init, layout_create_device,
         layout_create_host, layout_create_disk, layout_register_device, layout_register_host, layout_block_bytes,
