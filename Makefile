@@ -135,13 +135,14 @@ $(EXAMPLES_OUT):
 
 # examples/: the C and C++ programs against include/ and the release cdylib, strict
 # warnings, and the Python one in the package's venv (python-venv), each run on the
-# default device (GPU 0, or the emulated device without one); each checks its bytes.
+# default device (GPU 0, or the emulated device without one), in the test folder (each
+# makes its file there); each checks its bytes.
 examples-test: build python-venv $(EXAMPLES_OUT) $(TEST_DIR)
 	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/transfer.c -o $(EXAMPLES_OUT)/transfer_c $(C_TEST_LIBS)
-	$(EXAMPLES_OUT)/transfer_c $(TEST_DIR)
+	cd $(TEST_DIR) && $(CURDIR)/$(EXAMPLES_OUT)/transfer_c
 	$(CXX) -std=c++17 -Wall -Wextra -Werror -Iinclude examples/cpp/transfer.cpp -o $(EXAMPLES_OUT)/transfer_cpp $(C_TEST_LIBS)
-	$(EXAMPLES_OUT)/transfer_cpp $(TEST_DIR)
-	$(PYENV)/bin/python examples/python/transfer.py $(TEST_DIR)
+	cd $(TEST_DIR) && $(CURDIR)/$(EXAMPLES_OUT)/transfer_cpp
+	cd $(TEST_DIR) && $(CURDIR)/$(PYENV)/bin/python $(CURDIR)/examples/python/transfer.py
 
 # kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved. Built against the
 # header only, never linked to the library.
