@@ -249,7 +249,7 @@ Measured Run::measure(const Direction &d, bool per_region) {
   // A mapped file moves by DMA alone (no file I/O): its limit is the link's.
   const bool file_io = is_disk && !o_.mapped;
   // A small file's raw I/O is swept (threads, I/O size) once, and its best setting
-  // timed in every pass; a large one's at the engine's own (sweeps in docs/results).
+  // timed in every pass; a large one's at the engine's own (docs/benchmarks.md#method).
   const bool w = d.kind == Direction::DISK_WRITE;
   const std::string &raw_path = w ? scratch_ : path_;
   m.raw_io = RawFilePool::Best{0, threads_, chunk_};

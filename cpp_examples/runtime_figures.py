@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Issue 12's figures in one run: runtime-shaped traffic against the raw limits of that run.
+"""Runtime-shaped traffic in one run, each line against the raw limits of that run.
 
 Runs ./cpp_examples/bench once per line (each with --json) on a GPU machine, the file on
 tmpfs (hot), and writes into --out:
   runtime.jsonl  every result object, with the command that produced it
   runtime.md     one table: each workload, kvxfer's figure, the limit measured in the same
-                 process, their ratio and the issue's target
+                 process, their ratio and the target kvxfer aims for
   runtime.png    the table's ratios and the latency percentiles (needs matplotlib; without
                  it, copy runtime.jsonl to a machine that has it and run --from there)
 
@@ -90,7 +90,7 @@ def table(rows):
                         f"waking them {r.get('raw_wake_us', float('nan')):.1f})",
                         f"{r['first_us'] / r['whole_us']:.3f} (floor {r['raw_floor_us'] / r['whole_us']:.3f})",
                         f"≈ 1/{r['layers']} = {1 / r['layers']:.3f} (met: ≤ 1.5x the larger of that and the floor)", r["first_us"] <= 1.5 * max(r["whole_us"] / r["layers"], r["raw_floor_us"])))
-            if "submit_p50_us" in r:  # the caller's thread per layer (bench since 2026-12-07)
+            if "submit_p50_us" in r:  # the caller's thread per layer (absent from older benches' data)
                 out.append((f"{n}: each per-layer submit, p50 / p99 us", f"{r['submit_p50_us']:.1f} / {r['submit_p99_us']:.1f}",
                             "-", "-", "reported", None))
         elif mode == "submitters":
@@ -115,7 +115,7 @@ def table(rows):
 
 
 def write_md(a, rows):
-    md = ["# Runtime-shaped traffic against the limits of the same run (issue 12)", "",
+    md = ["# Runtime-shaped traffic against the limits of the same run", "",
           f"`python3 cpp_examples/runtime_figures.py --out {a.out}`; every line's command is in runtime.jsonl.", "",
           "| workload | kvxfer | limit, same run | ratio | target | met |", "|---|---|---|---|---|---|"]
     for w, k, lim, ratio, target, met in table(rows):

@@ -200,7 +200,8 @@ typedef struct kvx_transfer_options {
 // not call `kvx_set_logger` (refused); records kvxfer makes during the call are dropped.
 typedef void (*kvx_log_fn)(void *user_data, uint32_t level, const char *target, const char *message);
 
-// Every function of ABI 1, in API.md's order. Append-only: new functions go at the end
+// Every function of ABI 1: the 1.0 functions, then each minor's additions
+// (`docs/c-api.md#loading-kvxfer-as-a-plugin`). Append-only: new functions go at the end
 // and raise `struct_size`; a caller built against an older table reads only its prefix.
 typedef struct kvx_api {
   uint32_t struct_size;
@@ -511,7 +512,7 @@ kvx_status kvx_engine_import(struct kvx_engine *e,
 // `(KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR` of the loaded library.
 uint32_t kvx_abi_version(void);
 
-// e.g. "kvxfer 0.1.0 abi 1.1 (cuda: driver 13.0)" or "... (cuda: none)". Static; never NULL.
+// e.g. "kvxfer 1.4.0 abi 1.4 (cuda: driver 13.0)" or "... (cuda: none)". Static; never NULL.
 const char *kvx_version_string(void);
 
 // The constant's name ("KVX_ERR_IO"), or "KVX_UNKNOWN_STATUS". Static; never NULL.

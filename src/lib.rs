@@ -29,8 +29,9 @@ pub use gpu::Device;
 pub use layout::{LayoutConfig, LayoutKind};
 pub use memory::{Layout, StorageKind};
 
-/// The README's "Architecture" table, enforced: each module names only the modules it
-/// may import (`crate::x` anywhere in its files), so no cycle or C type creeps below `ffi`.
+/// The module map of `docs/architecture.md#module-map`, enforced: each module names only
+/// the modules it may import (`crate::x` anywhere in its files), so no cycle or C type
+/// creeps below `ffi`.
 #[cfg(test)]
 mod layering {
     const ALLOWED: &[(&str, &[&str])] = &[
@@ -75,6 +76,6 @@ mod layering {
                 }
             }
         }
-        assert!(wrong.is_empty(), "imports the README's Architecture section does not allow:\n{}", wrong.join("\n"));
+        assert!(wrong.is_empty(), "imports docs/architecture.md's module map does not allow:\n{}", wrong.join("\n"));
     }
 }

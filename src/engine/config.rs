@@ -34,10 +34,10 @@ impl IoBackend {
     }
 }
 
-/// 2 MiB slots, 32 of them: measured on an H200 host with a hot file, a 64 MiB ring
-/// beat 128 MiB of 4 MiB slots (44 vs 30-32 GB/s at 12 workers): a slot written by an I/O
-/// worker is still in the CPU's last-level cache when the DMA engine reads it, so the
-/// page-cache copies and the PCIe reads do not both go to DRAM.
+/// 2 MiB slots, 32 of them: a slot written by an I/O worker is still in the CPU's
+/// last-level cache when the DMA engine reads it, so the page-cache copies and the PCIe
+/// reads do not both go to DRAM; a larger ring loses that
+/// (`docs/decisions.md#a-larger-ring-of-larger-slots`).
 pub const DEFAULT_SLOT_BYTES: u64 = 2 << 20;
 pub const DEFAULT_BOUNCE_BYTES: u64 = 64 << 20;
 pub const DEFAULT_MAX_INFLIGHT: u32 = 1024;
@@ -56,8 +56,8 @@ pub struct EngineConfig {
 }
 
 /// The I/O thread count when the caller leaves it to us: three quarters of the cores
-/// (the copy, fence and dispatch threads and the caller need the rest; on an H200 host
-/// with 16 cores, 12 workers moved a hot file 15-60 % faster than 16), at least 4 so an
+/// (the copy, fence and dispatch threads and the caller need the rest:
+/// `docs/decisions.md#more-io-workers-than-three-quarters-of-the-cores`), at least 4 so an
 /// NVMe queue stays busy, at most 16.
 fn default_io_threads() -> u32 {
     let n = std::thread::available_parallelism().map_or(4, |n| n.get() as u32);
@@ -129,9 +129,9 @@ fn posix_ports(workers: u32) -> Vec<Port> {
 }
 
 /// Opens the backend the caller named, or `KVX_ERR_UNSUPPORTED` saying why it cannot work
-/// here; for `KVX_IO_AUTO`, probes each and takes the fastest that works (see the README's
-/// backend table), logging the choice and why the others were not taken. `slots` is the
-/// bounce ring (address, bytes); the engine's threads have not started.
+/// here; for `KVX_IO_AUTO`, probes each and takes the fastest that works
+/// (`docs/storage.md#io-backends`), logging the choice and why the others were not taken.
+/// `slots` is the bounce ring (address, bytes); the engine's threads have not started.
 pub(super) fn choose_io(asked: IoBackend, workers: u32, gpu: &Arc<dyn Gpu>, slots: (u64, u64)) -> Result<IoChoice> {
     let choice = |backend, ports, gds| Ok(IoChoice { backend, ports, gds });
     match asked {

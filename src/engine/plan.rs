@@ -59,10 +59,10 @@ enum Strategy {
 fn strategy(src: &Layout, dst: &Layout) -> Strategy {
     use StorageKind::*;
     // Between a peer's host memory and our device UCX has no direct path of its own
-    // unless the fabric does GPUDirect RDMA: it emulates one over TCP (0.9 GB/s on the
-    // H200 host). Through a pinned slot the peer's side becomes host to host, which
-    // every UCX transport moves zero-copy, and the PCIe leg is our copy thread's,
-    // pipelined over the ring.
+    // unless the fabric does GPUDirect RDMA: it emulates one over TCP, at under 1 GB/s
+    // (`docs/benchmarks.md#remote-layouts`). Through a pinned slot the peer's side
+    // becomes host to host, which every UCX transport moves zero-copy, and the PCIe leg
+    // is our copy thread's, pipelined over the ring.
     let remote_host = |l: &Layout| l.remote().is_some_and(|(_, m)| m == Mem::Dram);
     match (src.kind(), dst.kind()) {
         // Remote bytes reach a disk through a slot, like any other memory.
@@ -81,8 +81,8 @@ fn strategy(src: &Layout, dst: &Layout) -> Strategy {
 /// one, so gather them on the CPU into a slot and move the slot as one copy instead.
 fn scattered_small(segs: &[Segment], host_is_src: bool) -> bool {
     // A few runs cost a few copies issued at once, cheaper than a gather on an I/O
-    // worker and the hand-off to the copy thread (measured: a single 256 KiB block
-    // took 105 us through the slot, the raw copy 13 us).
+    // worker and the hand-off to the copy thread (a single 256 KiB block takes about
+    // eight times as long through a slot as its raw copy).
     if segs.len() < MIN_SCATTERED_RUNS {
         return false;
     }
@@ -166,7 +166,7 @@ impl Planner {
         // Scattered small on the device side only (a mapped file or a contiguous pinned
         // layout to random ids of vLLM's layout) moves in place too, in chunks as large:
         // staged in slot-sized chunks instead, every 2 MiB DMA costs the copy engine a
-        // gap (H200: 0.90 of PCIe staged, 0.92 host to device and 0.95 back in place).
+        // gap (0.90 of PCIe staged against 0.92-0.95 in place).
         // Host to device, only where the kernel reads the host about as fast as a DMA
         // (`Layout::device_reads`); elsewhere the span goes staged. Scattered host regions
         // stay in place either way (why: `gpu/cuda/host_reads.rs`).
@@ -585,8 +585,7 @@ mod tests {
     }
 
     /// Such a dense span moves in place in chunks larger than a slot, as scattered pinned
-    /// regions do, not in slot-sized ones (H200: 0.90 of PCIe staged in 2 MiB chunks,
-    /// 0.92-0.95 in place in 64 MiB ones).
+    /// regions do, not in slot-sized ones, whose every DMA costs the copy engine a gap.
     #[test]
     fn a_dense_mapped_host_span_to_scattered_device_regions_moves_in_chunks_larger_than_a_slot() {
         let (seen, slot_bytes) = dense_span_to_scattered_device(Emulated::default());

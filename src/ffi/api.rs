@@ -18,7 +18,7 @@ pub extern "C" fn kvx_abi_version() -> u32 {
     (KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR
 }
 
-/// e.g. "kvxfer 0.1.0 abi 1.1 (cuda: driver 13.0)" or "... (cuda: none)". Static; never NULL.
+/// e.g. "kvxfer 1.4.0 abi 1.4 (cuda: driver 13.0)" or "... (cuda: none)". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn kvx_version_string() -> *const c_char {
     static S: LazyLock<CString> = LazyLock::new(|| {
@@ -47,7 +47,8 @@ pub extern "C" fn kvx_last_error() -> *const c_char {
     last_error_ptr()
 }
 
-/// Every function of ABI 1, in API.md's order. Append-only: new functions go at the end
+/// Every function of ABI 1: the 1.0 functions, then each minor's additions
+/// (`docs/c-api.md#loading-kvxfer-as-a-plugin`). Append-only: new functions go at the end
 /// and raise `struct_size`; a caller built against an older table reads only its prefix.
 #[repr(C)]
 pub struct kvx_api {

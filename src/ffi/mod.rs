@@ -1,4 +1,4 @@
-//! The C ABI (API.md): opaque handles, status codes, the panic boundary, thread-local
+//! The C ABI (`docs/c-api.md`): opaque handles, status codes, the panic boundary, thread-local
 //! error messages, versioned structs and the dlopen table. Nothing below this module
 //! knows about C; nothing here does real work.
 
@@ -6,7 +6,7 @@
 // The pointer contract of every `unsafe extern "C"` function is the C one, written once
 // in the header's conventions and per declaration, not repeated as `# Safety` sections.
 #![allow(clippy::missing_safety_doc)]
-// `kvx_transfer_submit`'s arguments are the C API's, fixed by API.md.
+// `kvx_transfer_submit`'s arguments are the C API's, fixed by the ABI.
 #![allow(clippy::too_many_arguments)]
 
 pub mod api;

@@ -3,9 +3,9 @@
 //!
 //! The region checksum is on the data path, on the I/O workers that are the bottleneck
 //! with a hot file, so it is the fastest well-kept one: crc32fast picks PCLMULQDQ /
-//! VPCLMULQDQ at run time (~80 GB/s per core on a Xeon, against ~27 for xxh3, whose
-//! crate picks its SIMD at compile time and so gets SSE2 in a portable build). A 32-bit
-//! CRC per region is the strength storage stacks use per block (ext4, btrfs: CRC-32C).
+//! VPCLMULQDQ at run time, about three times xxh3's rate per core, whose crate picks its
+//! SIMD at compile time and so gets SSE2 in a portable build
+//! (`docs/decisions.md#xxh3-as-the-region-checksum`). A 32-bit CRC per region is the strength storage stacks use per block (ext4, btrfs: CRC-32C).
 //!
 //! Writes hash each region from the bounce slot and store the hash after the data; when
 //! a write request completes, each block it wrote is *sealed*: its block hash is
@@ -322,8 +322,8 @@ impl Sidecar {
     /// while it is still in this core's cache, whatever the port: io_uring and NIXL copy
     /// from the page cache on kernel or plugin threads, so the hash would read the slot
     /// from memory a second time, and at page-cache speed that second pass, not the hash,
-    /// is the cost (H200, 12 workers, hot file: 3 % hashed this way, 25 % hashed after
-    /// io_uring's copy). A port that makes every read (NIXL) keeps them, as its caller
+    /// is the cost (3 % hashed this way against 25 % after io_uring's copy:
+    /// `docs/decisions.md#hashing-after-io_urings-copy`). A port that makes every read (NIXL) keeps them, as its caller
     /// asked. Direct-I/O extents come from the disk's DMA, never from a cache, so they are
     /// read on the port and hashed afterwards.
     ///

@@ -281,10 +281,8 @@ impl DiskFile {
     /// Whether extent `e` goes through `port`: `O_DIRECT` I/O does, and all I/O of a
     /// port whose caller asked for it (NIXL). Page-cache I/O is a copy the kernel makes
     /// on the calling thread either way, so it goes by `pread`/`pwrite`: io_uring would
-    /// only add its round trip. Measured on the H200 from a hot tmpfs file, 32 per-layer
-    /// requests of 16 blocks back to back, AUTO (io_uring) before and after: the last
-    /// layer landed at 0.86-0.99x one all-layer request instead of 1.01-1.14x, with a
-    /// fifth less CPU; big batches moved the same (45.6 against 44.0 GB/s).
+    /// only add its round trip: per-layer requests from a hot file cost a fifth more CPU
+    /// through the ring (`docs/decisions.md#io_uring-for-page-cache-io`).
     pub(crate) fn on_port(&self, port: &Port, e: &Extent) -> bool {
         port.makes_all_io() || (e.aligned && self.is_direct())
     }

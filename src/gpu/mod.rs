@@ -44,9 +44,9 @@ pub enum HostSide {
     /// As `Mapped`, the source of a host-to-device copy whose ops all lie in one
     /// allocation, so the span from the first to the last byte may be read whole: a
     /// dense span that fits a slot moves by one DMA into staging and a device-side
-    /// scatter (in slot-sized chunks, faster than the kernel reading it in place: 0.87-0.90
-    /// against 0.81-0.82 of PCIe; the planner gives large transfers of this shape chunks
-    /// of up to 64 MiB, which go in place at 0.92).
+    /// scatter (in slot-sized chunks this is faster than the kernel reading it in place;
+    /// the planner gives large transfers of this shape chunks of up to 64 MiB, which are
+    /// faster in place).
     MappedSpan,
     /// Pinned memory that only the DMA engines reach.
     Pinned,

@@ -18,7 +18,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// A span NIXL registers: memory (address, bytes) or a file (offset 0, bytes, fd).
-/// Public for programs that drive NIXL beside kvxfer (examples/remote_limit.rs).
+/// Public for programs that drive NIXL beside kvxfer (`cpp_examples/remote_limit.rs`).
 #[derive(Debug)]
 pub struct Span {
     pub addr: u64,

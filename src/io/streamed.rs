@@ -2,14 +2,13 @@
 //! thread's own, which stays in its cache, then non-temporal stores into the slot.
 //!
 //! A plain `pread` of a hot file leaves the slot's lines modified in the reading core's
-//! cache, and the device's DMA then reads them at 20-25 GB/s instead of 47-50 (measured
-//! on the H200 host by `cpp_examples/dirty_dma.cu`: 12 MiB read by 6-12 threads, copied
-//! in 256 KiB-2 MiB pieces). Streaming stores put the lines in memory instead. The extra
-//! copy runs out of the core's cache, so the read costs about what the plain one did
-//! (two runs: read phase -10 % to +19 % against the plain `pread`s). In the engine it pays
-//! only while the copy follows the read at once (`Router::stream_read`): on the H200 one
-//! 12.6 MB hot block -16 % and a layer-wise request of all layers -26 %, where streaming
-//! every read cost batches of 16 blocks 6-10 % (their slots wait in the last-level cache).
+//! cache, and the device's DMA then reads them at about half its rate
+//! (`cpp_examples/probes/dirty_dma.cu` measures it). Streaming stores put the lines in
+//! memory instead. The extra copy runs out of the core's cache, so the read costs about
+//! what the plain one did. In the engine it pays only while the copy follows the read at
+//! once (`Router::stream_read`); streaming every read slows big batches, whose slots wait
+//! for their copy in the last-level cache
+//! (`docs/decisions.md#streaming-every-page-cache-read`).
 
 use super::posix;
 use crate::error::Result;

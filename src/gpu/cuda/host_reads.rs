@@ -2,18 +2,15 @@
 //!
 //! Scattered regions of pinned memory the device maps move host to device by the SMs
 //! reading them over the bus (`regions.rs`). How fast SM-issued reads of host memory go
-//! depends on the host (its root complex, its IOMMU), not on the GPU alone: on this
-//! workplace's H200 host the kernel read 2048 random 32 KiB regions at 0.91 of one
-//! DMA's rate, on its H100 hosts at 0.55-0.62 (kvxfer's scattered pinned -> device
-//! 26.2-29.0 GB/s against 47.6-54.1 for one copy, a mapped file's random ids at 0.61),
-//! while the kernel's writes to host memory ran at 0.86-0.95. So a device opens with this
-//! short measurement, and where the kernel reads at less than `IN_PLACE_MIN` of the DMA's
-//! rate, a dense host span to scattered device regions goes staged: one DMA into device
-//! staging and a scatter there (on such an H100 host 0.86-0.89 of PCIe, against 0.62-0.65
-//! in place). Host regions that are scattered themselves still go in place: gathering them
-//! by the CPU into a slot instead ran large requests at 0.83-0.86, but cost 0.23-0.27 CPU
-//! s/GB and took 8 submitters of 2-block requests from 44-46 to 32-37 GB/s, with a p99
-//! spread of 3-4.5x (docs/results, 2026-12-06).
+//! depends on the host (its root complex, its IOMMU), not on the GPU alone: some hosts
+//! read random 32 KiB regions at about 0.6 of one DMA's rate where others pass 0.9, while
+//! the kernel's writes to host memory stay close to the DMA's rate. So a device opens with
+//! this short measurement, and where the kernel reads at less than `IN_PLACE_MIN` of the
+//! DMA's rate, a dense host span to scattered device regions goes staged: one DMA into
+//! device staging and a scatter there (`docs/benchmarks.md#known-limits`). Host regions
+//! that are scattered themselves still go in place: gathering them by the CPU into a slot
+//! is faster per request but costs far more CPU and lengthens other submitters' tails
+//! (`docs/decisions.md#a-cpu-gather-of-scattered-pinned-regions`).
 
 use super::driver::{check, sys};
 use super::regions::{Region, RegionKernel};
@@ -28,7 +25,7 @@ const REGION: usize = 32 << 10;
 /// Timed runs of each; the fastest counts.
 const RUNS: usize = 3;
 /// The share of a DMA's rate below which reading host memory in place loses: staged, a
-/// dense span moves at ~0.90 of one copy (H200, `cpp_examples/stage_limit.cu`).
+/// dense span moves at ~0.90 of one copy (`cpp_examples/probes/stage_limit.cu`).
 const IN_PLACE_MIN: f64 = 0.8;
 
 /// The measurement, in GB/s.

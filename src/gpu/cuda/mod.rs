@@ -124,12 +124,12 @@ impl CudaGpu {
     }
 
     /// The stream of a chunk's copies. A chunk that launches the region kernel takes its
-    /// slot's parity, so one chunk's kernel runs beside the next one's DMA (staged spans on
-    /// the H200: 47.7-49.4 GB/s on two streams, 33.5-33.7 on one). Plain copies all take
-    /// the direction's first stream: on two, the copy engine served one stream's copies
-    /// while the other's waited, and with each submitter's requests held to one slot
-    /// parity by the LIFO ring, eight submitters of 25 MB requests saw p99 7.8-30 ms
-    /// instead of 2.1-2.7 (H200, seventh session). Each fence lane still waits in the
+    /// slot's parity, so one chunk's kernel runs beside the next one's DMA
+    /// (`docs/decisions.md#one-fifo-stream-per-direction-for-everything`). Plain copies all
+    /// take the direction's first stream: on two, the copy engine served one stream's
+    /// copies while the other's waited, and with each submitter's requests held to one slot
+    /// parity by the LIFO ring, some submitters' p99 grew several times over
+    /// (`docs/decisions.md#plain-copies-on-two-streams-per-direction`). Each fence lane still waits in the
     /// issue order of its stream's events, so lanes sharing a stream stay in order.
     /// A chunk gated on a caller's event takes its direction's gated stream, whose fences
     /// have lanes of their own (`fence_lane`): its wait would hold up every copy queued
@@ -218,8 +218,8 @@ unsafe impl Send for EventWait {}
 /// seen done at once.
 const FENCE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 /// Then, up to `FENCE_POLL_FOR`, it looks every `FENCE_POLL`, sleeping in between: a
-/// blocking-sync wake-up costs tens of microseconds after the copy ends (measured: a
-/// 12.6 MB copy seen done 50 us after a raw copy's spin saw it), a short sleep costs a
+/// blocking-sync wake-up costs tens of microseconds after the copy ends (a 12.6 MB copy
+/// seen done 50 us after a spinning caller saw it), a short sleep costs a
 /// few microseconds of CPU per look. Longer copies sleep in `cuEventSynchronize`.
 const FENCE_POLL: std::time::Duration = std::time::Duration::from_micros(10);
 const FENCE_POLL_FOR: std::time::Duration = std::time::Duration::from_millis(2);
@@ -246,9 +246,9 @@ impl PendingCopy for EventWait {
                 }
                 // A yield between looks, not a busy pause: each query takes the driver's
                 // locks, which the threads issuing copies need, and a yield leaves about
-                // a microsecond between looks where 256 pauses left several (measured on
-                // the H200: 256 KiB requests' p50 over the raw copy +5-10 us with the
-                // pauses, +4-5 us with the yield). It also lets a thread that shares
+                // a microsecond between looks where 256 pauses left several (a 256 KiB
+                // request's p50 over the raw copy: +4-5 us with the yield, up to +10 with
+                // the pauses). It also lets a thread that shares
                 // this core run.
                 std::thread::yield_now();
             }

@@ -1,8 +1,8 @@
 //! Many small regions as one PCIe copy plus one kernel launch.
 //!
 //! Per-region `cuMemcpyAsync` pays a fixed cost per call that dominates below about a
-//! megabyte (measured: 9.7 GB/s for 32 KiB regions on an H200, against ~52 GB/s for the
-//! staged path). So a chunk of small regions is moved as:
+//! megabyte (32 KiB regions move at about a fifth of the staged path's rate:
+//! `docs/benchmarks.md#small-regions`). So a chunk of small regions is moved as:
 //! - H2D: one copy host → the slot's device staging area, then `kvx_copy_regions`
 //!   scatters staging → regions;
 //! - D2H: `kvx_copy_regions` gathers regions → staging, then one copy staging → host;
@@ -11,16 +11,15 @@
 //!   (a bounce slot, or a layout's dense span in one allocation, H2D) or written (a slot).
 //! - Host regions scattered too thinly to stage whole, in pinned memory the device maps:
 //!   `kvx_copy_regions` straight between host and device regions, the SMs reading or
-//!   writing the host over the bus (measured by `cpp_examples/scatter_limit.cu` on an
-//!   H200, 2048 random 32 KiB regions: 0.91 of one contiguous copy H2D and 0.95 D2H,
-//!   against 0.50 for `cuMemcpyBatchAsync` and 0.19 for a copy per region). No CPU
-//!   gathers the regions and no staging pass runs.
+//!   writing the host over the bus, faster than `cuMemcpyBatchAsync` or a copy per region
+//!   (`docs/benchmarks.md#scattered-regions-the-hardware-alone`, measured by
+//!   `cpp_examples/probes/scatter_limit.cu`). No CPU gathers the regions and no staging
+//!   pass runs.
 //!
 //! The kernel reads each chunk's region table straight from the slot's pinned host table,
 //! which the device maps. A copy of the table into device memory sat in the copy engine's
-//! queue before every chunk's data: a stream of 2 MiB staged chunks ran at 46.8-46.9 GB/s
-//! with it, 49.7-50.1 without, 50.7-50.9 for the data copies alone (H200,
-//! `cpp_examples/stage_limit.cu`).
+//! queue before every chunk's data and slowed a stream of 2 MiB staged chunks by about 6 %
+//! (`cpp_examples/probes/stage_limit.cu` measures it).
 
 use super::driver::{check, sys};
 use crate::error::Result;
@@ -29,7 +28,7 @@ use std::ffi::c_void;
 
 /// Regions at most this large (on average in a chunk) take the batched path. Below it the
 /// per-call overhead of one memcpy per region costs more than the kernel's extra pass
-/// over device memory; see the README's measurement.
+/// over device memory (`docs/benchmarks.md#small-regions`).
 pub const BATCH_MAX_REGION: u64 = 1 << 20;
 /// Regions per chunk the table holds: as many as one copy may be given.
 const MAX_REGIONS: usize = crate::gpu::MAX_OPS_PER_COPY;
