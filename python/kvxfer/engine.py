@@ -446,13 +446,15 @@ class Engine(_Owned):
             user = on_complete
 
             def on_complete(r: "Request", err: Optional[Error], _loop=loop, _fut=req._future, _user=user) -> None:
-                # Settled even when the caller's callback raises (the trampoline logs
-                # that), or `await request` would never return.
+                # Settled even when the caller's callback raises, or `await request`
+                # would never return; the raise is logged first, so whoever awaits the
+                # request finds the log already written.
                 try:
                     if _user is not None:
                         _user(r, err)
-                finally:
-                    _loop.call_soon_threadsafe(_settle, _fut, err)
+                except BaseException:
+                    log.exception("kvxfer: a completion callback raised")
+                _loop.call_soon_threadsafe(_settle, _fut, err)
 
         # Closed handles raise here, before a callback is registered that would never run.
         with self._gate as eh, src._gate as sh, dst._gate as dh:
