@@ -78,4 +78,61 @@ mod layering {
         }
         assert!(wrong.is_empty(), "imports docs/architecture.md's module map does not allow:\n{}", wrong.join("\n"));
     }
+
+    /// Inside the engine, arrows run worker (the threads) → router (where a chunk goes
+    /// next) → fanout (cutting a read) → chunk: a file never names a module before it in
+    /// this order, so the stage files cannot import each other in a circle.
+    const ENGINE_ORDER: &[&str] = &["worker", "router", "fanout", "chunk"];
+
+    /// The words of `names` that `text` uses as a path: next to `::`, or in a `use`.
+    fn paths_naming(text: &str, names: &[&str]) -> Vec<String> {
+        let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let mut uses: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut at = 0;
+        for line in text.split_inclusive('\n') {
+            let code = line.trim_start();
+            if ["use ", "pub use ", "pub(super) use ", "pub(crate) use "].iter().any(|p| code.starts_with(p)) {
+                let start = at + line.len() - code.len();
+                uses.push(start..start + text[start..].find(';').unwrap_or(text.len() - start));
+            }
+            at += line.len();
+        }
+        let mut found = Vec::new();
+        for name in names {
+            for (i, _) in text.match_indices(name) {
+                let (before, after) = (&text[..i], &text[i + name.len()..]);
+                if before.ends_with(is_ident) || after.starts_with(is_ident) {
+                    continue;
+                }
+                let in_use = uses.iter().any(|u| u.contains(&i));
+                if in_use || before.trim_end_matches([' ', '{']).ends_with("::") || after.starts_with("::") {
+                    found.push(name.to_string());
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn engine_stage_files_import_one_way() {
+        let engine = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
+        let mut wrong = Vec::new();
+        for (i, module) in ENGINE_ORDER.iter().enumerate() {
+            let text = std::fs::read_to_string(engine.join(format!("{module}.rs"))).unwrap();
+            for name in paths_naming(&text, &ENGINE_ORDER[..i]) {
+                wrong.push(format!("engine/{module}.rs names {name}"));
+            }
+        }
+        assert!(wrong.is_empty(), "arrows inside the engine must run {}:\n{}", ENGINE_ORDER.join(" → "), wrong.join("\n"));
+    }
+
+    #[test]
+    fn a_path_to_a_module_is_seen_however_it_is_written() {
+        for text in ["use super::worker::Job;", "use super::{chunk::Chunk, router};", "super::router::issue_copy(r)", "use super::{\n    worker,\n};", "x = router::f();", "pub(super) use super::worker as w;"] {
+            assert!(!paths_naming(text, &["worker", "router"]).is_empty(), "{text}");
+        }
+        for text in ["use super::chunk::Chunk;\nfn f(router: &Router) { router.advance(c) } // an I/O worker", "Router::read_done", "io_worker(r)", "// because the worker, a router;"] {
+            assert!(paths_naming(text, &["worker", "router"]).is_empty(), "{text}");
+        }
+    }
 }

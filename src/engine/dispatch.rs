@@ -16,10 +16,11 @@
 //! 1.4 times as fast.
 
 use super::bounce::BounceRing;
+use super::chunk::Chunk;
 use super::plan::Planner;
 use super::request::Request;
+use super::router::Router;
 use super::stats::Counters;
-use super::worker::{Chunk, Router};
 use crate::layout::segments;
 use crossbeam_channel::{Receiver, TryRecvError};
 use std::collections::VecDeque;

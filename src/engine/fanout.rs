@@ -1,23 +1,24 @@
 //! Fan-out: in a shallow ring, each chunk's disk read is shared by all I/O workers, in
 //! the chunks' order.
 //!
-//! A `pread` from the page cache runs at one core's copy speed (2 MiB of a hot tmpfs
-//! file in ~300 us on the H200). A request of one block (6 slots of 2 MiB) read a slot
-//! per worker finishes all its reads together, after one core's time for a whole slot,
-//! and only then do the device copies start. So while the ring is shallow
+//! A `pread` from the page cache runs at one core's copy speed. A request of one block
+//! read a slot per worker finishes all its reads together, after one core's time for a
+//! whole slot, and only then do the device copies start. So while the ring is shallow
 //! (`BounceRing::shallow`), a read is cut into a part per worker when it is routed,
 //! and the parts are queued in the chunks' order: the workers fill slot 0 together, then
 //! slot 1, and the first copy starts after a part's time, not a slot's. Whichever worker
 //! finishes a chunk's last part moves it on. Every chunk is cut, not only while workers
 //! sleep: a request's last chunks are routed while the first ones' parts keep every
 //! worker busy, and cut only among the workers idle at that moment they became the
-//! request's tail (an H200 trace of one 12.6 MB block: the sixth slot's read done 135 us
-//! after the fifth's). In a deep ring every worker has a chunk of its own and the copies
-//! have work queued, so nothing is cut.
+//! request's tail (one block's sixth slot was read 135 us after its fifth:
+//! docs/decisions.md, "Shared reads only among idle workers"). In a deep ring every
+//! worker has a chunk of its own and the copies have work queued, so nothing is cut.
+//!
+//! This file only cuts; the router queues the parts, and the I/O workers run them.
 
-use super::stats::Counters;
+use super::chunk::Chunk;
 use super::plan::Op;
-use super::worker::{Chunk, Job, Router};
+use super::stats::Counters;
 use crate::error::{Error, Result};
 use crate::io::{Extent, Port};
 use crate::memory::Layout;
@@ -113,57 +114,52 @@ fn piece(e: &Extent, at: u64, len: u64, align: u64) -> Extent {
 }
 
 /// How many parts the chunk's next stage, a disk read, gets: more than one only while
-/// the ring is shallow, and never for a checksummed file (its regions are verified
+/// the ring is `shallow`, and never for a checksummed file (its regions are verified
 /// whole, by one reader).
-fn fan_out(router: &Router, file: &Layout, extents: &[Extent]) -> Option<usize> {
+fn fan_out(shallow: bool, workers: usize, file: &Layout, extents: &[Extent]) -> Option<usize> {
     let f = file.disk().expect("disk layout");
-    if f.checksum.is_some() || !router.ring.shallow() {
+    if f.checksum.is_some() || !shallow {
         return None;
     }
-    let parts = parts_for(extents.iter().map(|e| e.len).sum(), router.io_workers);
+    let parts = parts_for(extents.iter().map(|e| e.len).sum(), workers);
     (parts > 1).then_some(parts)
 }
 
-/// Routes a chunk whose next stage is a disk read: its parts to the I/O workers'
-/// queue, in order, or (not cut) the chunk itself.
-pub(super) fn send_read(router: &Router, mut chunk: Chunk) {
-    let Some(Some(Op::ReadDisk { file, extents, for_device })) = chunk.stages.get(chunk.next) else {
-        unreachable!("send_read routes chunks whose next stage is a disk read")
+/// Cuts the disk read that is `chunk`'s next stage into parts for `workers` I/O workers,
+/// to be queued in order; `stream`: the parts' reads leave the slot's lines in memory.
+/// A read not cut gives the chunk back as it was.
+pub(super) fn cut_read(mut chunk: Chunk, shallow: bool, workers: usize, stream: bool) -> std::result::Result<Vec<Part>, Chunk> {
+    let Some(Some(Op::ReadDisk { file, extents, .. })) = chunk.stages.get(chunk.next) else {
+        unreachable!("cut_read cuts chunks whose next stage is a disk read")
     };
-    let Some(parts) = fan_out(router, file, extents) else {
-        return router.io_tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"));
+    let Some(parts) = fan_out(shallow, workers, file, extents) else {
+        return Err(chunk);
     };
-    let stream = router.stream_read(*for_device);
     let Some(Op::ReadDisk { file, extents, .. }) = chunk.stages[chunk.next].take() else { unreachable!("checked above") };
     chunk.next += 1;
     let align = file.disk().expect("disk layout").align();
     let parts = Fanout::parts(chunk, &file, &extents, stream, parts, align);
     // The parts hold the layout now; the request may complete as soon as they are done.
     drop((file, extents));
-    Counters::add(&router.counters.reads_fanned_out, 1);
-    for part in parts {
-        router.io_tx.send(Job::Part(part)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"));
-    }
+    Ok(parts)
 }
 
-/// Reads one part; the worker that finishes the last one moves the chunk on.
-pub(super) fn run_part(router: &Router, port: &mut Port, bound: &Result<()>, part: Part) {
-    let start = std::time::Instant::now();
-    let f = part.file.disk().expect("disk layout");
-    // SAFETY: the part lies in its chunk's slot, which stays the chunk's until every
-    // part is done.
-    let result = unsafe { f.read_extents(port, &part.file.placement, &part.extents, part.stream) };
-    let c = &router.counters;
-    Counters::add_since(&c.disk_read_ns, start);
-    if result.is_ok() {
-        Counters::add(&c.bytes_disk_read, part.extents.iter().map(|e| e.len).sum());
-    }
-    let Part { fan, file, .. } = part;
-    drop(file);
-    match fan.part_done(result) {
-        None => {}
-        Some((chunk, None)) => router.read_done(bound, chunk),
-        Some((chunk, Some(e))) => router.fail(chunk, e),
+impl Part {
+    /// Reads the part; once it was its chunk's last, the chunk and the first part's
+    /// failure (if any), for the worker to move the chunk on.
+    pub(super) fn read(self, port: &mut Port, c: &Counters) -> Option<(Chunk, Option<Error>)> {
+        let start = std::time::Instant::now();
+        let f = self.file.disk().expect("disk layout");
+        // SAFETY: the part lies in its chunk's slot, which stays the chunk's until every
+        // part is done.
+        let result = unsafe { f.read_extents(port, &self.file.placement, &self.extents, self.stream) };
+        Counters::add_since(&c.disk_read_ns, start);
+        if result.is_ok() {
+            Counters::add(&c.bytes_disk_read, self.extents.iter().map(|e| e.len).sum());
+        }
+        let Part { fan, file, .. } = self;
+        drop(file);
+        fan.part_done(result)
     }
 }
 

@@ -9,12 +9,14 @@
 //! ```
 
 mod bounce;
+mod chunk;
 mod config;
 mod dispatch;
 mod fanout;
 mod plan;
 mod remote;
 mod request;
+mod router;
 pub mod stats;
 mod worker;
 
@@ -37,7 +39,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use worker::{Job, Router};
+use router::{Job, Router};
 
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);

@@ -6,176 +6,20 @@
 //! - Fence threads, one per stream lane: wait for issued device copies and move their
 //!   chunks on, so the copy thread never blocks on the device.
 //!
-//! A chunk runs its stages in order and then gives its slot back; a stage of a cancelled
-//! or failed request is skipped.
+//! Where a chunk goes after a stage is the router's (`router.rs`).
 
-use super::plan::{Op, Stages};
-use super::request::Request;
-use super::stats::Counters;
 use super::bounce::BounceRing;
-use super::fanout::{run_part, send_read, Part};
-use crate::error::{Error, Result};
-use crate::gpu::{fence_lane, CopyError, CopyKind, CopyOp, Fence, Gpu};
-use crate::io::gds::Gds;
+use super::chunk::Chunk;
+use super::fanout::Part;
+use super::plan::Op;
+use super::router::{issue_copy, Job, Router};
+use super::stats::Counters;
+use crate::error::Result;
+use crate::gpu::{CopyOp, Fence, Gpu};
 use crate::io::Port;
 use crate::remote::Posted;
-use crossbeam_channel::{Receiver, Sender};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crossbeam_channel::Receiver;
 use std::sync::Arc;
-
-/// A slot's worth of a request, moving through its stages.
-pub struct Chunk {
-    pub req: Arc<Request>,
-    pub slot: u32,
-    pub stages: Stages,
-    pub next: usize,
-    /// When the current device copy was issued (for `device_copy_ns`).
-    pub issued: Option<std::time::Instant>,
-}
-
-pub enum Job {
-    Run(Chunk),
-    /// A part of a chunk's disk read (`fanout`), for the I/O workers only.
-    Part(Part),
-    Stop,
-}
-
-/// What every stage thread needs to pass a chunk on.
-pub struct Router {
-    pub ring: Arc<BounceRing>,
-    pub counters: Arc<Counters>,
-    pub io_tx: Sender<Job>,
-    pub copy_tx: Sender<Job>,
-    /// The remote thread: NIXL transfers to and from imported layouts.
-    pub remote_tx: Sender<Job>,
-    /// One fence thread per lane (`gpu::fence_lane`), so a slow stream never holds up
-    /// another; `None` tells a fence thread to stop.
-    pub fence_tx: Vec<Sender<Option<(Fence, Chunk)>>>,
-    /// Raised by `Engine::shutdown` before the dispatcher's stop message is queued.
-    pub shutdown: AtomicBool,
-    /// `KVX_IO_GDS`: cuFile moves disk <-> device bytes (`Op::DiskDevice`).
-    pub gds: Option<Arc<Gds>>,
-    pub gpu: Arc<dyn Gpu>,
-    /// Work sent to the dispatcher thread and not yet done with: while it is non-zero,
-    /// submits queue behind it instead of dispatching on their own thread.
-    pub queued: AtomicU64,
-    /// How many I/O workers share `io_tx`: a read in a shallow ring is cut into as many parts.
-    pub io_workers: usize,
-}
-
-impl Router {
-    pub fn shutting_down(&self) -> bool {
-        self.shutdown.load(Ordering::Acquire)
-    }
-
-    /// Sends the chunk to the thread that runs its next stage, or finishes it.
-    pub fn advance(&self, mut chunk: Chunk) {
-        if chunk.req.stopped() {
-            return self.finish(chunk);
-        }
-        match chunk.stages.get_mut(chunk.next).and_then(|s| s.as_ref()) {
-            None => self.finish(chunk),
-            Some(Op::ReadDisk { .. }) => send_read(self, chunk),
-            Some(op) => {
-                let tx = match op {
-                    Op::Remote { .. } => &self.remote_tx,
-                    op if op.on_copy_thread() => &self.copy_tx,
-                    _ => &self.io_tx,
-                };
-                // The receivers live until `Stop`, which is sent only after every slot came back.
-                tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("stage thread gone with chunks in flight"));
-            }
-        }
-    }
-
-    /// As `advance`, on a thread of the caller's (a submit): a device copy is issued
-    /// right here instead of on the copy thread, in the device context pushed for the
-    /// call and popped after, so the caller's own current context is left as it was.
-    pub fn advance_here(&self, mut chunk: Chunk) {
-        if !Router::copy_next(&chunk) {
-            return self.advance(chunk);
-        }
-        match self.gpu.enter() {
-            Ok(()) => {
-                issue_copy(self, &*self.gpu, Ok(()), Router::take_op(&mut chunk), chunk);
-                self.gpu.leave();
-            }
-            Err(e) => self.fail(chunk, e),
-        }
-    }
-
-    /// Whether a disk read leaves its slot's lines in memory (`io::streamed`): when the
-    /// device copies the slot out next and half the ring or more is free. In a pipeline
-    /// that shallow the copy follows the read at once, and a plain `pread` would leave
-    /// the lines modified in the reading core's cache, where the DMA reads them at half
-    /// speed. In a full ring the slot waits for its copy while its lines settle in the
-    /// last-level cache, which spares DRAM a write and a read that streaming stores cost
-    /// (H200, hot file, every such read streamed: one 12.6 MB block 16-20 % faster,
-    /// batches of 16 blocks 6-10 % slower; gated, the batches keep their speed).
-    pub fn stream_read(&self, for_device: bool) -> bool {
-        for_device && self.ring.shallow()
-    }
-
-    /// Moves a chunk on from the I/O worker that finished its disk read. In a shallow
-    /// ring a device copy is issued right here: the copy thread is then often asleep,
-    /// and waking it cost 20-26 us on the H200 host (a trace of one 12.6 MB block, the
-    /// first slot's read done to its copy issued), on every request's critical path.
-    /// `bound`: whether this worker has the device's context current.
-    pub(super) fn read_done(&self, bound: &Result<()>, mut chunk: Chunk) {
-        if Router::copy_next(&chunk) && bound.is_ok() && self.ring.shallow() {
-            let op = Router::take_op(&mut chunk);
-            return issue_copy(self, &*self.gpu, Ok(()), op, chunk);
-        }
-        self.advance(chunk)
-    }
-
-    /// The chunk's next stage is a device copy of a request still running.
-    fn copy_next(chunk: &Chunk) -> bool {
-        !chunk.req.stopped() && chunk.stages.get(chunk.next).and_then(|s| s.as_ref()).is_some_and(Op::on_copy_thread)
-    }
-
-    fn copy_done(&self, chunk: &Chunk) {
-        if let Some(t) = chunk.issued {
-            Counters::add_since(&self.counters.device_copy_ns, t);
-        }
-    }
-
-    fn finish(&self, chunk: Chunk) {
-        let Chunk { req, slot, stages, .. } = chunk;
-        drop(stages); // layout references go before the request may finalise
-        self.ring.release(slot);
-        req.release_one();
-    }
-
-    /// Hands a chunk's pending device copy (`gated`: after a caller's event) to its lane's
-    /// fence thread.
-    fn to_fence(&self, kind: CopyKind, gated: bool, fence: Fence, chunk: Chunk) {
-        self.fence_tx[fence_lane(kind, chunk.slot, gated)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
-    }
-
-    /// Records a stage's failure on its request and finishes the chunk.
-    pub(super) fn fail(&self, chunk: Chunk, err: Error) {
-        chunk.req.fail(err);
-        self.finish(chunk);
-    }
-
-    /// As `fail`, but the chunk's slot stays out of the ring (`BounceRing::hold`): a
-    /// remote transfer through it may still read or write it.
-    fn fail_holding_slot(&self, chunk: Chunk, err: Error) -> u32 {
-        chunk.req.fail(err);
-        let Chunk { req, slot, stages, .. } = chunk;
-        drop(stages);
-        self.ring.hold(slot);
-        req.release_one();
-        slot
-    }
-
-    fn take_op(chunk: &mut Chunk) -> Op {
-        let op = chunk.stages[chunk.next].take().expect("advance checked the stage");
-        chunk.next += 1;
-        op
-    }
-}
 
 /// I/O worker: disk I/O and host memcpy. It binds the device's context first: it
 /// issues the device copy after a read in a shallow ring (`Router::read_done`), and with
@@ -188,6 +32,15 @@ pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut 
             Ok(Job::Part(part)) => run_part(&router, &mut port, &bound, part),
             Ok(Job::Stop) | Err(_) => return,
         }
+    }
+}
+
+/// Reads one part; the worker that finishes the last one moves the chunk on.
+fn run_part(router: &Router, port: &mut Port, bound: &Result<()>, part: Part) {
+    match part.read(port, &router.counters) {
+        None => {}
+        Some((chunk, None)) => router.read_done(bound, chunk),
+        Some((chunk, Some(e))) => router.fail(chunk, e),
     }
 }
 
@@ -267,35 +120,6 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
     }
 }
 
-/// Issues a chunk's device copies; a finished fence moves the chunk on at once, a
-/// pending one goes to its lane's fence thread. So does a batch that failed after part of
-/// it was queued: the chunk fails, and gives its slot back, once that part ran.
-fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chunk: Chunk) {
-    let Op::DeviceCopy { kind, ops, host, after } = op else { unreachable!("only device copies are issued here") };
-    chunk.issued = Some(std::time::Instant::now());
-    let issued = bound.map_err(CopyError::from).and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after));
-    match issued {
-        Ok(fence) => {
-            let bytes: u64 = ops.iter().map(|o| o.len).sum();
-            match kind {
-                CopyKind::HostToDevice => Counters::add(&router.counters.bytes_host_to_device, bytes),
-                CopyKind::DeviceToHost => Counters::add(&router.counters.bytes_device_to_host, bytes),
-                CopyKind::DeviceToDevice => {}
-            }
-            match fence {
-                Fence::Done => {
-                    router.copy_done(&chunk);
-                    router.advance(chunk)
-                }
-                pending => router.to_fence(kind, after.is_some(), pending, chunk),
-            }
-        }
-        Err(CopyError { error, queued: Fence::Done }) => router.fail(chunk, error),
-        // Copies queued before the failure still use the slot: it goes back once they ran.
-        Err(failed) => router.to_fence(kind, after.is_some(), failed.into_fence(), chunk),
-    }
-}
-
 /// How long the copy and fence threads keep looking for their next job after one
 /// before they sleep: back-to-back requests then find them awake (a sleeping thread
 /// costs a futex wake-up, tens of microseconds on a busy host), and an idle engine
@@ -339,8 +163,9 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
 /// Remote thread: posts each chunk's NIXL transfer and checks every posted one until it
 /// ends, fails, or passes its peer's timeout, so many chunks (of many requests) are in
 /// flight at once. Right after a post or a completion it checks without sleeping for
-/// `REMOTE_SPIN` (a small transfer ends within it: 20 us for 256 KiB by CUDA IPC on the
-/// H200), then every `REMOTE_POLL`; with nothing posted it sleeps on its queue.
+/// `REMOTE_SPIN` (a small transfer ends within it: 256 KiB by CUDA IPC takes some 20 us,
+/// docs/benchmarks.md, "Remote layouts"), then every `REMOTE_POLL`; with nothing posted
+/// it sleeps on its queue.
 ///
 /// A transfer that timed out or failed ends its request with `KVX_ERR_REMOTE` and closes
 /// its peer's import (`Peer::close`), but is not released while it may still run:
