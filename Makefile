@@ -15,15 +15,16 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test
 
 all: build
 
-# Tools the build needs beyond cargo (libclang: nixl-sys generates its bindings with
-# bindgen). As root we install what is missing; otherwise we stop with the exact command.
+# Tools the build and tests need beyond cargo (libclang: nixl-sys generates its bindings
+# with bindgen; strace: the durability test reads the syscalls a synced create makes). As
+# root we install what is missing; otherwise we stop with the exact command.
 tools:
 	@missing=""; \
-	for t in $(CC):gcc $(CXX):g++ nm:binutils make:make valgrind:valgrind cmake:cmake pkg-config:pkg-config; do \
+	for t in $(CC):gcc $(CXX):g++ nm:binutils make:make valgrind:valgrind cmake:cmake pkg-config:pkg-config strace:strace; do \
 	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t##*:}"; \
 	done; \
 	command -v $(CARGO) >/dev/null 2>&1 || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }; \
@@ -40,6 +41,14 @@ build: tools
 
 bench: build
 	./cpp_examples/bench
+
+# The checks CI runs before make test (.ci/run): formatting (rustfmt.toml), clippy on
+# every target with warnings as errors, and the API docs with warnings as errors.
+lint: tools
+	@for c in rustfmt clippy; do rustup component list --installed 2>/dev/null | grep -q "^$$c" || rustup component add $$c; done
+	$(CARGO) fmt --check
+	$(CARGO) clippy --release --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps
 
 # Rewrites include/kvxfer.h from src/ffi (commit the result).
 header:
