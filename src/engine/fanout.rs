@@ -125,15 +125,22 @@ fn fan_out(shallow: bool, workers: usize, file: &Layout, extents: &[Extent]) -> 
     (parts > 1).then_some(parts)
 }
 
-/// Cuts the disk read that is `chunk`'s next stage into parts for `workers` I/O workers,
-/// to be queued in order; `stream`: the parts' reads leave the slot's lines in memory.
-/// A read not cut gives the chunk back as it was.
-pub(super) fn cut_read(mut chunk: Chunk, shallow: bool, workers: usize, stream: bool) -> std::result::Result<Vec<Part>, Chunk> {
+/// What became of a chunk's disk read: cut into parts, or left whole.
+pub(super) enum Cut {
+    /// The parts, to be queued in order; they hold the chunk until the last is done.
+    Parts(Vec<Part>),
+    /// Not cut: the chunk as it was.
+    Whole(Chunk),
+}
+
+/// Cuts the disk read that is `chunk`'s next stage into parts for `workers` I/O workers;
+/// `stream`: the parts' reads leave the slot's lines in memory.
+pub(super) fn cut_read(mut chunk: Chunk, shallow: bool, workers: usize, stream: bool) -> Cut {
     let Some(Some(Op::ReadDisk { file, extents, .. })) = chunk.stages.get(chunk.next) else {
         unreachable!("cut_read cuts chunks whose next stage is a disk read")
     };
     let Some(parts) = fan_out(shallow, workers, file, extents) else {
-        return Err(chunk);
+        return Cut::Whole(chunk);
     };
     let Some(Op::ReadDisk { file, extents, .. }) = chunk.stages[chunk.next].take() else { unreachable!("checked above") };
     chunk.next += 1;
@@ -141,7 +148,7 @@ pub(super) fn cut_read(mut chunk: Chunk, shallow: bool, workers: usize, stream: 
     let parts = Fanout::parts(chunk, &file, &extents, stream, parts, align);
     // The parts hold the layout now; the request may complete as soon as they are done.
     drop((file, extents));
-    Ok(parts)
+    Cut::Parts(parts)
 }
 
 impl Part {
@@ -168,13 +175,22 @@ mod tests {
     use super::*;
 
     fn extent(file_off: u64, addr: u64, len: u64) -> Extent {
-        Extent { file_off, addr, len, aligned: file_off % 4096 == 0 && addr % 4096 == 0 && len % 4096 == 0, zero_tail: 0, payload: (file_off, addr, len) }
+        Extent {
+            file_off,
+            addr,
+            len,
+            aligned: file_off % 4096 == 0 && addr % 4096 == 0 && len % 4096 == 0,
+            zero_tail: 0,
+            payload: (file_off, addr, len),
+        }
     }
 
     /// Every byte of `extents` exactly once, file offset and address moving together.
     fn covers(extents: &[Extent], parts: &[Vec<Extent>]) {
-        let want: Vec<(u64, u64)> = extents.iter().flat_map(|e| (0..e.len).step_by(512).map(move |k| (e.file_off + k, e.addr + k))).collect();
-        let got: Vec<(u64, u64)> = parts.iter().flatten().flat_map(|e| (0..e.len).step_by(512).map(move |k| (e.file_off + k, e.addr + k))).collect();
+        let want: Vec<(u64, u64)> =
+            extents.iter().flat_map(|e| (0..e.len).step_by(512).map(move |k| (e.file_off + k, e.addr + k))).collect();
+        let got: Vec<(u64, u64)> =
+            parts.iter().flatten().flat_map(|e| (0..e.len).step_by(512).map(move |k| (e.file_off + k, e.addr + k))).collect();
         assert_eq!(got, want);
         for e in parts.iter().flatten() {
             assert_eq!(e.payload, (e.file_off, e.addr, e.len), "a piece's payload is what it reads");

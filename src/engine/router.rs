@@ -169,8 +169,10 @@ fn send_read(router: &Router, chunk: Chunk) {
     };
     let stream = router.stream_read(*for_device);
     let parts = match fanout::cut_read(chunk, router.ring.shallow(), router.io_workers, stream) {
-        Ok(parts) => parts,
-        Err(chunk) => return router.io_tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight")),
+        fanout::Cut::Parts(parts) => parts,
+        fanout::Cut::Whole(chunk) => {
+            return router.io_tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"))
+        }
     };
     Counters::add(&router.counters.reads_fanned_out, 1);
     for part in parts {

@@ -67,7 +67,9 @@ pub struct Sidecar {
 /// (same device and inode) open in this process: two layouts on one file, in one engine
 /// or two, serialise their seals through it.
 fn seal_lock(file: &File) -> std::io::Result<Arc<Mutex<()>>> {
-    static LOCKS: Mutex<BTreeMap<(u64, u64), Weak<Mutex<()>>>> = Mutex::new(BTreeMap::new());
+    /// (device, inode) of a sidecar → its seal lock, while some sidecar of it is open.
+    type SealLocks = BTreeMap<(u64, u64), Weak<Mutex<()>>>;
+    static LOCKS: Mutex<SealLocks> = Mutex::new(BTreeMap::new());
     let m = file.metadata()?;
     let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
     locks.retain(|_, l| l.strong_count() > 0);
@@ -97,7 +99,12 @@ impl<'a> SealRange<'a> {
         match ofd_lock(fd, off, libc::F_WRLCK) {
             Ok(()) => Some(SealRange { fd, off }),
             Err(e) => {
-                WARNED.call_once(|| log::warn!("{}: cannot lock a block's seal against other processes ({e}); seals from other processes are not serialised", path.display()));
+                WARNED.call_once(|| {
+                    log::warn!(
+                        "{}: cannot lock a block's seal against other processes ({e}); seals from other processes are not serialised",
+                        path.display()
+                    )
+                });
                 None
             }
         }
@@ -194,7 +201,8 @@ impl Sidecar {
             _ => Error::io(format_args!("opening {shown}"), e),
         })?;
         let sealing = seal_lock(&file).map_err(|e| Error::io(format_args!("stat {shown}"), e))?;
-        let mut s = Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing, block_align: create_with };
+        let mut s =
+            Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing, block_align: create_with };
         if let Some(align) = create_with {
             let want = Self::header(g, align);
             // Zero entries: every block starts out "never written".
@@ -221,7 +229,9 @@ impl Sidecar {
             s.block_align = match field(4) {
                 0 => None,
                 a if a.is_power_of_two() && (DEFAULT_IO_ALIGN..=MAX_IO_ALIGN).contains(&a) => Some(a),
-                a => bail!(Integrity, "{shown} records blocks padded to {a} bytes, which kvxfer never writes: the checksum file is damaged"),
+                a => {
+                    bail!(Integrity, "{shown} records blocks padded to {a} bytes, which kvxfer never writes: the checksum file is damaged")
+                }
             };
         }
         Ok(s)
@@ -297,10 +307,7 @@ impl Sidecar {
             }
         }
         if v[0] == 0 || v[0] != seal_of(&v[1..]) {
-            bail!(
-                Integrity,
-                "block {block} was not completely written (its last write did not finish, or some layers were never written)"
-            );
+            bail!(Integrity, "block {block} was not completely written (its last write did not finish, or some layers were never written)");
         }
         Ok(())
     }
@@ -444,7 +451,9 @@ mod tests {
     }
 
     fn geometry() -> Geometry {
-        crate::layout::LayoutConfig { num_blocks: 1, num_layers: 2, outer_dim: 1, page_size: 1, inner_dim: 8, dtype_bytes: 1 }.validate().unwrap()
+        crate::layout::LayoutConfig { num_blocks: 1, num_layers: 2, outer_dim: 1, page_size: 1, inner_dim: 8, dtype_bytes: 1 }
+            .validate()
+            .unwrap()
     }
 
     fn hash(layer: u64) -> u64 {
@@ -563,9 +572,16 @@ mod tests {
     /// any file is made, never wrapped into a smaller file nor a panic.
     #[test]
     fn a_sidecar_past_64_bits_is_refused() {
-        let g = crate::layout::LayoutConfig { num_blocks: 1 << 41, num_layers: 1 << 20, outer_dim: 2, page_size: 1, inner_dim: 1, dtype_bytes: 1 }
-            .validate()
-            .unwrap();
+        let g = crate::layout::LayoutConfig {
+            num_blocks: 1 << 41,
+            num_layers: 1 << 20,
+            outer_dim: 2,
+            page_size: 1,
+            inner_dim: 1,
+            dtype_bytes: 1,
+        }
+        .validate()
+        .unwrap();
         let path = std::env::temp_dir().join(format!("kvx-sidecar-overflow-{}", std::process::id()));
         let made = std::panic::catch_unwind(|| Sidecar::create(&path, &g, 4096).map(drop));
         let _ = std::fs::remove_file(Sidecar::path_for(&path));
