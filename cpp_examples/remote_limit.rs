@@ -10,9 +10,9 @@
 //! Flags (the bench's, same defaults): --num-layers --inner-dim --page-size --outer-dim
 //! --dtype-bytes --num-blocks --blocks-per-batch --iterations --warmup --layout
 //! --host-layout --device auto|emulated|N --direction --requests --random-blocks --json.
+use kvxfer::io::nixl::Span;
 use kvxfer::layout::{segments, Placement};
 use kvxfer::{Device, Engine, EngineConfig, Layout, LayoutConfig, LayoutKind, StorageKind};
-use kvxfer::io::nixl::Span;
 use nixl_sys::{Agent, AgentConfig, MemType, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -231,7 +231,8 @@ impl Dir<'_> {
 
 fn post(s: &Side, peer: &str, write: bool, lists: &(XferDescList, XferDescList)) -> XferRequest {
     let op = if write { XferOp::Write } else { XferOp::Read };
-    let req = s.agent.create_xfer_req(op, &lists.0, &lists.1, peer, Some(&s.opts)).unwrap_or_else(|e| fail(&format!("create_xfer_req: {e}")));
+    let req =
+        s.agent.create_xfer_req(op, &lists.0, &lists.1, peer, Some(&s.opts)).unwrap_or_else(|e| fail(&format!("create_xfer_req: {e}")));
     s.agent.post_xfer_req(&req, Some(&s.opts)).unwrap_or_else(|e| fail(&format!("post_xfer_req: {e}")));
     req
 }
@@ -295,14 +296,25 @@ fn main() {
     let nreq = if o.requests > 0 { o.requests } else { o.iterations * 100 };
     println!("NIXL's UCX backend driven directly (the limit of bench --remote): peer process {}, layout {} (host {}), {} blocks x {:.2} MB, {} blocks/batch, {} iterations",
         child.id(), o.layout.0, o.host_layout.0, o.cfg.num_blocks, block_bytes as f64 / 1e6, o.per_request, o.iterations);
-    println!("{:<24} {:>9} {:>9} {:>9} {:>11} {:>11} {:>11} {:>9}", "direction", "GB/s", "p50 ms", "p99 ms", "req p50 us", "req p99 us", "req p99.9 us", "CPU s/GB");
+    println!(
+        "{:<24} {:>9} {:>9} {:>9} {:>11} {:>11} {:>11} {:>9}",
+        "direction", "GB/s", "p50 ms", "p99 ms", "req p50 us", "req p99 us", "req p99.9 us", "CPU s/GB"
+    );
     let mut any = false;
     for (name, l, r, write) in dirs {
         if o.direction != "all" && o.direction != name {
             continue;
         }
         any = true;
-        let d = Dir { name, local: &s.layouts[l], local_mem: s.mems[l], remote_bases: &bases[r], remote_placement: &s.layouts[r].placement, remote_mem: s.mems[r], write };
+        let d = Dir {
+            name,
+            local: &s.layouts[l],
+            local_mem: s.mems[l],
+            remote_bases: &bases[r],
+            remote_placement: &s.layouts[r].placement,
+            remote_mem: s.mems[r],
+            write,
+        };
         let batches: Vec<_> = pass_ids(o.cfg.num_blocks, o.per_request, o.random).iter().map(|v| d.lists(v)).collect();
         // One pass: every request posted at once, then each seen done.
         let pass = |batch_ms: &mut Vec<f64>| {

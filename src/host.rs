@@ -11,14 +11,7 @@ pub fn map_anonymous(bytes: u64) -> Result<*mut u8> {
     let len = usize::try_from(bytes).map_err(|_| Error::new(crate::error::Status::NoMemory, "allocation too large"))?;
     // SAFETY: an anonymous private mapping has no preconditions.
     let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     };
     if p == libc::MAP_FAILED {
         return Err(Error::io(format_args!("allocating {bytes} bytes of host memory"), std::io::Error::last_os_error()));

@@ -169,15 +169,9 @@ impl Placement {
         let r = self.geom.region_bytes;
         debug_assert!(block < c.num_blocks && layer < c.num_layers && outer < c.outer_dim);
         match self.kind {
-            LayoutKind::FullyContiguous => {
-                Loc { base: 0, offset: block * self.block_stride + (layer * c.outer_dim + outer) * r }
-            }
-            LayoutKind::LayerSeparate { block_first: true } => {
-                Loc { base: layer as u32, offset: (block * c.outer_dim + outer) * r }
-            }
-            LayoutKind::LayerSeparate { block_first: false } => {
-                Loc { base: layer as u32, offset: (outer * c.num_blocks + block) * r }
-            }
+            LayoutKind::FullyContiguous => Loc { base: 0, offset: block * self.block_stride + (layer * c.outer_dim + outer) * r },
+            LayoutKind::LayerSeparate { block_first: true } => Loc { base: layer as u32, offset: (block * c.outer_dim + outer) * r },
+            LayoutKind::LayerSeparate { block_first: false } => Loc { base: layer as u32, offset: (outer * c.num_blocks + block) * r },
         }
     }
 }
@@ -297,11 +291,8 @@ mod tests {
         LayoutConfig { num_blocks: nb, num_layers: nl, outer_dim: od, page_size: ps, inner_dim: id, dtype_bytes: dt }
     }
 
-    const KINDS: [LayoutKind; 3] = [
-        LayoutKind::FullyContiguous,
-        LayoutKind::LayerSeparate { block_first: true },
-        LayoutKind::LayerSeparate { block_first: false },
-    ];
+    const KINDS: [LayoutKind; 3] =
+        [LayoutKind::FullyContiguous, LayoutKind::LayerSeparate { block_first: true }, LayoutKind::LayerSeparate { block_first: false }];
 
     /// Walks storage order with a cursor, the way the shapes in DESIGN.md read.
     fn reference(p: &Placement) -> HashMap<(u64, u64, u64), Loc> {

@@ -128,10 +128,22 @@ mod layering {
 
     #[test]
     fn a_path_to_a_module_is_seen_however_it_is_written() {
-        for text in ["use super::worker::Job;", "use super::{chunk::Chunk, router};", "super::router::issue_copy(r)", "use super::{\n    worker,\n};", "x = router::f();", "pub(super) use super::worker as w;"] {
+        for text in [
+            "use super::worker::Job;",
+            "use super::{chunk::Chunk, router};",
+            "super::router::issue_copy(r)",
+            "use super::{\n    worker,\n};",
+            "x = router::f();",
+            "pub(super) use super::worker as w;",
+        ] {
             assert!(!paths_naming(text, &["worker", "router"]).is_empty(), "{text}");
         }
-        for text in ["use super::chunk::Chunk;\nfn f(router: &Router) { router.advance(c) } // an I/O worker", "Router::read_done", "io_worker(r)", "// because the worker, a router;"] {
+        for text in [
+            "use super::chunk::Chunk;\nfn f(router: &Router) { router.advance(c) } // an I/O worker",
+            "Router::read_done",
+            "io_worker(r)",
+            "// because the worker, a router;",
+        ] {
             assert!(paths_naming(text, &["worker", "router"]).is_empty(), "{text}");
         }
     }

@@ -39,8 +39,11 @@ fn main() {
         case("a_pinned_layout_over_an_unpinned_page_is_refused", a_pinned_layout_over_an_unpinned_page_is_refused).unless(no_gpu.clone()),
         case("a_request_waiting_for_its_event_holds_up_no_other", a_request_waiting_for_its_event_holds_up_no_other).unless(no_gpu),
         case("wait_event_on_the_emulated_device_is_refused", wait_event_on_the_emulated_device_is_refused),
-        case("a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back", a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back)
-            .unless(driver),
+        case(
+            "a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back",
+            a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back,
+        )
+        .unless(driver),
     ])
 }
 
@@ -96,11 +99,7 @@ fn registering_a_wrong_pointer_is_an_error_not_corruption() {
     let small = dev_alloc(need / 2);
     let big = dev_alloc(need);
     let fc = LayoutKind::FullyContiguous;
-    let cases = [
-        (host.as_ptr() as u64, "not memory CUDA knows"),
-        (small, "allocation ends"),
-        (big + 4096, "allocation ends"),
-    ];
+    let cases = [(host.as_ptr() as u64, "not memory CUDA knows"), (small, "allocation ends"), (big + 4096, "allocation ends")];
     for (base, text) in cases {
         let err = e.register_layout(&c, fc, StorageKind::Device, &[base]).unwrap_err();
         assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
@@ -379,7 +378,8 @@ struct HeldStream {
 
 impl HeldStream {
     fn new() -> HeldStream {
-        let mut h = HeldStream { ctx: std::ptr::null_mut(), stream: std::ptr::null_mut(), event: std::ptr::null_mut(), flag: std::ptr::null_mut() };
+        let mut h =
+            HeldStream { ctx: std::ptr::null_mut(), stream: std::ptr::null_mut(), event: std::ptr::null_mut(), flag: std::ptr::null_mut() };
         unsafe {
             assert_eq!(sys::cuInit(0), OK);
             let mut dev = 0;
@@ -457,9 +457,13 @@ fn a_request_waiting_for_its_event_holds_up_no_other() {
     let others = [
         ("ungated device -> host", e.submit(&b_dev, &ids, &b_host, &ids, &Default::default()).unwrap()),
         ("ungated host -> device", e.submit(&c_host, &ids, &c_dev, &ids, &Default::default()).unwrap()),
-        ("gated on a fired event", e.submit(&d_host, &ids, &d_dev, &ids, &TransferOptions { wait_event: fired as u64, ..Default::default() }).unwrap()),
+        (
+            "gated on a fired event",
+            e.submit(&d_host, &ids, &d_dev, &ids, &TransferOptions { wait_event: fired as u64, ..Default::default() }).unwrap(),
+        ),
     ];
-    let outcomes: Vec<(&str, Status, String)> = others.iter().map(|(what, r)| (*what, r.wait(guard), r.error_message().to_string_lossy().into_owned())).collect();
+    let outcomes: Vec<(&str, Status, String)> =
+        others.iter().map(|(what, r)| (*what, r.wait(guard), r.error_message().to_string_lossy().into_owned())).collect();
     let a_meanwhile = a.poll();
     held.release();
     let a_status = a.wait(guard);
@@ -492,7 +496,8 @@ fn wait_event_on_the_emulated_device_is_refused() {
 }
 
 fn a_cuda_ordinal_without_a_driver_is_no_device_and_auto_falls_back() {
-    let err = kvxfer::Engine::new(&kvxfer::EngineConfig { device: kvxfer::Device::Cuda(0), ..Default::default() }).err().expect("no GPU here");
+    let err =
+        kvxfer::Engine::new(&kvxfer::EngineConfig { device: kvxfer::Device::Cuda(0), ..Default::default() }).err().expect("no GPU here");
     assert_eq!(err.status, Status::NoDevice);
     assert!(err.message.contains("KVX_DEVICE_EMULATED"), "{}", err.message);
     let auto = engine_with(|c| c.device = kvxfer::Device::Auto);

@@ -94,7 +94,11 @@ fn one(s: &Setup, site: Site, n: u64, fault: Fault, name: &str, src_is_disk: boo
     fault::clear();
     let (want, text) = expect_for(fault);
     let msg = r.error_message().to_string_lossy().into_owned();
-    out.push_str(&format!("  {site:?} call {n:2} {name:6} -> {}{}\n", status.name(), if msg.is_empty() { String::new() } else { format!(" ({msg})") }));
+    out.push_str(&format!(
+        "  {site:?} call {n:2} {name:6} -> {}{}\n",
+        status.name(),
+        if msg.is_empty() { String::new() } else { format!(" ({msg})") }
+    ));
     assert_eq!(status, want, "{site:?} call {n} {name}: {msg}");
     assert!(msg.contains(text), "{site:?} call {n} {name}: message {msg:?} lacks {text:?}");
     let (free, total) = s.e.slots();

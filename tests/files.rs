@@ -29,12 +29,15 @@ fn main() {
         .then(|| "reads are held at the POSIX and io_uring backends only (KVX_TEST_IO_BACKEND=posix or uring)".to_string());
     run(vec![
         case("a_synced_files_folder_is_synced_after_it_is_created", a_synced_files_folder_is_synced_after_it_is_created).unless(no_strace),
-        case("a_removed_layouts_file_goes_only_while_its_path_still_names_it", a_removed_layouts_file_goes_only_while_its_path_still_names_it)
-            .unless(no_injected_reads),
+        case(
+            "a_removed_layouts_file_goes_only_while_its_path_still_names_it",
+            a_removed_layouts_file_goes_only_while_its_path_still_names_it,
+        )
+        .unless(no_injected_reads),
         case("a_refused_geometry_creates_and_truncates_nothing", a_refused_geometry_creates_and_truncates_nothing),
         case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
         case(
-        "a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment",
+            "a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment",
             a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment,
         ),
     ])
@@ -67,7 +70,14 @@ const K64: u64 = 64 << 10;
 
 /// Reads every block of the file at `path`, opened with `flags`, into host memory and
 /// checks it holds `seed`'s pattern.
-fn reads_back(e: &kvxfer::Engine, c: &kvxfer::LayoutConfig, path: &std::path::Path, flags: DiskFlags, seed: u64, what: &str) -> kvxfer::Layout {
+fn reads_back(
+    e: &kvxfer::Engine,
+    c: &kvxfer::LayoutConfig,
+    path: &std::path::Path,
+    flags: DiskFlags,
+    seed: u64,
+    what: &str,
+) -> kvxfer::Layout {
     let disk = e.create_disk_layout(c, path, flags).unwrap_or_else(|err| panic!("{what}: {}", err.message));
     let host = make_layout(e, c, LayoutKind::FullyContiguous, StorageKind::Host);
     fill(&host, 99);
@@ -222,7 +232,10 @@ const SYNC_CHILD: &str = "KVX_FILES_SYNC_CHILD";
 /// The child's work: a checksummed KVX_DISK_SYNC layout created (and kept) at `path`.
 fn create_synced(path: &std::path::Path) {
     let e = engine();
-    drop(e.create_disk_layout(&cfg(4, 2, 2, 16, 64, 2), path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::SYNC | DiskFlags::CHECKSUM).unwrap());
+    drop(
+        e.create_disk_layout(&cfg(4, 2, 2, 16, 64, 2), path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::SYNC | DiskFlags::CHECKSUM)
+            .unwrap(),
+    );
 }
 
 /// Why strace cannot trace a child here, if it cannot.
@@ -255,9 +268,15 @@ fn a_synced_files_folder_is_synced_after_it_is_created() {
     let dir = std::fs::canonicalize(path.parent().unwrap()).unwrap();
     let (data, sidecar) = (dir.join(path.file_name().unwrap()), dir.join(Sidecar::path_for(&path).file_name().unwrap()));
     let (data, sidecar, dir) = (data.display().to_string(), sidecar.display().to_string(), dir.display().to_string());
-    let last = |what: &str, hit: &dyn Fn(&str) -> bool| lines.iter().rposition(|l| hit(l)).unwrap_or_else(|| panic!("no {what} in the trace:\n{log}"));
-    let created = |p: &str| last(&format!("creation of {p}"), &|l: &str| l.contains("openat(") && l.contains("O_CREAT") && l.contains(&format!("<{p}>")));
-    let synced = |p: &str| last(&format!("sync of {p}"), &|l: &str| (l.contains("fsync(") || l.contains("fdatasync(")) && l.contains(&format!("<{p}>")));
+    let last = |what: &str, hit: &dyn Fn(&str) -> bool| {
+        lines.iter().rposition(|l| hit(l)).unwrap_or_else(|| panic!("no {what} in the trace:\n{log}"))
+    };
+    let created = |p: &str| {
+        last(&format!("creation of {p}"), &|l: &str| l.contains("openat(") && l.contains("O_CREAT") && l.contains(&format!("<{p}>")))
+    };
+    let synced = |p: &str| {
+        last(&format!("sync of {p}"), &|l: &str| (l.contains("fsync(") || l.contains("fdatasync(")) && l.contains(&format!("<{p}>")))
+    };
     let dir_synced = last(&format!("fsync of the folder {dir}"), &|l: &str| l.contains("fsync(") && l.contains(&format!("<{dir}>")));
     for p in [&data, &sidecar] {
         assert!(created(p) < dir_synced, "{p} was created after the folder's last fsync:\n{log}");

@@ -197,7 +197,10 @@ fn sigkill_mid_write_leaves_old_new_or_corrupt_blocks() {
                     assert!(gen + 1 >= committed, "round {round} block {b}: generation {gen} is older than committed {committed}");
                     for l in 0..4 {
                         for o in 0..2 {
-                            assert!(read_region(&host, b, l, o) == region_pattern(gen, b, l, o, g), "round {round} block {b}: a mix served as good");
+                            assert!(
+                                read_region(&host, b, l, o) == region_pattern(gen, b, l, o, g),
+                                "round {round} block {b}: a mix served as good"
+                            );
                         }
                     }
                     ok += 1;

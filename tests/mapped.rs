@@ -31,14 +31,16 @@ fn tmpfs_path(tag: &str) -> PathBuf {
 /// A hugetlbfs mount with free huge pages of its size: (folder, page size in KiB).
 fn hugetlbfs() -> Option<(PathBuf, u64)> {
     let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
-    mounts.lines().filter_map(|l| l.split_whitespace().nth(1).filter(|_| l.split_whitespace().nth(2) == Some("hugetlbfs"))).find_map(|dir| {
-        let dir = PathBuf::from(dir);
-        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        let writable = unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && libc::access(c.as_ptr(), libc::W_OK) == 0 };
-        let kib = st.f_bsize as u64 >> 10;
-        (writable && free_huge_pages(kib)? > 0).then_some((dir, kib))
-    })
+    mounts.lines().filter_map(|l| l.split_whitespace().nth(1).filter(|_| l.split_whitespace().nth(2) == Some("hugetlbfs"))).find_map(
+        |dir| {
+            let dir = PathBuf::from(dir);
+            let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+            let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+            let writable = unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && libc::access(c.as_ptr(), libc::W_OK) == 0 };
+            let kib = st.f_bsize as u64 >> 10;
+            (writable && free_huge_pages(kib)? > 0).then_some((dir, kib))
+        },
+    )
 }
 
 /// Free huge pages of `kib` KiB.
@@ -47,18 +49,19 @@ fn free_huge_pages(kib: u64) -> Option<u64> {
 }
 
 fn main() {
-    let no_hugetlbfs = hugetlbfs()
-        .is_none()
-        .then(|| "no writable hugetlbfs mount with free huge pages (mount -t hugetlbfs none DIR; echo N > /proc/sys/vm/nr_hugepages)".to_string());
+    let no_hugetlbfs = hugetlbfs().is_none().then(|| {
+        "no writable hugetlbfs mount with free huge pages (mount -t hugetlbfs none DIR; echo N > /proc/sys/vm/nr_hugepages)".to_string()
+    });
     let no_tmpfs = tmpfs_dir().is_none().then(|| "no tmpfs here (set KVX_TEST_DIR to a tmpfs folder)".to_string());
-    let test_dir_is_tmpfs =
-        is_tmpfs(temp_path("probe").parent().unwrap()).then(|| "the test folder is tmpfs (set KVX_TEST_DIR to another file system)".to_string());
+    let test_dir_is_tmpfs = is_tmpfs(temp_path("probe").parent().unwrap())
+        .then(|| "the test folder is tmpfs (set KVX_TEST_DIR to another file system)".to_string());
     run(vec![
         case("a_mapped_file_holds_what_the_same_file_opened_for_io_holds", a_mapped_file_holds_what_the_same_file_opened_for_io_holds)
             .unless(no_tmpfs.clone()),
         case("mapped_is_refused_with_checksums", mapped_is_refused_with_checksums).unless(no_tmpfs),
         case("mapped_is_refused_off_tmpfs", mapped_is_refused_off_tmpfs).unless(test_dir_is_tmpfs),
-        case("mapped_layouts_on_hugetlbfs_give_their_huge_pages_back", mapped_layouts_on_hugetlbfs_give_their_huge_pages_back).unless(no_hugetlbfs),
+        case("mapped_layouts_on_hugetlbfs_give_their_huge_pages_back", mapped_layouts_on_hugetlbfs_give_their_huge_pages_back)
+            .unless(no_hugetlbfs),
     ])
 }
 
@@ -116,7 +119,8 @@ fn mapped_is_refused_with_checksums() {
     let e = engine();
     let path = tmpfs_path("refused");
     let _rm = Remove(path.clone());
-    let err = e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DiskFlags::CREATE | DiskFlags::MAPPED | DiskFlags::CHECKSUM).unwrap_err();
+    let err =
+        e.create_disk_layout(&cfg(4, 2, 2, 16, 128, 2), &path, DiskFlags::CREATE | DiskFlags::MAPPED | DiskFlags::CHECKSUM).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
     assert!(err.message.contains("KVX_DISK_CHECKSUM"), "{}", err.message);
 }
@@ -142,9 +146,9 @@ fn mapped_layouts_on_hugetlbfs_give_their_huge_pages_back() {
     let free = || free_huge_pages(kib).unwrap();
     let before = free();
     for i in 0..100 {
-        let l = e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::MAPPED).unwrap_or_else(|err| {
-            panic!("layout {i}: {} ({} of {before} huge pages free)", err.message, free())
-        });
+        let l = e
+            .create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::MAPPED)
+            .unwrap_or_else(|err| panic!("layout {i}: {} ({} of {before} huge pages free)", err.message, free()));
         assert_eq!(l.placement.base_bytes(), 36 << 10);
         drop(l);
     }

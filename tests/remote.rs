@@ -101,7 +101,11 @@ fn moves_blocks_both_ways() {
     let remote = import(&e, &peer.blobs[1], Duration::from_secs(20));
     let c = peer_cfg(32);
     for (r, (rl, &seed)) in remote.iter().zip(PEER_SEEDS.iter()).enumerate() {
-        for (kind, storage) in [(FC, StorageKind::Host), (OUTER_FIRST, StorageKind::Device), (LayoutKind::LayerSeparate { block_first: true }, StorageKind::Pinned)] {
+        for (kind, storage) in [
+            (FC, StorageKind::Host),
+            (OUTER_FIRST, StorageKind::Device),
+            (LayoutKind::LayerSeparate { block_first: true }, StorageKind::Pinned),
+        ] {
             let what = format!("remote {r} -> {storage:?}");
             let local = make_layout(&e, &c, kind, storage);
             fill(&local, 5);
@@ -115,7 +119,13 @@ fn moves_blocks_both_ways() {
             assert_eq!(transfer(&e, rl, &s2, &local, &d2, &layers(1, 3)), Status::Ok, "{what}, layers 1..3");
             for (sb, db) in s2.iter().zip(&d2) {
                 for l in 0..4 {
-                    let want = if (1..3).contains(&l) { region_pattern(seed, *sb, l, 0, 768) } else if pairs.iter().any(|p| p.1 == *db) { region_pattern(seed, pairs.iter().find(|p| p.1 == *db).unwrap().0, l, 0, 768) } else { region_pattern(5, *db, l, 0, 768) };
+                    let want = if (1..3).contains(&l) {
+                        region_pattern(seed, *sb, l, 0, 768)
+                    } else if pairs.iter().any(|p| p.1 == *db) {
+                        region_pattern(seed, pairs.iter().find(|p| p.1 == *db).unwrap().0, l, 0, 768)
+                    } else {
+                        region_pattern(5, *db, l, 0, 768)
+                    };
                     assert!(read_region(&local, *db, l, 0) == want, "{what}: block {db} layer {l} after the layer range");
                 }
             }
@@ -270,9 +280,18 @@ fn callbacks_poll_and_cancel_hold() {
     assert_eq!(transfer(&e, &remote[0], &all, &back, &all, &TransferOptions::default()), Status::Ok, "after the cancels");
     for b in 0..blocks {
         // The polled write put the device's bytes of then into ids2; the rest is the peer's.
-        let seed = if !ids2.contains(&b) { PEER_SEEDS[0] } else if ids.contains(&b) { PEER_SEEDS[1] } else { 6 };
+        let seed = if !ids2.contains(&b) {
+            PEER_SEEDS[0]
+        } else if ids.contains(&b) {
+            PEER_SEEDS[1]
+        } else {
+            6
+        };
         for (l, o) in (0..4).flat_map(|l| (0..2).map(move |o| (l, o))) {
-            assert!(read_region(&back, b, l, o) == region_pattern(seed, b, l, o, 768), "peer host layout after the cancels: block {b} layer {l}");
+            assert!(
+                read_region(&back, b, l, o) == region_pattern(seed, b, l, o, 768),
+                "peer host layout after the cancels: block {b} layer {l}"
+            );
         }
     }
 }
@@ -504,7 +523,9 @@ fn duplicate_and_crossed_exports_end() {
     let (a, b) = (make_layout(&e, &peer_cfg(4), FC, StorageKind::Host), make_layout(&e, &peer_cfg(4), FC, StorageKind::Pinned));
     let err = {
         let (e, a, b) = (e.clone(), a.clone(), b.clone());
-        within(Duration::from_secs(10), "export of [a, b, a]", move || e.export(&[a.clone(), b, a]).map(drop).expect_err("a duplicate refused"))
+        within(Duration::from_secs(10), "export of [a, b, a]", move || {
+            e.export(&[a.clone(), b, a]).map(drop).expect_err("a duplicate refused")
+        })
     };
     assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
     assert!(err.message.contains("layouts 0 and 2"), "{}", err.message);
@@ -523,7 +544,8 @@ fn duplicate_and_crossed_exports_end() {
         })
         .collect();
     for rx in crossed {
-        rx.recv_timeout(Duration::from_secs(60)).expect("1000 exports of two layouts, crossed with another thread's, did not end within 60 s");
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("1000 exports of two layouts, crossed with another thread's, did not end within 60 s");
     }
 }
 
@@ -555,7 +577,8 @@ fn main() {
         case("callbacks_poll_and_cancel_hold", callbacks_poll_and_cancel_hold).unless(why.clone()),
         case("killed_peer_ends_requests_in_time", killed_peer_ends_requests_in_time).unless(why.clone()),
         case("a_refused_blob_leaves_working_imports_alone", a_refused_blob_leaves_working_imports_alone).unless(why.clone()),
-        case("a_stalled_peer_holds_the_slot_and_closes_the_import", a_stalled_peer_holds_the_slot_and_closes_the_import).unless(why.clone()),
+        case("a_stalled_peer_holds_the_slot_and_closes_the_import", a_stalled_peer_holds_the_slot_and_closes_the_import)
+            .unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),

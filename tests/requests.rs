@@ -452,7 +452,11 @@ fn inside_a_callback_its_request_is_done_and_waits_on_other_requests_are_refused
     let own = looked.own.lock().unwrap().clone();
     assert_eq!(own, [(Status::Ok, Status::Ok, Status::Ok), (Status::Cancelled, Status::Cancelled, Status::Cancelled)]);
     let other = *looked.other.lock().unwrap();
-    assert_eq!(other, Some((Status::InvalidArg, Status::Ok, Status::Ok)), "(wait, poll) on another request of the engine, wait on another engine's");
+    assert_eq!(
+        other,
+        Some((Status::InvalidArg, Status::Ok, Status::Ok)),
+        "(wait, poll) on another request of the engine, wait on another engine's"
+    );
     // The engine's threads were never held: later requests complete.
     assert_eq!(transfer(&e, &bs, &ids, &bd, &ids, &Default::default()), Status::Ok);
     assert_eq!(transfer(&e, &a, &[0, 1, 2, 3], &b, &[0, 1, 2, 3], &Default::default()), Status::Ok);

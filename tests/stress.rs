@@ -42,7 +42,11 @@ fn threads_hammering_one_engine_end_every_request() {
                         let n = 1 + rnd(4) as usize;
                         let mut dst_ids = mine.clone();
                         dst_ids.rotate_left(rnd(4) as usize);
-                        let opts = if rnd(3) == 0 { TransferOptions { layer_begin: 1, layer_end: 3, ..Default::default() } } else { Default::default() };
+                        let opts = if rnd(3) == 0 {
+                            TransferOptions { layer_begin: 1, layer_end: 3, ..Default::default() }
+                        } else {
+                            Default::default()
+                        };
                         let r = match e.submit(src, &mine[..n], dst, &dst_ids[..n], &opts) {
                             Ok(r) => r,
                             Err(err) if err.status == Status::Busy => continue,
@@ -54,9 +58,11 @@ fn threads_hammering_one_engine_end_every_request() {
                                 let s = r.wait(None);
                                 assert!(s == Status::Ok || s == Status::Cancelled, "{s:?}");
                             }
-                            1 => while r.wait(Some(Duration::ZERO)) == Status::Timeout {
-                                std::thread::yield_now()
-                            },
+                            1 => {
+                                while r.wait(Some(Duration::ZERO)) == Status::Timeout {
+                                    std::thread::yield_now()
+                                }
+                            }
                             _ => assert_eq!(r.wait(None), Status::Ok),
                         }
                     }

@@ -143,7 +143,11 @@ impl Drop for BounceRing {
     fn drop(&mut self) {
         if self.held() > 0 {
             // A transfer NIXL never reported ended may still write a held slot.
-            log::warn!("{} bounce slots were held after remote transfers that did not end; the ring's {} bytes are not freed", self.held(), self.total);
+            log::warn!(
+                "{} bounce slots were held after remote transfers that did not end; the ring's {} bytes are not freed",
+                self.held(),
+                self.total
+            );
             return;
         }
         // SAFETY: allocated in `new` with the same size; no chunk outlives the engine.

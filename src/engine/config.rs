@@ -157,7 +157,9 @@ pub(super) fn choose_io(asked: IoBackend, workers: u32, gpu: &Arc<dyn Gpu>, slot
             if gpu.device() == Device::Emulated {
                 not_taken.push("GDS: no CUDA device".to_string());
             } else if !crate::io::gds::nvidia_fs_loaded() {
-                not_taken.push("GDS: no nvidia-fs kernel module, so cuFile would run in compatibility mode (two hops, like the bounce ring)".into());
+                not_taken.push(
+                    "GDS: no nvidia-fs kernel module, so cuFile would run in compatibility mode (two hops, like the bounce ring)".into(),
+                );
             } else {
                 match Gds::open(gpu, slots) {
                     Ok(gds) => {
@@ -169,7 +171,8 @@ pub(super) fn choose_io(asked: IoBackend, workers: u32, gpu: &Arc<dyn Gpu>, slot
             }
             not_taken.push(match nixl::missing() {
                 Some(why) => format!("NIXL: {why}"),
-                None => "NIXL: found, but its POSIX plugin adds a transfer request per chunk over the same kernel I/O; ask for KVX_IO_NIXL".into(),
+                None => "NIXL: found, but its POSIX plugin adds a transfer request per chunk over the same kernel I/O; ask for KVX_IO_NIXL"
+                    .into(),
             });
             let (backend, ports) = match uring_ports(workers, slots) {
                 Ok(ports) => (IoBackend::Uring, ports),

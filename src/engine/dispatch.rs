@@ -165,6 +165,10 @@ fn issue(router: &Router, ring: &BounceRing, req: &Arc<Request>, planner: &mut P
     };
     req.chunk_issued();
     let chunk = Chunk { req: req.clone(), slot, stages, next: 0, issued: None };
-    if here { router.advance_here(chunk) } else { router.advance(chunk) }
+    if here {
+        router.advance_here(chunk)
+    } else {
+        router.advance(chunk)
+    }
     !planner.done()
 }

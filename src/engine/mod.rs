@@ -33,14 +33,13 @@ use crate::memory::{Layout, StorageKind};
 use bounce::BounceRing;
 use crossbeam_channel::Sender;
 use request::Transfer;
+use router::{Job, Router};
 use stats::Counters;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use router::{Job, Router};
-
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -246,7 +245,14 @@ impl Engine {
     }
 
     /// Runs every check `submit` makes, without starting anything (a dry run).
-    pub fn check(&self, src: &Arc<Layout>, src_blocks: &[u64], dst: &Arc<Layout>, dst_blocks: &[u64], opts: &TransferOptions) -> Result<()> {
+    pub fn check(
+        &self,
+        src: &Arc<Layout>,
+        src_blocks: &[u64],
+        dst: &Arc<Layout>,
+        dst_blocks: &[u64],
+        opts: &TransferOptions,
+    ) -> Result<()> {
         self.validate(src, src_blocks, dst, dst_blocks, opts).map(drop)
     }
 
@@ -273,8 +279,16 @@ impl Engine {
             bail!(
                 Incompatible,
                 "block geometry differs: source (layers {}, outer {}, page {}, inner {}, dtype {}) vs destination ({}, {}, {}, {}, {})",
-                a.num_layers, a.outer_dim, a.page_size, a.inner_dim, a.dtype_bytes,
-                b.num_layers, b.outer_dim, b.page_size, b.inner_dim, b.dtype_bytes
+                a.num_layers,
+                a.outer_dim,
+                a.page_size,
+                a.inner_dim,
+                a.dtype_bytes,
+                b.num_layers,
+                b.outer_dim,
+                b.page_size,
+                b.inner_dim,
+                b.dtype_bytes
             );
         }
         let num_layers = sg.cfg.num_layers;
@@ -366,4 +380,3 @@ impl Drop for Engine {
         self.shutdown();
     }
 }
-

@@ -21,19 +21,41 @@ use std::sync::Arc;
 /// One stage of a chunk.
 pub enum Op {
     /// `for_device`: a device copy out of the slot comes next (`DiskFile::read_extents`).
-    ReadDisk { file: Arc<Layout>, extents: Vec<Extent>, for_device: bool },
-    WriteDisk { file: Arc<Layout>, extents: Vec<Extent> },
+    ReadDisk {
+        file: Arc<Layout>,
+        extents: Vec<Extent>,
+        for_device: bool,
+    },
+    WriteDisk {
+        file: Arc<Layout>,
+        extents: Vec<Extent>,
+    },
     /// memcpy on an I/O worker.
     HostCopy(Vec<CopyOp>),
     /// On the copy thread. `host`: what the host side is (a slot, mapped or pinned memory).
     /// `after`: a captured caller event the copies wait for.
-    DeviceCopy { kind: CopyKind, ops: Vec<CopyOp>, host: HostSide, after: Option<u64> },
+    DeviceCopy {
+        kind: CopyKind,
+        ops: Vec<CopyOp>,
+        host: HostSide,
+        after: Option<u64>,
+    },
     /// cuFile between the file and device memory, on an I/O worker (`Io::addr` is a
     /// device address).
-    DiskDevice { file: Arc<Layout>, write: bool, ios: Vec<Io> },
+    DiskDevice {
+        file: Arc<Layout>,
+        write: bool,
+        ios: Vec<Io>,
+    },
     /// One NIXL transfer with an imported peer, on the remote thread: `write` local →
     /// remote (each op's `src` local, `dst` in the peer), else remote → local.
-    Remote { peer: Arc<Peer>, write: bool, local: Mem, remote: Mem, ops: Vec<CopyOp> },
+    Remote {
+        peer: Arc<Peer>,
+        write: bool,
+        local: Mem,
+        remote: Mem,
+        ops: Vec<CopyOp>,
+    },
 }
 
 impl Op {
@@ -183,7 +205,8 @@ impl Planner {
         };
         debug_assert!(slot_bytes % align == 0 && slot_bytes >= 2 * align);
         let checksummed = |l: &Layout| l.disk().is_some_and(|f| f.checksum.is_some());
-        let disk_device = matches!((src.kind(), dst.kind()), (StorageKind::Disk, StorageKind::Device) | (StorageKind::Device, StorageKind::Disk));
+        let disk_device =
+            matches!((src.kind(), dst.kind()), (StorageKind::Disk, StorageKind::Device) | (StorageKind::Device, StorageKind::Disk));
         if gds && disk_device && !checksummed(&src) && !checksummed(&dst) {
             strategy = Strategy::DiskDevice;
         }
@@ -203,8 +226,25 @@ impl Planner {
             (None, Some(_)) if strategy == Strategy::Direct => src.registration.lock().unwrap().as_ref().map(|r| r.mem()),
             _ => None,
         };
-        debug_assert!(!remote || strategy != Strategy::Direct || local_mem.is_some(), "the local side of a remote transfer is registered in validate");
-        Planner { src, dst, strategy, segs, idx: 0, done_in_seg: 0, slot_bytes, direct_chunk, align, primary_is_src, after, region_cut, local_mem }
+        debug_assert!(
+            !remote || strategy != Strategy::Direct || local_mem.is_some(),
+            "the local side of a remote transfer is registered in validate"
+        );
+        Planner {
+            src,
+            dst,
+            strategy,
+            segs,
+            idx: 0,
+            done_in_seg: 0,
+            slot_bytes,
+            direct_chunk,
+            align,
+            primary_is_src,
+            after,
+            region_cut,
+            local_mem,
+        }
     }
 
     fn addr(layout: &Layout, loc: Loc) -> u64 {
@@ -392,7 +432,9 @@ impl Planner {
                 extents: self.extents(&self.src, pieces.iter().map(|p| (p.src, p.slot_off, p.len)), slot, false),
                 for_device: self.dst.kind() == StorageKind::Device,
             },
-            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host: HostSide::Bounce, after: self.after },
+            StorageKind::Device => {
+                Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host: HostSide::Bounce, after: self.after }
+            }
             StorageKind::Remote => self.remote_op(to_slot(), Mem::Dram),
             k => {
                 debug_assert!(host_like(k));
@@ -409,7 +451,9 @@ impl Planner {
                 file: self.dst.clone(),
                 extents: self.extents(&self.dst, pieces.iter().map(|p| (p.dst, p.slot_off, p.len)), slot, true),
             },
-            StorageKind::Device => Op::DeviceCopy { kind: CopyKind::HostToDevice, ops: from_slot(), host: HostSide::Bounce, after: self.after },
+            StorageKind::Device => {
+                Op::DeviceCopy { kind: CopyKind::HostToDevice, ops: from_slot(), host: HostSide::Bounce, after: self.after }
+            }
             StorageKind::Remote => self.remote_op(from_slot(), Mem::Dram),
             k => {
                 debug_assert!(host_like(k));
@@ -502,7 +546,8 @@ mod tests {
         let mut mem = vec![0u8; 4 * per_layer as usize];
         let a = mem.as_mut_ptr() as u64;
         let src = Arc::new(Layout::register_memory(1, &gpu, kind, g, StorageKind::Device, &[a, a + per_layer]).unwrap());
-        let dst = Arc::new(Layout::register_memory(1, &gpu, kind, g, StorageKind::Device, &[a + 2 * per_layer, a + 3 * per_layer]).unwrap());
+        let dst =
+            Arc::new(Layout::register_memory(1, &gpu, kind, g, StorageKind::Device, &[a + 2 * per_layer, a + 3 * per_layer]).unwrap());
         let pairs: Vec<(u64, u64)> = (0..4).map(|b| (b, b)).collect();
         let segs = segments(&src.placement, &dst.placement, &pairs, 0..2);
         assert_eq!(segs.len(), 2, "one segment per layer");
@@ -528,7 +573,8 @@ mod tests {
         // Reversed ids: no two regions are adjacent on either side.
         let pairs: Vec<(u64, u64)> = (0..4096).map(|b| (4095 - b, b)).collect();
         let base_bytes = host.placement.base_bytes();
-        let allocation = |addr: u64| host.bases().unwrap().iter().position(|&b| (b..b + base_bytes).contains(&addr)).expect("in the host layout");
+        let allocation =
+            |addr: u64| host.bases().unwrap().iter().position(|&b| (b..b + base_bytes).contains(&addr)).expect("in the host layout");
         for (src, dst, want) in [(host.clone(), dev.clone(), CopyKind::HostToDevice), (dev.clone(), host.clone(), CopyKind::DeviceToHost)] {
             let segs = segments(&src.placement, &dst.placement, &pairs, 0..3);
             let total: u64 = segs.iter().map(|s| s.len).sum();
@@ -561,7 +607,8 @@ mod tests {
         let cfg = LayoutConfig { num_blocks: 256, num_layers: 4, outer_dim: 2, page_size: 1, inner_dim: 64, dtype_bytes: 2 };
         let g = cfg.validate().unwrap();
         let host = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::FullyContiguous, g, StorageKind::Pinned).unwrap());
-        let dev = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
+        let dev =
+            Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
         assert!(host.device_maps(), "the emulated device maps pinned memory");
         let slot_bytes = 4 << 10;
         let pairs: Vec<(u64, u64)> = (0..256).map(|b| (b, 255 - b)).collect();
@@ -571,7 +618,9 @@ mod tests {
             let mut planner = Planner::new(src, dst, segs, slot_bytes, None, false);
             let (mut moved, mut largest, mut hosts) = (0, 0, Vec::new());
             while let Some(stages) = planner.next_chunk(0) {
-                let [Some(Op::DeviceCopy { kind, ops, host, .. }), None] = stages else { panic!("{want:?}: one direct device copy per chunk") };
+                let [Some(Op::DeviceCopy { kind, ops, host, .. }), None] = stages else {
+                    panic!("{want:?}: one direct device copy per chunk")
+                };
                 assert_eq!(kind, want);
                 let bytes: u64 = ops.iter().map(|o| o.len).sum();
                 largest = largest.max(bytes);
@@ -619,7 +668,8 @@ mod tests {
         let dir = std::env::temp_dir();
         let path = dir.join(format!("kvx-plan-gds-{}", std::process::id()));
         let disk = Arc::new(Layout::create_disk(1, &gpu, g, &path, DiskFlags::CREATE, 64 << 10).unwrap());
-        let dev = Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
+        let dev =
+            Arc::new(Layout::create_memory(1, &gpu, LayoutKind::LayerSeparate { block_first: true }, g, StorageKind::Device).unwrap());
         let pairs: Vec<(u64, u64)> = (0..6).map(|b| (b, 5 - b)).collect();
         for (src, dst) in [(disk.clone(), dev.clone()), (dev.clone(), disk.clone())] {
             let write = dst.kind() == StorageKind::Disk;

@@ -79,7 +79,15 @@ impl Engine {
                     _ => Exported::Host,
                 };
                 let metadata = link.metadata(reg)?;
-                Ok(Shared { id: l.id, storage, mem: reg.mem(), kind: l.placement.kind, cfg: l.geometry().cfg, bases: l.bases().unwrap().to_vec(), metadata })
+                Ok(Shared {
+                    id: l.id,
+                    storage,
+                    mem: reg.mem(),
+                    kind: l.placement.kind,
+                    cfg: l.geometry().cfg,
+                    bases: l.bases().unwrap().to_vec(),
+                    metadata,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         link.export(shared)
@@ -128,10 +136,12 @@ impl Engine {
             return Ok(()); // through the bounce ring, registered with the link
         }
         if !matches!(local.storage, crate::memory::Storage::Memory { .. }) {
-            bail!(Unsupported, "remote transfers move device, pinned or host memory layouts, or disk through the bounce ring; not a mapped file");
+            bail!(
+                Unsupported,
+                "remote transfers move device, pinned or host memory layouts, or disk through the bounce ring; not a mapped file"
+            );
         }
         let link = self.link()?;
         self.register_for_remote(&link, local)
     }
 }
-

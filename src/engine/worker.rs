@@ -61,7 +61,11 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
         Ok(()) => {
             let read = matches!(op, Op::ReadDisk { .. });
             drop(op);
-            if read { router.read_done(bound, chunk) } else { router.advance(chunk) }
+            if read {
+                router.read_done(bound, chunk)
+            } else {
+                router.advance(chunk)
+            }
         }
         Err(e) => router.fail(chunk, e),
     }
@@ -238,7 +242,12 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
                         }
                         Err(e) => {
                             p.peer.close();
-                            let slot = if through_slot { Some(router.fail_holding_slot(chunk, e)) } else { router.fail(chunk, e); None };
+                            let slot = if through_slot {
+                                Some(router.fail_holding_slot(chunk, e))
+                            } else {
+                                router.fail(chunk, e);
+                                None
+                            };
                             stalled.push(Stalled { posted: p, slot });
                         }
                     }

@@ -5,8 +5,8 @@ use super::boundary::*;
 use super::engine::*;
 use super::layout::*;
 use super::logger::*;
-use super::transfer::*;
 use super::remote::*;
+use super::transfer::*;
 use super::types::*;
 use crate::error::Status;
 use std::ffi::{c_char, c_void, CString};
@@ -32,8 +32,7 @@ pub extern "C" fn kvx_version_string() -> *const c_char {
 /// The constant's name ("KVX_ERR_IO"), or "KVX_UNKNOWN_STATUS". Static; never NULL.
 #[no_mangle]
 pub extern "C" fn kvx_status_str(s: kvx_status) -> *const c_char {
-    static NAMES: LazyLock<Vec<CString>> =
-        LazyLock::new(|| Status::ALL.iter().map(|s| CString::new(s.name()).unwrap()).collect());
+    static NAMES: LazyLock<Vec<CString>> = LazyLock::new(|| Status::ALL.iter().map(|s| CString::new(s.name()).unwrap()).collect());
     match Status::from_code(s) {
         Some(st) => NAMES[st.code() as usize].as_ptr(),
         None => c"KVX_UNKNOWN_STATUS".as_ptr(),
@@ -70,14 +69,8 @@ pub struct kvx_api {
         unsafe extern "C" fn(*mut kvx_engine, *const kvx_layout_config, *const c_char, u32, *mut *mut kvx_layout) -> kvx_status,
     pub layout_register_device:
         unsafe extern "C" fn(*mut kvx_engine, *const kvx_layout_config, *const u64, usize, *mut *mut kvx_layout) -> kvx_status,
-    pub layout_register_host: unsafe extern "C" fn(
-        *mut kvx_engine,
-        *const kvx_layout_config,
-        *const *mut c_void,
-        usize,
-        u32,
-        *mut *mut kvx_layout,
-    ) -> kvx_status,
+    pub layout_register_host:
+        unsafe extern "C" fn(*mut kvx_engine, *const kvx_layout_config, *const *mut c_void, usize, u32, *mut *mut kvx_layout) -> kvx_status,
     pub layout_block_bytes: unsafe extern "C" fn(*const kvx_layout, *mut u64) -> kvx_status,
     pub layout_base: unsafe extern "C" fn(*const kvx_layout, u64, *mut u64) -> kvx_status,
     pub layout_destroy: unsafe extern "C" fn(*mut kvx_layout),

@@ -58,10 +58,9 @@ pub fn guard<T>(f: impl FnOnce() -> Result<T>, on_ok: impl FnOnce(T)) -> kvx_sta
     match r {
         Ok(Ok(())) => KVX_OK,
         Ok(Err(e)) => fail(&e),
-        Err(p) => fail(&Error::new(
-            Status::Internal,
-            format!("internal error: {}; this is a kvxfer bug, please report it", panic_message(&*p)),
-        )),
+        Err(p) => {
+            fail(&Error::new(Status::Internal, format!("internal error: {}; this is a kvxfer bug, please report it", panic_message(&*p))))
+        }
     }
 }
 

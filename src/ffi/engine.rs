@@ -1,9 +1,9 @@
 //! `kvx_engine_*` and `kvx_engine_stats`.
 
 use super::boundary::*;
-use super::types::*;
 use super::convert;
 use super::handle::{BoxHandle, Handle};
+use super::types::*;
 use crate::engine::Engine;
 
 impl Versioned for kvx_engine_config {
@@ -111,9 +111,7 @@ pub unsafe extern "C" fn kvx_engine_io_backend(e: *const kvx_engine, backend_out
 /// baselines, say) to match. Set `out->struct_size` first (to `sizeof(kvx_engine_config)`).
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_config_get(e: *const kvx_engine, out: *mut kvx_engine_config) -> kvx_status {
-    status(|| {
-        write_versioned(out, convert::engine_config_c(engine(e)?.config()))
-    })
+    status(|| write_versioned(out, convert::engine_config_c(engine(e)?.config())))
 }
 
 /// Copies the engine's counters into `*out`. Set `out->struct_size` first (to

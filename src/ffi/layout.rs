@@ -2,12 +2,12 @@
 //! hold clones, so destroying a layout in use is safe.
 
 use super::boundary::*;
+use super::convert;
 use super::engine::engine;
+use super::handle::ArcHandle;
 use super::types::*;
 use crate::error::{bail, Error, Result, Status};
 use crate::layout::{LayoutConfig, LayoutKind};
-use super::convert;
-use super::handle::ArcHandle;
 use crate::memory::{Layout, StorageKind};
 use std::ffi::{c_char, c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -74,7 +74,11 @@ pub unsafe extern "C" fn kvx_layout_config_init(cfg: *mut kvx_layout_config) {
 /// Allocates device memory for the layout (kvxfer owns and frees it). `*out` is freed
 /// with `kvx_layout_destroy`.
 #[no_mangle]
-pub unsafe extern "C" fn kvx_layout_create_device(e: *mut kvx_engine, c: *const kvx_layout_config, out: *mut *mut kvx_layout) -> kvx_status {
+pub unsafe extern "C" fn kvx_layout_create_device(
+    e: *mut kvx_engine,
+    c: *const kvx_layout_config,
+    out: *mut *mut kvx_layout,
+) -> kvx_status {
     guard(
         || {
             let out = Out::new(out, "out")?;
@@ -201,9 +205,9 @@ pub unsafe extern "C" fn kvx_layout_base(l: *const kvx_layout, layer: u64, addr_
             let Some(bases) = l.bases() else {
                 bail!(Unsupported, "a disk layout has no base address");
             };
-            let addr = *bases.get(layer as usize).ok_or_else(|| {
-                Error::new(Status::OutOfRange, format!("layer {layer}: this layout has {} base(s)", bases.len()))
-            })?;
+            let addr = *bases
+                .get(layer as usize)
+                .ok_or_else(|| Error::new(Status::OutOfRange, format!("layer {layer}: this layout has {} base(s)", bases.len())))?;
             Ok((out, addr))
         },
         |(o, a)| o.write(a),

@@ -47,9 +47,23 @@ mod tests {
         use super::types::*;
         use crate::error::Status;
         let c = [
-            KVX_OK, KVX_PENDING, KVX_ERR_INVALID_ARG, KVX_ERR_OUT_OF_RANGE, KVX_ERR_INCOMPATIBLE, KVX_ERR_UNSUPPORTED,
-            KVX_ERR_NO_DEVICE, KVX_ERR_CUDA, KVX_ERR_IO, KVX_ERR_NO_MEMORY, KVX_ERR_TIMEOUT, KVX_ERR_CANCELLED,
-            KVX_ERR_SHUTDOWN, KVX_ERR_BUSY, KVX_ERR_INTEGRITY, KVX_ERR_VERSION, KVX_ERR_INTERNAL,
+            KVX_OK,
+            KVX_PENDING,
+            KVX_ERR_INVALID_ARG,
+            KVX_ERR_OUT_OF_RANGE,
+            KVX_ERR_INCOMPATIBLE,
+            KVX_ERR_UNSUPPORTED,
+            KVX_ERR_NO_DEVICE,
+            KVX_ERR_CUDA,
+            KVX_ERR_IO,
+            KVX_ERR_NO_MEMORY,
+            KVX_ERR_TIMEOUT,
+            KVX_ERR_CANCELLED,
+            KVX_ERR_SHUTDOWN,
+            KVX_ERR_BUSY,
+            KVX_ERR_INTEGRITY,
+            KVX_ERR_VERSION,
+            KVX_ERR_INTERNAL,
             KVX_ERR_REMOTE,
         ];
         for (s, code) in Status::ALL.iter().zip(c) {

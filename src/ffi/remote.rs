@@ -17,7 +17,12 @@ use std::time::Duration;
 /// while they live. `*out` is freed with `kvx_blob_destroy`. `KVX_ERR_UNSUPPORTED` with
 /// the reason when NIXL or its UCX plugin is not found at run time. (1.3)
 #[no_mangle]
-pub unsafe extern "C" fn kvx_engine_export(e: *mut kvx_engine, layouts: *const *const kvx_layout, num_layouts: usize, out: *mut *mut kvx_blob) -> kvx_status {
+pub unsafe extern "C" fn kvx_engine_export(
+    e: *mut kvx_engine,
+    layouts: *const *const kvx_layout,
+    num_layouts: usize,
+    out: *mut *mut kvx_blob,
+) -> kvx_status {
     guard(
         || {
             let out = Out::new(out, "out")?;
@@ -25,7 +30,8 @@ pub unsafe extern "C" fn kvx_engine_export(e: *mut kvx_engine, layouts: *const *
             if layouts.is_null() {
                 bail!(InvalidArg, "layouts is NULL");
             }
-            let ls = (0..num_layouts).map(|i| layout(*layouts.add(i), &format!("layouts[{i}]"))).collect::<crate::error::Result<Vec<_>>>()?;
+            let ls =
+                (0..num_layouts).map(|i| layout(*layouts.add(i), &format!("layouts[{i}]"))).collect::<crate::error::Result<Vec<_>>>()?;
             Ok((out, e.export(&ls)?))
         },
         |(o, blob)| o.write(kvx_blob::into_c(blob)),

@@ -3,8 +3,8 @@
 
 use super::boundary::*;
 use super::engine::engine;
-use super::layout::layout;
 use super::handle::{ArcHandle, Handle};
+use super::layout::layout;
 use super::types::*;
 use crate::engine::{Request, TransferOptions};
 use crate::error::{bail, Result, Status};
@@ -138,7 +138,11 @@ pub unsafe extern "C" fn kvx_request_wait(r: *mut kvx_request, timeout_ns: u64) 
             }
         },
     );
-    if s == KVX_OK { result } else { s }
+    if s == KVX_OK {
+        result
+    } else {
+        s
+    }
 }
 
 /// `KVX_PENDING` until the request completes, then its final status.
@@ -146,7 +150,11 @@ pub unsafe extern "C" fn kvx_request_wait(r: *mut kvx_request, timeout_ns: u64) 
 pub unsafe extern "C" fn kvx_request_poll(r: *const kvx_request) -> kvx_status {
     let mut result = KVX_ERR_INTERNAL;
     let s = guard(|| request(r).map(|r| (r, r.poll())), |(r, st)| result = report(st, r));
-    if s == KVX_OK { result } else { s }
+    if s == KVX_OK {
+        result
+    } else {
+        s
+    }
 }
 
 /// Asks the request to stop: stages not yet started are skipped and its final status is
@@ -179,4 +187,3 @@ pub unsafe extern "C" fn kvx_request_release(r: *mut kvx_request) {
         infallible((), || kvx_request::free(r));
     }
 }
-

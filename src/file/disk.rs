@@ -3,17 +3,17 @@
 //! be aligned (a layer range whose regions are not multiples of the alignment), and the
 //! moves of a chunk's extents between the file and slot memory on an I/O port.
 
+use super::place::{open_at, Place};
 use crate::error::{bail, Error, Result};
 use crate::host::{map_anonymous, unmap};
 use crate::io::{posix, streamed, Extent, FileKey, Io, Port};
 use crate::layout::Placement;
-use super::place::{open_at, Place};
-use std::sync::Arc;
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// How a disk layout's file is opened and kept (`KVX_DISK_*` at the C ABI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -109,7 +109,9 @@ impl DiskFile {
         let (buffered, created) = if create {
             match open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
                 Ok(f) => (f, true),
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (open_at(dir, name, libc::O_RDWR | libc::O_CREAT).map_err(opening)?, false),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    (open_at(dir, name, libc::O_RDWR | libc::O_CREAT).map_err(opening)?, false)
+                }
                 Err(e) => return Err(opening(e)),
             }
         } else {
@@ -188,11 +190,15 @@ impl DiskFile {
         place.remove(place.name(), &self.buffered, &self.path);
         let (dir, name) = (Some(place.dir()), place.name());
         // Exclusive: a file someone put at the path meanwhile is theirs.
-        self.buffered = open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).map_err(|e| Error::io(format_args!("creating {shown}"), e))?;
+        self.buffered =
+            open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).map_err(|e| Error::io(format_args!("creating {shown}"), e))?;
         self.remove_on_drop = true;
         self.replace = false;
         if self.direct.is_some() {
-            self.direct = Some(open_at(dir, name, libc::O_RDWR | libc::O_DIRECT).map_err(|e| Error::io(format_args!("opening {shown} with O_DIRECT"), e))?);
+            self.direct = Some(
+                open_at(dir, name, libc::O_RDWR | libc::O_DIRECT)
+                    .map_err(|e| Error::io(format_args!("opening {shown} with O_DIRECT"), e))?,
+            );
         }
         Ok(())
     }
@@ -357,7 +363,8 @@ impl DiskFile {
     pub fn sync_created(&self) -> Result<()> {
         self.sync_data()?;
         let Some(place) = &self.place else { return Ok(()) };
-        posix::sync_all(place.dir().as_fd()).map_err(|e| Error::new(e.status, format!("the folder of {}: {}", self.path.display(), e.message)))
+        posix::sync_all(place.dir().as_fd())
+            .map_err(|e| Error::new(e.status, format!("the folder of {}: {}", self.path.display(), e.message)))
     }
 }
 

@@ -47,7 +47,11 @@ fn block_size(fd: libc::c_int) -> std::io::Result<u64> {
 /// Nothing may use the mapping any more.
 unsafe fn unmap(addr: u64, len: u64, path: &Path) {
     if libc::munmap(addr as *mut libc::c_void, len as usize) != 0 {
-        log::error!("unmapping {len} bytes of {}: {}; its pages stay until the process exits", path.display(), std::io::Error::last_os_error());
+        log::error!(
+            "unmapping {len} bytes of {}: {}; its pages stay until the process exits",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
     }
 }
 

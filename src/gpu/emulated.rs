@@ -134,7 +134,14 @@ impl Gpu for Emulated {
     /// Checks every op before it copies any, as the driver checks a copy before it queues
     /// it; an injected op failure (`Site::DeviceOp`) strikes after the ops before it were
     /// copied or queued, as a driver call failing mid-batch does.
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], _slot: u32, _host: HostSide, _after: Option<u64>) -> std::result::Result<Fence, CopyError> {
+    fn copy(
+        &self,
+        kind: CopyKind,
+        ops: &[CopyOp],
+        _slot: u32,
+        _host: HostSide,
+        _after: Option<u64>,
+    ) -> std::result::Result<Fence, CopyError> {
         use crate::fault::{check, Site};
         if check(Site::DeviceCopy).is_some() {
             return Err(Error::new(Status::Cuda, "device copy failed (injected fault)").into());

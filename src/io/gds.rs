@@ -97,7 +97,9 @@ impl Gds {
     fn open_here(gpu: &Arc<dyn Gpu>, scratch: (u64, u64)) -> Result<Gds> {
         // SAFETY: only probes for the library with dlopen.
         if !unsafe { sys::is_culib_present() } {
-            return Err(unsupported("libcufile.so was not found on the library path (it ships with the CUDA toolkit, e.g. /usr/local/cuda/lib64)"));
+            return Err(unsupported(
+                "libcufile.so was not found on the library path (it ships with the CUDA toolkit, e.g. /usr/local/cuda/lib64)",
+            ));
         }
         // SAFETY: plain cuFile driver calls.
         let opened = unsafe { sys::cuFileDriverOpen() };
@@ -144,7 +146,10 @@ impl Gds {
                 return Err(format!("read {got} of {n} bytes"));
             }
             let back = [CopyOp { dst: scratch.0, src: dev, len: n }];
-            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None).map_err(CopyError::settle).and_then(|f| f.wait(false)).map_err(|e| e.message)?;
+            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None)
+                .map_err(CopyError::settle)
+                .and_then(|f| f.wait(false))
+                .map_err(|e| e.message)?;
             // SAFETY: the scratch memory holds `n` bytes, just copied.
             let seen = unsafe { std::slice::from_raw_parts(scratch.0 as *const u8, n as usize) };
             if seen != pattern.as_slice() {
@@ -186,11 +191,21 @@ impl Gds {
             while done < io.len {
                 let (dev, len, off) = ((io.addr + done) as *mut std::ffi::c_void, (io.len - done) as usize, (io.off + done) as i64);
                 // SAFETY: the planner keeps `ios` inside the validated device layout.
-                let ret = unsafe { if write { sys::cuFileWrite(h.0, dev, len, off, 0) } else { sys::cuFileRead(h.0, dev, len, off, 0) } };
+                let ret = unsafe {
+                    if write {
+                        sys::cuFileWrite(h.0, dev, len, off, 0)
+                    } else {
+                        sys::cuFileRead(h.0, dev, len, off, 0)
+                    }
+                };
                 match moved(ret) {
-                    Ok(0) => return Err(Error::new(Status::Io, format!("cuFile: the file ends at offset {off} (expected {len} more bytes)"))),
+                    Ok(0) => {
+                        return Err(Error::new(Status::Io, format!("cuFile: the file ends at offset {off} (expected {len} more bytes)")))
+                    }
                     Ok(n) => done += n,
-                    Err(e) => return Err(Error::new(Status::Io, format!("cuFile{} at offset {off}: {e}", if write { "Write" } else { "Read" }))),
+                    Err(e) => {
+                        return Err(Error::new(Status::Io, format!("cuFile{} at offset {off}: {e}", if write { "Write" } else { "Read" })))
+                    }
                 }
             }
         }

@@ -5,8 +5,8 @@
 pub mod gds;
 pub mod nixl;
 pub mod posix;
-pub mod streamed;
 mod posted;
+pub mod streamed;
 pub mod uring;
 
 use crate::error::Result;

@@ -11,7 +11,9 @@
 use super::posted::{Posted, Settle};
 use super::{FileKey, Io};
 use crate::error::{Error, Result, Status};
-use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus};
+use nixl_sys::{
+    Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, OptArgs, RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

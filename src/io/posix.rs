@@ -1,8 +1,8 @@
 //! Blocking positional I/O with the retries every caller needs: `EINTR` is retried and a
 //! short transfer continues where it stopped, so callers see all bytes or an error.
 
-use crate::fault::{self, Fault, Site};
 use crate::error::{Error, Result};
+use crate::fault::{self, Fault, Site};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// One `pread`/`pwrite` system call, or the fault a test injected in its place: an
@@ -56,7 +56,11 @@ pub unsafe fn read_exact_at(fd: BorrowedFd<'_>, buf: *mut u8, len: u64, offset: 
         if n == 0 {
             return Err(Error::new(
                 crate::error::Status::Io,
-                format!("pread at offset {}: unexpected end of file ({} of {len} bytes read); was the file truncated?", offset + done, done),
+                format!(
+                    "pread at offset {}: unexpected end of file ({} of {len} bytes read); was the file truncated?",
+                    offset + done,
+                    done
+                ),
             ));
         }
         done += n as u64;

@@ -118,7 +118,11 @@ mod tests {
 
     fn tempfile_in_tmp() -> std::fs::File {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!("kvx-streamed-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let p = std::env::temp_dir().join(format!(
+            "kvx-streamed-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
         std::fs::remove_file(&p).unwrap();
         f

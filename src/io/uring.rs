@@ -3,12 +3,11 @@
 //! one system call. Short transfers and `EINTR`/`EAGAIN` are resubmitted for the rest,
 //! as the POSIX path retries them.
 
-use crate::fault::{self, Fault, Site};
 use super::posted::{Posted, Settle};
 use super::Io;
 use crate::error::{Error, Result, Status};
+use crate::fault::{self, Fault, Site};
 use io_uring::{opcode, types, IoUring};
-
 
 pub struct Ring {
     ring: IoUring,
@@ -137,12 +136,7 @@ impl Ring {
                             std::io::Error::from_raw_os_error(-r),
                         ))
                     }
-                    0 => {
-                        return Err(Error::new(
-                            Status::Io,
-                            format!("{what} at offset {}: no progress (end of file?) (io_uring)", io.off),
-                        ))
-                    }
+                    0 => return Err(Error::new(Status::Io, format!("{what} at offset {}: no progress (end of file?) (io_uring)", io.off))),
                     n => {
                         let n = n as u64;
                         if n < io.len {

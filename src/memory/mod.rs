@@ -2,11 +2,11 @@
 //! device, in pinned or pageable host memory, or a disk file.
 
 use crate::error::{bail, Result};
+use crate::file::{checksum, DiskFile, DiskFlags, Mapping, DEFAULT_IO_ALIGN};
 use crate::gpu::Gpu;
 use crate::layout::{Geometry, LayoutKind, Placement};
-use crate::file::{checksum, DiskFile, DiskFlags, Mapping, DEFAULT_IO_ALIGN};
-use std::path::Path;
 use crate::remote::{blob::Mem, Peer, Registration};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -55,12 +55,23 @@ fn allocate(gpu: &Arc<dyn Gpu>, kind: StorageKind, bytes: u64) -> Result<Owned> 
 
 pub enum Storage {
     /// One base address per allocation (1 for fully contiguous, one per layer otherwise).
-    Memory { kind: StorageKind, bases: Vec<u64>, _owned: Vec<Owned> },
+    Memory {
+        kind: StorageKind,
+        bases: Vec<u64>,
+        _owned: Vec<Owned>,
+    },
     Disk(DiskFile),
     /// `DiskFlags::MAPPED`: a disk file moved as the pinned memory it is mapped to.
-    Mapped { file: DiskFile, map: Mapping },
+    Mapped {
+        file: DiskFile,
+        map: Mapping,
+    },
     /// An imported layout: its bases are addresses in the peer, never dereferenced here.
-    Remote { peer: Arc<Peer>, mem: Mem, bases: Vec<u64> },
+    Remote {
+        peer: Arc<Peer>,
+        mem: Mem,
+        bases: Vec<u64>,
+    },
 }
 
 /// A layout: placement math plus the storage it addresses. Shared (`Arc`) between the
@@ -94,9 +105,19 @@ impl Layout {
         let on_device = matches!(storage, Storage::Memory { kind: StorageKind::Device, .. });
         let remote = matches!(storage, Storage::Remote { .. });
         let host_addressable = !remote && (!on_device || gpu.device() == crate::gpu::Device::Emulated);
-        let mut layout = Layout { placement, registration: Mutex::new(None), storage, engine_id, id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed), host_addressable, device_maps: false, device_reads: false };
+        let mut layout = Layout {
+            placement,
+            registration: Mutex::new(None),
+            storage,
+            engine_id,
+            id: NEXT_LAYOUT_ID.fetch_add(1, Ordering::Relaxed),
+            host_addressable,
+            device_maps: false,
+            device_reads: false,
+        };
         let bytes = layout.placement.base_bytes();
-        layout.device_maps = layout.kind() == StorageKind::Pinned && layout.bases().is_some_and(|b| b.iter().all(|&a| gpu.maps_host(a, bytes)));
+        layout.device_maps =
+            layout.kind() == StorageKind::Pinned && layout.bases().is_some_and(|b| b.iter().all(|&a| gpu.maps_host(a, bytes)));
         layout.device_reads = layout.device_maps && gpu.reads_host_in_place();
         layout
     }
@@ -176,16 +197,22 @@ impl Layout {
     }
 
     /// A layout of an imported peer; its geometry and bases were validated on import.
-    pub fn import(engine_id: u64, gpu: &Arc<dyn Gpu>, kind: LayoutKind, geom: Geometry, peer: Arc<Peer>, mem: Mem, bases: Vec<u64>) -> Layout {
+    pub fn import(
+        engine_id: u64,
+        gpu: &Arc<dyn Gpu>,
+        kind: LayoutKind,
+        geom: Geometry,
+        peer: Arc<Peer>,
+        mem: Mem,
+        bases: Vec<u64>,
+    ) -> Layout {
         Layout::new(engine_id, gpu, Placement::memory(kind, geom), Storage::Remote { peer, mem, bases })
     }
 
     /// Memory owned by kvxfer: device (`StorageKind::Device`) or host (pinned or not).
     pub fn create_memory(engine_id: u64, gpu: &Arc<dyn Gpu>, kind: LayoutKind, geom: Geometry, storage: StorageKind) -> Result<Layout> {
         let placement = Placement::memory(kind, geom);
-        let owned = (0..placement.num_bases())
-            .map(|_| allocate(gpu, storage, placement.base_bytes()))
-            .collect::<Result<Vec<_>>>()?;
+        let owned = (0..placement.num_bases()).map(|_| allocate(gpu, storage, placement.base_bytes())).collect::<Result<Vec<_>>>()?;
         let bases = owned.iter().map(|o| o.addr).collect();
         Ok(Layout::new(engine_id, gpu, placement, Storage::Memory { kind: storage, bases, _owned: owned }))
     }
@@ -228,7 +255,14 @@ impl Layout {
     /// A disk layout in the file at `path`, moved through bounce slots of `slot_bytes`.
     /// A geometry those slots cannot carry is refused before any file is made or
     /// truncated; a file this call made is removed again if it fails.
-    pub fn create_disk(engine_id: u64, gpu: &Arc<dyn Gpu>, geom: Geometry, path: &Path, flags: DiskFlags, slot_bytes: u64) -> Result<Layout> {
+    pub fn create_disk(
+        engine_id: u64,
+        gpu: &Arc<dyn Gpu>,
+        geom: Geometry,
+        path: &Path,
+        flags: DiskFlags,
+        slot_bytes: u64,
+    ) -> Result<Layout> {
         let mapped = flags.contains(DiskFlags::MAPPED);
         if mapped && flags.contains(DiskFlags::CHECKSUM) {
             bail!(

@@ -11,9 +11,9 @@
 //! is used, every layout's geometry is validated as a local one would be, its bases must
 //! hold the whole layout without wrapping, and no byte may follow the checksum.
 
+use super::Exported as StorageKind;
 use crate::error::{bail, Error, Result, Status};
 use crate::layout::{Geometry, LayoutConfig, LayoutKind, Placement};
-use super::Exported as StorageKind;
 
 const MAGIC: &[u8; 8] = b"KVXBLOB\0";
 /// Bounds that keep a hostile length from allocating much: far above real use.
@@ -112,7 +112,10 @@ impl Blob {
         let mut r = Reader { bytes, at: MAGIC.len() };
         let major = r.u32("ABI major")?;
         if major != abi_major {
-            bail!(InvalidArg, "the blob was exported by kvxfer ABI {major}, this library is ABI {abi_major}; both sides need the same major version");
+            bail!(
+                InvalidArg,
+                "the blob was exported by kvxfer ABI {major}, this library is ABI {abi_major}; both sides need the same major version"
+            );
         }
         if bytes.len() < r.at + 4 {
             bail!(InvalidArg, "the blob is truncated ({} bytes)", bytes.len());
@@ -134,7 +137,9 @@ impl Blob {
         if n == 0 || n > MAX_LAYOUTS {
             bail!(InvalidArg, "the blob lists {n} layouts; an export holds 1 to {MAX_LAYOUTS}");
         }
-        let layouts = (0..n).map(|i| r.layout().map_err(|e| Error::new(e.status, format!("exported layout {i}: {}", e.message)))).collect::<Result<_>>()?;
+        let layouts = (0..n)
+            .map(|i| r.layout().map_err(|e| Error::new(e.status, format!("exported layout {i}: {}", e.message))))
+            .collect::<Result<_>>()?;
         if r.at != body.len() {
             bail!(InvalidArg, "{} unexpected bytes after the last layout", body.len() - r.at);
         }
@@ -246,7 +251,15 @@ mod tests {
             agent: "kvxfer-test".into(),
             connection: vec![1, 2, 3],
             layouts: vec![
-                Shared { id: 7, storage: StorageKind::Pinned, mem: Mem::Dram, kind: LayoutKind::FullyContiguous, cfg, bases: vec![0x1000], metadata: vec![9; 40] },
+                Shared {
+                    id: 7,
+                    storage: StorageKind::Pinned,
+                    mem: Mem::Dram,
+                    kind: LayoutKind::FullyContiguous,
+                    cfg,
+                    bases: vec![0x1000],
+                    metadata: vec![9; 40],
+                },
                 Shared {
                     id: 8,
                     storage: StorageKind::Device,

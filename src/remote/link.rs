@@ -5,7 +5,9 @@
 use super::blob::{Blob, Mem, Shared};
 use crate::error::{bail, Error, Result, Status};
 use crate::io::nixl::{missing, Span};
-use nixl_sys::{Agent, AgentConfig, MemType, OptArgs, RegDescList, RegistrationHandle, ThreadSync, XferDescList, XferOp, XferRequest, XferStatus};
+use nixl_sys::{
+    Agent, AgentConfig, MemType, OptArgs, RegDescList, RegistrationHandle, ThreadSync, XferDescList, XferOp, XferRequest, XferStatus,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -81,13 +83,27 @@ impl Link {
         let name = format!("kvxfer-{}-{}-{engine}", host.trim(), std::process::id());
         // The progress thread serves peers' transfers into our exported memory over
         // transports that need the target to take part (TCP); it sleeps between polls.
-        let cfg = AgentConfig { enable_prog_thread: true, enable_listen_thread: false, thread_sync: ThreadSync::Strict, pthr_delay_us: 1000, ..AgentConfig::default() };
+        let cfg = AgentConfig {
+            enable_prog_thread: true,
+            enable_listen_thread: false,
+            thread_sync: ThreadSync::Strict,
+            pthr_delay_us: 1000,
+            ..AgentConfig::default()
+        };
         let (agent, backend) = ucx_agent(&name, &cfg)?;
         let mut opts = OptArgs::new().map_err(|e| nixl_failed("creating options", e))?;
         opts.add_backend(&backend).map_err(|e| nixl_failed("choosing the UCX backend", e))?;
         let opts = Opts(opts);
         let _slots = register(&agent, &opts, Mem::Dram, &[slots])?;
-        Ok(Arc::new(Link { agent, opts, name, generation: AtomicU64::new(0), peers: Mutex::new(HashMap::new()), checker: Mutex::new(None), _slots }))
+        Ok(Arc::new(Link {
+            agent,
+            opts,
+            name,
+            generation: AtomicU64::new(0),
+            peers: Mutex::new(HashMap::new()),
+            checker: Mutex::new(None),
+            _slots,
+        }))
     }
 
     /// Registers memory spans (address, bytes) of one memory type.
@@ -107,7 +123,10 @@ impl Link {
     /// connection metadata.
     pub fn export(&self, shared: Vec<Shared>) -> Result<Vec<u8>> {
         let empty = RegDescList::new(MemType::Dram).map_err(|e| nixl_failed("building a descriptor list", e))?;
-        let connection = self.agent.get_local_partial_md(&empty, Some(&self.opts.0)).map_err(|e| nixl_failed("reading the agent's connection metadata", e))?;
+        let connection = self
+            .agent
+            .get_local_partial_md(&empty, Some(&self.opts.0))
+            .map_err(|e| nixl_failed("reading the agent's connection metadata", e))?;
         let blob = Blob {
             abi_major: abi_major(),
             abi_minor: env!("KVX_CARGO_ABI_MINOR").parse().expect("abi_minor"),
@@ -136,9 +155,19 @@ impl Link {
         }
         if let Err(e) = load(&self.agent, blob) {
             let _ = self.agent.invalidate_remote_md(&blob.agent);
-            return Err(Error::new(Status::Remote, format!("{}, after the same metadata loaded on a checking agent; import the blob again", e.message)));
+            return Err(Error::new(
+                Status::Remote,
+                format!("{}, after the same metadata loaded on a checking agent; import the blob again", e.message),
+            ));
         }
-        let peer = Arc::new(Peer { name: blob.agent.clone(), generation: blob.generation, stale: AtomicBool::new(false), dead: AtomicBool::new(false), timeout, link: self.clone() });
+        let peer = Arc::new(Peer {
+            name: blob.agent.clone(),
+            generation: blob.generation,
+            stale: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
+            timeout,
+            link: self.clone(),
+        });
         peers.insert(blob.agent.clone(), Arc::downgrade(&peer));
         Ok(peer)
     }
@@ -175,7 +204,13 @@ impl Link {
         }
         if let Some(old) = peers.get(&blob.agent).and_then(Weak::upgrade) {
             if blob.generation < old.generation {
-                bail!(InvalidArg, "the blob is export {} of {}, older than export {} already imported; import the newest blob", blob.generation, blob.agent, old.generation);
+                bail!(
+                    InvalidArg,
+                    "the blob is export {} of {}, older than export {} already imported; import the newest blob",
+                    blob.generation,
+                    blob.agent,
+                    old.generation
+                );
             }
         }
         Ok(())
@@ -198,7 +233,12 @@ fn ucx_agent(name: &str, cfg: &AgentConfig) -> Result<(Agent, nixl_sys::Backend)
 /// the agent the blob names.
 fn load(agent: &Agent, blob: &Blob) -> Result<()> {
     for md in std::iter::once(&blob.connection).chain(blob.layouts.iter().map(|l| &l.metadata)) {
-        let name = agent.load_remote_md(md).map_err(|e| Error::new(Status::InvalidArg, format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL")))?;
+        let name = agent.load_remote_md(md).map_err(|e| {
+            Error::new(
+                Status::InvalidArg,
+                format!("the blob's NIXL metadata was refused ({e}); it is damaged or from an incompatible NIXL"),
+            )
+        })?;
         if name != blob.agent {
             bail!(InvalidArg, "the blob names agent {} but its metadata belongs to {name}", blob.agent);
         }
@@ -268,7 +308,10 @@ impl Peer {
     fn failed(&self, what: &str, e: impl std::fmt::Display) -> Error {
         Error::new(
             Status::Remote,
-            format!("remote peer {}: {what} failed ({e}); the peer may have exited or be unreachable — re-import its blob once it is back", self.name),
+            format!(
+                "remote peer {}: {what} failed ({e}); the peer may have exited or be unreachable — re-import its blob once it is back",
+                self.name
+            ),
         )
     }
 
@@ -291,7 +334,8 @@ impl Peer {
             r.add_desc(ra as usize, op.len as usize, rd);
         }
         let xop = if write { XferOp::Write } else { XferOp::Read };
-        let req = link.agent.create_xfer_req(xop, &l, &r, &self.name, Some(&link.opts.0)).map_err(|e| self.failed("preparing a transfer", e))?;
+        let req =
+            link.agent.create_xfer_req(xop, &l, &r, &self.name, Some(&link.opts.0)).map_err(|e| self.failed("preparing a transfer", e))?;
         let running = link.agent.post_xfer_req(&req, Some(&link.opts.0)).map_err(|e| self.failed("posting a transfer", e))?;
         let deadline = std::time::Instant::now() + self.timeout;
         Ok(Posted { req: running.then_some(req), peer: self.clone(), deadline })

@@ -13,11 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const KINDS: [LayoutKind; 3] = [
-    LayoutKind::FullyContiguous,
-    LayoutKind::LayerSeparate { block_first: true },
-    LayoutKind::LayerSeparate { block_first: false },
-];
+pub const KINDS: [LayoutKind; 3] =
+    [LayoutKind::FullyContiguous, LayoutKind::LayerSeparate { block_first: true }, LayoutKind::LayerSeparate { block_first: false }];
 pub const STORAGES: [StorageKind; 4] = [StorageKind::Device, StorageKind::Pinned, StorageKind::Host, StorageKind::Disk];
 
 /// Engine on the device chosen by `KVX_TEST_DEVICE` (default: emulated), with small

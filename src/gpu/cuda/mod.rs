@@ -184,7 +184,11 @@ impl CudaGpu {
         let mut v = T::default();
         // SAFETY: `v` is the attribute's documented type (callers pick it).
         let r = unsafe { sys::cuPointerGetAttribute(&mut v as *mut T as *mut c_void, attr, addr) };
-        if r == sys::CUresult::CUDA_SUCCESS { Ok(v) } else { Err(r) }
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(v)
+        } else {
+            Err(r)
+        }
     }
 }
 
@@ -313,10 +317,16 @@ impl Gpu for CudaGpu {
         use sys::CUpointer_attribute_enum::*;
         let _current = self.current()?;
         let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr).map_err(|r| {
-            Error::new(Status::InvalidArg, format!("{addr:#x} is not memory CUDA knows ({r:?}); pass a device pointer from cuMemAlloc/cudaMalloc"))
+            Error::new(
+                Status::InvalidArg,
+                format!("{addr:#x} is not memory CUDA knows ({r:?}); pass a device pointer from cuMemAlloc/cudaMalloc"),
+            )
         })?;
         if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE as u32 {
-            bail!(InvalidArg, "{addr:#x} is not device memory (CUDA memory type {kind}); register host memory with kvx_layout_register_host");
+            bail!(
+                InvalidArg,
+                "{addr:#x} is not device memory (CUDA memory type {kind}); register host memory with kvx_layout_register_host"
+            );
         }
         let dev: i32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr).unwrap_or(-1);
         if dev != self.ordinal as i32 {
@@ -343,7 +353,10 @@ impl Gpu for CudaGpu {
         };
         let _current = self.current()?;
         let kind: u32 = self.pointer_attribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr).map_err(|_| {
-            Error::new(Status::InvalidArg, format!("{addr:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"))
+            Error::new(
+                Status::InvalidArg,
+                format!("{addr:#x} is not page-locked; pin it (cudaHostRegister) or register it without KVX_HOST_PINNED"),
+            )
         })?;
         if kind != sys::CUmemorytype_enum::CU_MEMORYTYPE_HOST as u32 {
             bail!(InvalidArg, "{addr:#x} is not pinned host memory (CUDA memory type {kind})");

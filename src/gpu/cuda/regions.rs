@@ -105,13 +105,8 @@ pub struct SlotResources {
 
 impl SlotResources {
     pub fn new(slots: u32, slot_bytes: u64, batched: bool) -> Result<SlotResources> {
-        let mut r = SlotResources {
-            events: Vec::new(),
-            staging: Vec::new(),
-            host_tables: std::ptr::null_mut(),
-            mapped_tables: 0,
-            slot_bytes,
-        };
+        let mut r =
+            SlotResources { events: Vec::new(), staging: Vec::new(), host_tables: std::ptr::null_mut(), mapped_tables: 0, slot_bytes };
         // SAFETY: context current (prepare_slots binds); on error `free` releases what exists.
         let built = unsafe { r.build(slots, batched) };
         if let Err(e) = built {
@@ -304,7 +299,11 @@ mod tests {
             .map(|i| {
                 let h = host + 100 + i * (4096 + 512);
                 let d = dev + (7 - i) * 3 * 4096;
-                if h2d { CopyOp { src: h, dst: d, len: 4096 } } else { CopyOp { src: d, dst: h, len: 4096 } }
+                if h2d {
+                    CopyOp { src: h, dst: d, len: 4096 }
+                } else {
+                    CopyOp { src: d, dst: h, len: 4096 }
+                }
             })
             .collect()
     }
@@ -367,7 +366,11 @@ mod tests {
         assert_eq!(batch_for(CopyKind::HostToDevice, &sparse, HostSide::MappedSpan, 1 << 20), Batch::InPlace);
         assert_eq!(batch_for(CopyKind::HostToDevice, &sparse, HostSide::Bounce, 1 << 20), Batch::PerOp);
         let dense = ops(host, dev, true);
-        assert_eq!(batch_for(CopyKind::HostToDevice, &dense, HostSide::MappedSpan, 16 << 10), Batch::InPlace, "larger than the staging area");
+        assert_eq!(
+            batch_for(CopyKind::HostToDevice, &dense, HostSide::MappedSpan, 16 << 10),
+            Batch::InPlace,
+            "larger than the staging area"
+        );
         assert_eq!(batch_for(CopyKind::HostToDevice, &dense, HostSide::Pinned, 64 << 10), Batch::PerOp);
         assert_eq!(batch_for(CopyKind::HostToDevice, &dense[..1], HostSide::MappedSpan, 64 << 10), Batch::PerOp, "one op is one copy");
     }
