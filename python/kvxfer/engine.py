@@ -172,14 +172,19 @@ class _Unfinished:
     def sweep(self) -> None:
         """Releases those that ended, up to the oldest one still running. The caller
         holds the engine's handle."""
+        # Taken off under the lock, released and dropped outside it: releasing and
+        # dropping may finalize objects, whose own release must not wait for this lock
+        # while another thread holding what they need waits for it too.
+        ended = []
         with self._lock:
             while self._queue:
                 gate, _ = self._queue[0]
                 with gate as h:
                     if n.lib.kvx_request_poll(h) == n.PENDING:
-                        return
-                self._queue.popleft()
-                gate.close_deferred()
+                        break
+                ended.append(self._queue.popleft())
+        for gate, _ in ended:
+            gate.close_deferred()
 
     def engine_destroyed(self) -> None:
         with self._lock:
@@ -219,8 +224,9 @@ def _request_released() -> Error:
 #: The handle of every released request: closed, nothing to free.
 _RELEASED = Handle(None, _release_request, _request_released)
 _RELEASED.shut()
-#: Serialises `Request.release`, which hands a running request's handle on; reentrant,
-#: since a collection inside it may release another request.
+#: Serialises the swap of a request's fields in `Request.release`, which hands a running
+#: request's handle on; reentrant, since a collection inside it may release another
+#: request. Held for nothing that takes another lock.
 _releasing = threading.RLock()
 
 
@@ -620,12 +626,16 @@ class Request(_Owned):
         (a call another thread is making on the request returns first, later ones raise
         `InvalidArgument`) and from its own completion callback, also before `submit`
         has returned."""
+        # Only the fields are swapped under the lock, and the engine is told outside it:
+        # a thread sweeping the engine's released requests holds the engine's lock, and
+        # a collection there may release a request, which takes this one.
         with _releasing:
             gate, keep, self._keep = self._gate, self._keep, None
-            if keep is not None and self.engine._unfinished.add(gate, keep):
-                # Not seen to end: the engine keeps the handle and the layouts until it has.
+            if keep is not None:
                 self._gate = _RELEASED
-                return
+        # Not seen to end: the engine keeps the handle and the layouts until it has.
+        if keep is not None and self.engine._unfinished.add(gate, keep):
+            return
         gate.close_deferred()
 
     def _ended(self) -> None:

@@ -332,3 +332,68 @@ def test_closing_the_engine_from_a_callback_returns_also_while_another_thread_cl
         timeout=60,
     )
     assert out.strip() == "ok"
+
+
+def test_a_collection_inside_a_sweep_does_not_deadlock_a_concurrent_release(tmp_path):
+    # A collection may run wherever Python allocates, so also while one thread sweeps
+    # the engine's released requests and another releases a running one. The collection
+    # here is forced at that point: thread A is inside the sweep and finalizes a request
+    # in a reference cycle (as an awaited request that failed is), while thread B is
+    # handing its running request to the engine.
+    out = run_child(
+        """
+        from kvxfer import _native as n
+        gc.disable()
+        cfg = geometry()
+        e = engine()
+        src, dst = e.host_layout(cfg), e.host_layout(cfg)
+        ids = range(cfg.num_blocks)
+        e.submit(src, ids, dst, ids).release()   # not seen to end: the next submit sweeps it
+        running = e.submit(src, ids, dst, ids)
+        v = e.submit(src, ids, dst, ids)
+        v.me = v   # only the collector frees it
+        del v
+
+        in_sweep, b_hands_on = threading.Event(), threading.Event()
+
+        class InSweep:
+            def __init__(self, lib):
+                self.lib = lib
+            def __getattr__(self, name):
+                f = getattr(self.lib, name)
+                if name != "kvx_request_poll":
+                    return f
+                def poll(h):
+                    if threading.current_thread() is a and not in_sweep.is_set():
+                        in_sweep.set()
+                        assert b_hands_on.wait(30)
+                        gc.collect()   # as any allocation in the sweep may
+                    return f(h)
+                return poll
+
+        n.lib = InSweep(n.lib)
+        add = e._unfinished.add
+        def hand_on(gate, keep):
+            b_hands_on.set()
+            return add(gate, keep)
+        e._unfinished.add = hand_on
+
+        def submit():
+            e.submit(src, ids, dst, ids).wait(60)
+        def release():
+            assert in_sweep.wait(30)
+            running.release()
+        a = threading.Thread(target=submit, daemon=True)
+        b = threading.Thread(target=release, daemon=True)
+        a.start(), b.start()
+        a.join(30), b.join(30)
+        if a.is_alive() or b.is_alive():
+            print("deadlocked: the sweeping thread and the releasing one wait for each other", flush=True)
+            os._exit(1)
+        e.close()
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "ok"
+
