@@ -636,7 +636,9 @@ class Request(_Owned):
         # Not seen to end: the engine keeps the handle and the layouts until it has.
         if keep is not None and self.engine._unfinished.add(gate, keep):
             return
-        gate.close_deferred()
+        # The shared handle of released requests has nothing to free.
+        if gate is not _RELEASED:
+            gate.close_deferred()
 
     def _ended(self) -> None:
         self._keep = None

@@ -74,10 +74,12 @@ class Handle:
 
     def __enter__(self) -> int:
         with self._lock:
-            if self._closing or self._h is None:
-                raise self._closed()
-            self._users += 1
-            return self._h
+            if not self._closing and self._h is not None:
+                self._users += 1
+                return self._h
+        # Made outside the lock: making it may run a collection, and a finalizer then
+        # may close this same handle, which takes the lock.
+        raise self._closed()
 
     def __exit__(self, *exc: Any) -> None:
         with self._lock:

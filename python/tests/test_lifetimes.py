@@ -397,3 +397,40 @@ def test_a_collection_inside_a_sweep_does_not_deadlock_a_concurrent_release(tmp_
     )
     assert out.strip() == "ok"
 
+
+def test_a_collection_while_a_released_request_refuses_a_call_does_not_deadlock(tmp_path):
+    # Raising the "released" error allocates, so a collection may run then and finalize
+    # another released request, which shares the released requests' handle.
+    out = run_child(
+        """
+        from kvxfer import engine as ke
+        gc.disable()
+        cfg = geometry()
+        e = engine()
+        src, dst = e.host_layout(cfg), e.host_layout(cfg)
+        ids = range(cfg.num_blocks)
+        r = e.submit(src, ids, dst, ids)
+        r.release()
+        v = e.submit(src, ids, dst, ids)
+        v.release()
+        v.me = v   # only the collector frees it
+        del v
+        closed = ke._RELEASED._closed
+        def collect_then_closed():
+            gc.collect()   # as the allocation of the error may
+            return closed()
+        ke._RELEASED._closed = collect_then_closed
+        try:
+            r.done()
+            raise AssertionError("a released request answered done()")
+        except kvxfer.InvalidArgument as x:
+            assert "released" in str(x)
+        ke._RELEASED._closed = closed
+        e.close()
+        print("ok")
+        """,
+        tmp_path,
+        timeout=60,
+    )
+    assert out.strip() == "ok"
+
