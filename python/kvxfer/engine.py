@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Uni
 
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
-from .errors import Error, InvalidArgument, OutOfRange, Shutdown, Timeout, error_for
+from .errors import Error, InvalidArgument, OutOfRange, RemoteError, Shutdown, Timeout, error_for
 from .handles import Handle, enter_callback, in_callback, leave_callback
 
 log = logging.getLogger("kvxfer")
@@ -135,7 +135,7 @@ def _complete(user_data: int, handle: int, status: int) -> None:
     # The callback may run before submit has returned: the request takes its handle
     # from here then, since the callback uses it (done(), wait(), release()).
     req._gate.adopt(handle)
-    req._ended()
+    req._ended(status)
     try:
         err = None
         if status != n.OK:
@@ -153,12 +153,15 @@ class _Unfinished:
     """Requests released before they were seen to end, each with the layouts it uses: a
     transfer needs its layouts' memory (a registered array) until it ends, though its
     Request may go first. Looked at oldest first on each submit, and all dropped once
-    the engine is destroyed, which waits for every request of it."""
+    the engine is destroyed, which waits for every request of it. Also the layouts of
+    requests that ended with `RemoteError`, until then: a remote transfer that timed
+    out cannot be stopped, so the peer may still write their memory."""
 
     def __init__(self) -> None:
         # Reentrant: a collection during a sweep may release another request here.
         self._lock = threading.RLock()
         self._queue: "collections.deque[Tuple[Handle, Tuple[Layout, Layout]]]" = collections.deque()
+        self._remote_failed: "list[Tuple[Layout, Layout]]" = []
         self._engine_destroyed = False
 
     def add(self, gate: Handle, keep: Tuple["Layout", "Layout"]) -> bool:
@@ -168,6 +171,13 @@ class _Unfinished:
                 return False
             self._queue.append((gate, keep))
             return True
+
+    def keep_until_destroyed(self, keep: Tuple["Layout", "Layout"]) -> None:
+        """Keeps the layouts of a request that ended with `RemoteError` until the engine
+        is destroyed (at once dropped if it is)."""
+        with self._lock:
+            if not self._engine_destroyed:
+                self._remote_failed.append(keep)
 
     def sweep(self) -> None:
         """Releases those that ended, up to the oldest one still running. The caller
@@ -180,9 +190,12 @@ class _Unfinished:
             while self._queue:
                 gate, _ = self._queue[0]
                 with gate as h:
-                    if n.lib.kvx_request_poll(h) == n.PENDING:
-                        break
+                    status = n.lib.kvx_request_poll(h)
+                if status == n.PENDING:
+                    break
                 ended.append(self._queue.popleft())
+                if status == RemoteError.status:
+                    self._remote_failed.append(ended[-1][1])
         for gate, _ in ended:
             gate.close_deferred()
 
@@ -190,14 +203,18 @@ class _Unfinished:
         with self._lock:
             self._engine_destroyed = True
             ended, self._queue = self._queue, collections.deque()
+            remote_failed, self._remote_failed = self._remote_failed, []
         for gate, _ in ended:
             gate.close_deferred()
+        # The layouts go here, outside the lock.
+        del ended, remote_failed
 
 
 def _destroy_engine(unfinished: _Unfinished, h: int) -> None:
     n.lib.kvx_engine_destroy(h)
     # Off the engine's own threads (see Engine.close) the destroy returns once every
-    # request has ended, so the layouts they kept may go now.
+    # request has ended, so the layouts they kept may go now; those of requests that
+    # ended with RemoteError too, since no peer writes through a destroyed engine.
     unfinished.engine_destroyed()
 
 
@@ -586,14 +603,14 @@ class Request(_Owned):
             with self.engine._gate, self._gate as h:
                 st = n.lib.kvx_request_wait(h, int(min(left, _WAIT_STEP) * 1e9))
                 if st == n.OK:
-                    self._ended()
+                    self._ended(st)
                     return
                 why = n.last_error()
                 # The final status, or PENDING: the wait's status may be its own, such
                 # as KVX_ERR_TIMEOUT for a step, or a wait refused inside a callback.
                 final = n.lib.kvx_request_poll(h)
                 if final != n.PENDING:
-                    self._ended()
+                    self._ended(final)
                 if st == final:
                     m = n.lib.kvx_request_error(h)
                     raise error_for(st, m.decode("utf-8", "replace") if m else why)
@@ -605,10 +622,11 @@ class Request(_Owned):
     def done(self) -> bool:
         """Whether it ended (successfully or not); never raises for a failed request."""
         with self.engine._gate, self._gate as h:
-            ended = n.lib.kvx_request_poll(h) != n.PENDING
-        if ended:
-            self._ended()
-        return ended
+            status = n.lib.kvx_request_poll(h)
+        if status == n.PENDING:
+            return False
+        self._ended(status)
+        return True
 
     def cancel(self) -> None:
         """Skips what has not started; `wait()` then raises `kvxfer.Cancelled`."""
@@ -640,7 +658,11 @@ class Request(_Owned):
         if gate is not _RELEASED:
             gate.close_deferred()
 
-    def _ended(self) -> None:
-        self._keep = None
+    def _ended(self, status: int) -> None:
+        """Seen to end with `status`: the layouts may go, unless a remote transfer may
+        still write them."""
+        keep, self._keep = self._keep, None
+        if keep is not None and status == RemoteError.status:
+            self.engine._unfinished.keep_until_destroyed(keep)
 
     close = release

@@ -434,3 +434,123 @@ def test_a_collection_while_a_released_request_refuses_a_call_does_not_deadlock(
     )
     assert out.strip() == "ok"
 
+
+# Requests submitted while REMOTE is set end with KVX_ERR_REMOTE as the binding sees
+# them (callback, wait, poll), once they have really ended: a remote transfer that timed
+# out, which NIXL may still be writing.
+FAIL_REMOTE = """
+import weakref
+from kvxfer import _native as n
+from kvxfer import engine as ke
+
+REMOTE = False
+KVX_ERR_REMOTE = 17
+
+@n.COMPLETION_FN
+def remote_callback(user_data, handle, status):
+    ke._trampoline(user_data, handle, KVX_ERR_REMOTE)
+
+class FailRemote:
+    def __init__(self, lib):
+        self.lib, self.remote = lib, set()
+
+    def __getattr__(self, name):
+        f = getattr(self.lib, name)
+        if name == "kvx_transfer_submit":
+            def submit(*args):
+                opts, out = args[6]._obj, args[7]._obj
+                if REMOTE and opts.user_data:
+                    opts.on_complete = remote_callback
+                st = f(*args)
+                if REMOTE and st == 0:
+                    self.remote.add(out.value)
+                return st
+            return submit
+        if name in ("kvx_request_poll", "kvx_request_wait"):
+            def ended(h, *rest):
+                st = f(h, *rest)
+                return KVX_ERR_REMOTE if h in self.remote and st in (0, KVX_ERR_REMOTE) else st
+            return ended
+        if name == "kvx_request_release":
+            def release(h):
+                self.remote.discard(h)
+                return f(h)
+            return release
+        return f
+
+n.lib = FailRemote(n.lib)
+"""
+
+
+def test_a_request_that_ended_with_a_remote_error_keeps_its_arrays_until_the_engine_closes(tmp_path):
+    out = run_child(
+        """
+        cfg = geometry()
+        e = engine()
+        dst = e.host_layout(cfg)
+        ids = range(cfg.num_blocks)
+
+        def submit(**kw):
+            a = np.zeros(cfg.base_bytes // 2, np.uint16)
+            return weakref.ref(a), e.submit(e.register(a, cfg), ids, dst, ids, **kw)
+
+        def ended_locally():
+            # The control: a request that ended otherwise lets go of its arrays.
+            ref, r = submit()
+            r.wait(60)
+            del r
+            gc.collect()
+            assert ref() is None, "a request that ended kept its arrays"
+
+        ended_locally()
+        REMOTE = True
+        kept = {}
+
+        ref, r = submit()
+        try:
+            r.wait(60)
+            raise AssertionError("wait() did not raise RemoteError")
+        except kvxfer.RemoteError:
+            pass
+        kept["wait"] = ref
+
+        ref, r = submit()
+        while not r.done():
+            time.sleep(0.001)
+        kept["done"] = ref
+
+        got = []
+        ended = threading.Event()
+        def on_complete(req, err):
+            got.append(err)
+            ended.set()
+        ref, r = submit(on_complete=on_complete)
+        assert ended.wait(60)
+        assert isinstance(got[0], kvxfer.RemoteError), got
+        kept["callback"] = ref
+
+        ref, r = submit()
+        before = e.stats().requests_completed
+        r.release()   # the engine's sweep sees it end
+        kept["sweep"] = ref
+        REMOTE = False
+        while e.stats().requests_completed == before:
+            time.sleep(0.001)
+        e.submit(dst, [0], dst, [1]).wait(60)
+
+        del r
+        gc.collect()
+        ended_locally()
+        gone = [how for how, ref in kept.items() if ref() is None]
+        assert not gone, f"arrays freed while a remote write may still run (ended through {gone})"
+        e.close()
+        gc.collect()
+        alive = [how for how, ref in kept.items() if ref() is not None]
+        assert not alive, f"arrays still kept once the engine closed (ended through {alive})"
+        print("ok")
+        """,
+        tmp_path,
+        timeout=60,
+        prelude=FAIL_REMOTE,
+    )
+    assert out.strip() == "ok"
