@@ -29,6 +29,7 @@ fn main() {
         .then(|| "reads are held at the POSIX and io_uring backends only (KVX_TEST_IO_BACKEND=posix or uring)".to_string());
     run(vec![
         case("a_synced_files_folder_is_synced_after_it_is_created", a_synced_files_folder_is_synced_after_it_is_created).unless(no_strace),
+        case("a_synced_file_is_created_in_a_folder_that_cannot_be_listed", a_synced_file_is_created_in_a_folder_that_cannot_be_listed),
         case(
             "a_removed_layouts_file_goes_only_while_its_path_still_names_it",
             a_removed_layouts_file_goes_only_while_its_path_still_names_it,
@@ -282,4 +283,37 @@ fn a_synced_files_folder_is_synced_after_it_is_created() {
         assert!(created(p) < dir_synced, "{p} was created after the folder's last fsync:\n{log}");
         assert!(synced(p) < dir_synced, "{p} was synced after the folder's last fsync:\n{log}");
     }
+}
+
+/// A KVX_DISK_SYNC layout is created in a folder its process may write but not list
+/// (mode 0300), where the folder cannot be opened to be synced: the call still succeeds
+/// and the file is there. Root ignores the mode, so as root the creating child runs as
+/// an unprivileged user (`nobody`, uid 65534) that owns the folder.
+fn a_synced_file_is_created_in_a_folder_that_cannot_be_listed() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = temp_path("write-only");
+    std::fs::create_dir(&dir).unwrap();
+    struct RemoveDir(PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o700));
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = RemoveDir(dir.clone());
+    let path = dir.join("synced");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.env(SYNC_CHILD, &path);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        const NOBODY: u32 = 65534;
+        std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+        child.uid(NOBODY).gid(NOBODY);
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o300)).unwrap();
+    let out = child.output().unwrap();
+    assert!(out.status.success(), "the child's KVX_DISK_SYNC create failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(path.is_file() && Sidecar::path_for(&path).is_file(), "the created file and its sidecar are in the folder");
 }

@@ -359,12 +359,13 @@ impl DiskFile {
 
     /// Makes a file this layout created durable as a name (`SYNC`): its size and its
     /// sidecar's header, then its folder, whose entries for both are durable only once
-    /// the folder itself is synced.
+    /// the folder itself is synced (where the folder can be read: `Place::sync`).
     pub fn sync_created(&self) -> Result<()> {
         self.sync_data()?;
-        let Some(place) = &self.place else { return Ok(()) };
-        posix::sync_all(place.dir().as_fd())
-            .map_err(|e| Error::new(e.status, format!("the folder of {}: {}", self.path.display(), e.message)))
+        match &self.place {
+            Some(place) => place.sync(&self.path),
+            None => Ok(()),
+        }
     }
 }
 

@@ -4,9 +4,10 @@
 //! another file at the same path.
 
 use crate::error::{Error, Result, Status};
+use crate::io::posix;
 use std::ffi::{CStr, CString};
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -14,6 +15,9 @@ use std::path::Path;
 #[derive(Debug)]
 pub(super) struct Place {
     dir: File,
+    /// Whether `dir` is open for reading, as an `fsync` of it needs; else it is open only
+    /// as a path (`O_PATH`: a folder this process may write but not list).
+    readable: bool,
     name: CString,
 }
 
@@ -42,10 +46,27 @@ impl Place {
         let cdir = CString::new(dir.as_os_str().as_bytes()).map_err(nul)?;
         // Read access, for the fsync of KVX_DISK_SYNC; without it (a folder that may be
         // written but not listed) files are still created and removed there.
-        let dir = open_at(None, &cdir, libc::O_RDONLY | libc::O_DIRECTORY)
-            .or_else(|_| open_at(None, &cdir, libc::O_PATH | libc::O_DIRECTORY))
-            .map_err(|e| Error::io(format_args!("opening the folder of {}", path.display()), e))?;
-        Ok(Place { dir, name: CString::new(name.as_bytes()).map_err(nul)? })
+        let (dir, readable) = match open_at(None, &cdir, libc::O_RDONLY | libc::O_DIRECTORY) {
+            Ok(d) => (Ok(d), true),
+            Err(_) => (open_at(None, &cdir, libc::O_PATH | libc::O_DIRECTORY), false),
+        };
+        let dir = dir.map_err(|e| Error::io(format_args!("opening the folder of {}", path.display()), e))?;
+        Ok(Place { dir, readable, name: CString::new(name.as_bytes()).map_err(nul)? })
+    }
+
+    /// Makes the folder's entries durable: an `fsync` of the folder. A folder open only
+    /// as a path cannot be synced (`fsync` refuses such a descriptor): that is logged,
+    /// and its entries are then as durable as its file system makes them on its own;
+    /// `shown` is the file's path for the message.
+    pub(super) fn sync(&self, shown: &Path) -> Result<()> {
+        if !self.readable {
+            log::warn!(
+                "the folder of {} cannot be read, so it is not synced: the new file's name may not survive a power loss (give the folder read permission)",
+                shown.display()
+            );
+            return Ok(());
+        }
+        posix::sync_all(self.dir.as_fd()).map_err(|e| Error::new(e.status, format!("the folder of {}: {}", shown.display(), e.message)))
     }
 
     pub(super) fn dir(&self) -> &File {
