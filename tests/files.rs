@@ -38,6 +38,10 @@ fn main() {
         case("a_refused_geometry_creates_and_truncates_nothing", a_refused_geometry_creates_and_truncates_nothing),
         case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
         case(
+            "a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported",
+            a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported,
+        ),
+        case(
             "a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment",
             a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment,
         ),
@@ -146,6 +150,41 @@ fn a_sidecar_that_does_not_record_the_padding_opens_as_before() {
     std::os::unix::fs::FileExt::write_all_at(&sidecar, &[0; 8], 40).unwrap();
     let disk = reads_back(&e, &c, &path, DiskFlags::CHECKSUM, 3, "a sidecar without the padding");
     assert_eq!(disk.placement.block_stride, stride);
+}
+
+/// Files whose blocks are padded to 4 KiB with nothing recording it (written by kvxfer
+/// 1.3 or older with KVX_DISK_BUFFERED, or where O_DIRECT was refused, on a file system
+/// that asks for more; or unchecksummed, written where 4 KiB is reported) are opened
+/// where 64 KiB is reported. The file tells its padding by its size: a checksummed one
+/// with the block count its sidecar records, whatever number of blocks the layout opens;
+/// an unchecksummed one when opened with the blocks it was created with.
+fn a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported() {
+    let _serial = serial();
+    let e = engine_with(|c| c.slot_bytes = 4 * K64);
+    let (c, few) = (cfg(16, 2, 2, 16, 64, 2), cfg(2, 2, 2, 16, 64, 2)); // 8 KiB blocks
+    let ids: Vec<u64> = (0..c.num_blocks).collect();
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    let (summed, plain) = (temp_path("old-summed"), temp_path("old-plain"));
+    let _rm = (Remove(summed.clone()), Remove(plain.clone()));
+    {
+        let _at = Reported::set(4096);
+        for (path, flags, seed) in [(&summed, DiskFlags::CHECKSUM, 4), (&plain, DiskFlags::NONE, 5)] {
+            let disk = e.create_disk_layout(&c, path, DiskFlags::CREATE | DiskFlags::KEEP | flags).unwrap();
+            assert_eq!(disk.placement.block_stride, 8192);
+            fill(&host, seed);
+            assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+        }
+    }
+    // What a sidecar written before the padding was recorded holds there.
+    let sidecar = std::fs::OpenOptions::new().write(true).open(Sidecar::path_for(&summed)).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sidecar, &[0; 8], 40).unwrap();
+    let _at = Reported::set(K64);
+    for (cfg, what) in [(&few, "two of its blocks"), (&c, "all of its blocks")] {
+        let disk = reads_back(&e, cfg, &summed, DiskFlags::CHECKSUM, 4, &format!("checksummed, unrecorded 4 KiB padding, {what}"));
+        assert_eq!(disk.placement.block_stride, 8192, "the file's padding, told by its size");
+    }
+    let disk = reads_back(&e, &c, &plain, DiskFlags::NONE, 5, "unchecksummed 4 KiB padding, all of its blocks");
+    assert_eq!(disk.placement.block_stride, 8192, "the file's padding, told by its size");
 }
 
 /// A geometry the engine's slots cannot carry is refused before any file is made or

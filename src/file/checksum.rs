@@ -61,6 +61,8 @@ pub struct Sidecar {
     sealing: Arc<Mutex<()>>,
     /// The data file's block padding, where recorded.
     block_align: Option<u64>,
+    /// The data file's blocks: as many as the layout that created it had.
+    file_blocks: u64,
 }
 
 /// The seal lock of the sidecar open as `file`, shared by every sidecar of that file
@@ -177,6 +179,11 @@ impl Sidecar {
         self.block_align
     }
 
+    /// How many blocks the data file was created with (a layout may open fewer).
+    pub fn file_blocks(&self) -> u64 {
+        self.file_blocks
+    }
+
     fn open_or_create(data: &Path, g: &Geometry, create_with: Option<u64>) -> Result<Sidecar> {
         let create = create_with.is_some();
         let path = Self::path_for(data);
@@ -201,8 +208,16 @@ impl Sidecar {
             _ => Error::io(format_args!("opening {shown}"), e),
         })?;
         let sealing = seal_lock(&file).map_err(|e| Error::io(format_args!("stat {shown}"), e))?;
-        let mut s =
-            Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing, block_align: create_with };
+        let mut s = Sidecar {
+            file,
+            path: path.clone(),
+            per_block,
+            entry_bytes,
+            outer_dim: g.cfg.outer_dim,
+            sealing,
+            block_align: create_with,
+            file_blocks: g.cfg.num_blocks,
+        };
         if let Some(align) = create_with {
             let want = Self::header(g, align);
             // Zero entries: every block starts out "never written".
@@ -226,6 +241,7 @@ impl Sidecar {
             if field(1) != g.cfg.num_layers || field(2) != g.cfg.outer_dim || field(3) != g.region_bytes || field(0) < g.cfg.num_blocks {
                 bail!(InvalidArg, "{shown} was written for another geometry; open the file with the geometry it was created with");
             }
+            s.file_blocks = field(0);
             s.block_align = match field(4) {
                 0 => None,
                 a if a.is_power_of_two() && (DEFAULT_IO_ALIGN..=MAX_IO_ALIGN).contains(&a) => Some(a),

@@ -240,6 +240,23 @@ impl DiskFile {
         self.align = align;
     }
 
+    /// For a file whose block padding nothing records: the blocks of `block_bytes` are
+    /// padded to 4096, not to what this file system reports, where the file is exactly
+    /// `blocks` blocks at the one padding and not at the other. kvxfer 1.3 and older
+    /// padded to 4096 whenever the file was not opened with `O_DIRECT`, and a file
+    /// written where 4096 is reported moves; kvxfer sizes every file it creates exactly.
+    pub fn find_align(&mut self, block_bytes: u64, blocks: u64) -> Result<()> {
+        if self.align == DEFAULT_IO_ALIGN {
+            return Ok(());
+        }
+        let len = self.buffered.metadata().map_err(|e| Error::io(format_args!("stat {}", self.path.display()), e))?.len();
+        let fits = |align| crate::layout::align_up(block_bytes, align).and_then(|stride| stride.checked_mul(blocks)) == Some(len);
+        if fits(DEFAULT_IO_ALIGN) && !fits(self.align) {
+            self.use_align(DEFAULT_IO_ALIGN);
+        }
+        Ok(())
+    }
+
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
     }
