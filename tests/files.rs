@@ -36,6 +36,8 @@ fn main() {
         )
         .unless(no_injected_reads),
         case("a_refused_geometry_creates_and_truncates_nothing", a_refused_geometry_creates_and_truncates_nothing),
+        case("create_through_a_symbolic_link_truncates_its_target_in_place", create_through_a_symbolic_link_truncates_its_target_in_place),
+        case("create_over_a_file_puts_a_new_file_with_its_mode_there", create_over_a_file_puts_a_new_file_with_its_mode_there),
         case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
         case(
             "a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported",
@@ -185,6 +187,55 @@ fn a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported()
     }
     let disk = reads_back(&e, &c, &plain, DiskFlags::NONE, 5, "unchecksummed 4 KiB padding, all of its blocks");
     assert_eq!(disk.placement.block_stride, 8192, "the file's padding, told by its size");
+}
+
+/// KVX_DISK_CREATE at a path that is a symbolic link (a tier file on another disk, say)
+/// truncates the link's target in place, with its mode, as kvxfer always did: the link
+/// stays, and the file stays where the link puts it. A file truncated in place is the
+/// caller's: kept when the layout goes, with KVX_DISK_KEEP or without.
+fn create_through_a_symbolic_link_truncates_its_target_in_place() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = engine();
+    let c = cfg(4, 2, 2, 16, 64, 2);
+    let ids: Vec<u64> = (0..c.num_blocks).collect();
+    let (target, link) = (temp_path("link-target"), temp_path("link"));
+    let _rm = (Remove(target.clone()), Remove(link.clone()));
+    std::fs::write(&target, vec![7u8; 1 << 20]).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    for (flags, seed, what) in [(DiskFlags::CREATE | DiskFlags::KEEP, 10, "kept"), (DiskFlags::CREATE, 11, "not kept")] {
+        let disk = e.create_disk_layout(&c, &link, flags).unwrap();
+        let bytes = disk.placement.base_bytes();
+        fill(&host, seed);
+        assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+        drop(disk);
+        let named = std::fs::symlink_metadata(&link).unwrap_or_else(|err| panic!("{what}: the link is gone: {err}"));
+        assert!(named.file_type().is_symlink(), "{what}: the link was replaced by a {:?}", named.file_type());
+        assert_eq!(std::fs::read_link(&link).unwrap(), target, "{what}: the link points elsewhere");
+        let file = std::fs::metadata(&target).unwrap_or_else(|err| panic!("{what}: the link's target is gone: {err}"));
+        assert_eq!(file.len(), bytes, "{what}: the target was truncated and sized for the layout");
+        assert_eq!(file.permissions().mode() & 0o7777, 0o640, "{what}: the target's mode");
+        reads_back(&e, &c, &target, DiskFlags::NONE, seed, what);
+    }
+}
+
+/// KVX_DISK_CREATE over a regular file puts a new file at the path (whoever still reads
+/// the old one keeps it intact), with the old one's mode.
+fn create_over_a_file_puts_a_new_file_with_its_mode_there() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let e = engine();
+    let c = cfg(4, 2, 2, 16, 64, 2);
+    let path = temp_path("moded");
+    let _rm = Remove(path.clone());
+    std::fs::write(&path, b"the old file").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let old = std::fs::File::open(&path).unwrap();
+    drop(e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::KEEP).unwrap());
+    let new = std::fs::metadata(&path).unwrap();
+    assert_ne!(new.ino(), old.metadata().unwrap().ino(), "a new file at the path");
+    assert_eq!(std::io::read_to_string(&old).unwrap(), "the old file", "the old file, still open, is intact");
+    assert_eq!(new.permissions().mode() & 0o7777, 0o600, "the new file has the old one's mode");
 }
 
 /// A geometry the engine's slots cannot carry is refused before any file is made or
