@@ -58,7 +58,10 @@
 // caller already pinned it).
 #define KVX_HOST_PINNED 1
 
-// Disk layout flag: create or truncate the file and size it for the layout.
+// Disk layout flag: create the file, sized for the layout. A regular file found at the
+// path is replaced by a new file with its owner and mode (whoever still has the old one
+// open reads it intact); a symbolic link's target, a special file, a file with other
+// names or another user's is truncated in place instead, and kept on destroy.
 #define KVX_DISK_CREATE 1
 
 // Disk layout flag: keep the file on destroy (by default a file kvxfer created is removed).

@@ -29,13 +29,20 @@ fn main() {
         .then(|| "reads are held at the POSIX and io_uring backends only (KVX_TEST_IO_BACKEND=posix or uring)".to_string());
     run(vec![
         case("a_synced_files_folder_is_synced_after_it_is_created", a_synced_files_folder_is_synced_after_it_is_created).unless(no_strace),
+        case("a_synced_file_is_created_in_a_folder_that_cannot_be_listed", a_synced_file_is_created_in_a_folder_that_cannot_be_listed),
         case(
             "a_removed_layouts_file_goes_only_while_its_path_still_names_it",
             a_removed_layouts_file_goes_only_while_its_path_still_names_it,
         )
         .unless(no_injected_reads),
         case("a_refused_geometry_creates_and_truncates_nothing", a_refused_geometry_creates_and_truncates_nothing),
+        case("create_through_a_symbolic_link_truncates_its_target_in_place", create_through_a_symbolic_link_truncates_its_target_in_place),
+        case("create_over_a_file_puts_a_new_file_with_its_mode_there", create_over_a_file_puts_a_new_file_with_its_mode_there),
         case("a_sidecar_that_does_not_record_the_padding_opens_as_before", a_sidecar_that_does_not_record_the_padding_opens_as_before),
+        case(
+            "a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported",
+            a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported,
+        ),
         case(
             "a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment",
             a_file_written_at_a_64k_alignment_reads_back_buffered_and_under_another_alignment,
@@ -145,6 +152,90 @@ fn a_sidecar_that_does_not_record_the_padding_opens_as_before() {
     std::os::unix::fs::FileExt::write_all_at(&sidecar, &[0; 8], 40).unwrap();
     let disk = reads_back(&e, &c, &path, DiskFlags::CHECKSUM, 3, "a sidecar without the padding");
     assert_eq!(disk.placement.block_stride, stride);
+}
+
+/// Files whose blocks are padded to 4 KiB with nothing recording it (written by kvxfer
+/// 1.3 or older with KVX_DISK_BUFFERED, or where O_DIRECT was refused, on a file system
+/// that asks for more; or unchecksummed, written where 4 KiB is reported) are opened
+/// where 64 KiB is reported. The file tells its padding by its size: a checksummed one
+/// with the block count its sidecar records, whatever number of blocks the layout opens;
+/// an unchecksummed one when opened with the blocks it was created with.
+fn a_file_padded_to_4k_without_a_record_of_it_reads_back_where_64k_is_reported() {
+    let _serial = serial();
+    let e = engine_with(|c| c.slot_bytes = 4 * K64);
+    let (c, few) = (cfg(16, 2, 2, 16, 64, 2), cfg(2, 2, 2, 16, 64, 2)); // 8 KiB blocks
+    let ids: Vec<u64> = (0..c.num_blocks).collect();
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    let (summed, plain) = (temp_path("old-summed"), temp_path("old-plain"));
+    let _rm = (Remove(summed.clone()), Remove(plain.clone()));
+    {
+        let _at = Reported::set(4096);
+        for (path, flags, seed) in [(&summed, DiskFlags::CHECKSUM, 4), (&plain, DiskFlags::NONE, 5)] {
+            let disk = e.create_disk_layout(&c, path, DiskFlags::CREATE | DiskFlags::KEEP | flags).unwrap();
+            assert_eq!(disk.placement.block_stride, 8192);
+            fill(&host, seed);
+            assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+        }
+    }
+    // What a sidecar written before the padding was recorded holds there.
+    let sidecar = std::fs::OpenOptions::new().write(true).open(Sidecar::path_for(&summed)).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sidecar, &[0; 8], 40).unwrap();
+    let _at = Reported::set(K64);
+    for (cfg, what) in [(&few, "two of its blocks"), (&c, "all of its blocks")] {
+        let disk = reads_back(&e, cfg, &summed, DiskFlags::CHECKSUM, 4, &format!("checksummed, unrecorded 4 KiB padding, {what}"));
+        assert_eq!(disk.placement.block_stride, 8192, "the file's padding, told by its size");
+    }
+    let disk = reads_back(&e, &c, &plain, DiskFlags::NONE, 5, "unchecksummed 4 KiB padding, all of its blocks");
+    assert_eq!(disk.placement.block_stride, 8192, "the file's padding, told by its size");
+}
+
+/// KVX_DISK_CREATE at a path that is a symbolic link (a tier file on another disk, say)
+/// truncates the link's target in place, with its mode, as kvxfer always did: the link
+/// stays, and the file stays where the link puts it. A file truncated in place is the
+/// caller's: kept when the layout goes, with KVX_DISK_KEEP or without.
+fn create_through_a_symbolic_link_truncates_its_target_in_place() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = engine();
+    let c = cfg(4, 2, 2, 16, 64, 2);
+    let ids: Vec<u64> = (0..c.num_blocks).collect();
+    let (target, link) = (temp_path("link-target"), temp_path("link"));
+    let _rm = (Remove(target.clone()), Remove(link.clone()));
+    std::fs::write(&target, vec![7u8; 1 << 20]).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    for (flags, seed, what) in [(DiskFlags::CREATE | DiskFlags::KEEP, 10, "kept"), (DiskFlags::CREATE, 11, "not kept")] {
+        let disk = e.create_disk_layout(&c, &link, flags).unwrap();
+        let bytes = disk.placement.base_bytes();
+        fill(&host, seed);
+        assert_eq!(transfer(&e, &host, &ids, &disk, &ids, &Default::default()), Status::Ok);
+        drop(disk);
+        let named = std::fs::symlink_metadata(&link).unwrap_or_else(|err| panic!("{what}: the link is gone: {err}"));
+        assert!(named.file_type().is_symlink(), "{what}: the link was replaced by a {:?}", named.file_type());
+        assert_eq!(std::fs::read_link(&link).unwrap(), target, "{what}: the link points elsewhere");
+        let file = std::fs::metadata(&target).unwrap_or_else(|err| panic!("{what}: the link's target is gone: {err}"));
+        assert_eq!(file.len(), bytes, "{what}: the target was truncated and sized for the layout");
+        assert_eq!(file.permissions().mode() & 0o7777, 0o640, "{what}: the target's mode");
+        reads_back(&e, &c, &target, DiskFlags::NONE, seed, what);
+    }
+}
+
+/// KVX_DISK_CREATE over a regular file puts a new file at the path (whoever still reads
+/// the old one keeps it intact), with the old one's mode.
+fn create_over_a_file_puts_a_new_file_with_its_mode_there() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let e = engine();
+    let c = cfg(4, 2, 2, 16, 64, 2);
+    let path = temp_path("moded");
+    let _rm = Remove(path.clone());
+    std::fs::write(&path, b"the old file").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let old = std::fs::File::open(&path).unwrap();
+    drop(e.create_disk_layout(&c, &path, DiskFlags::CREATE | DiskFlags::KEEP).unwrap());
+    let new = std::fs::metadata(&path).unwrap();
+    assert_ne!(new.ino(), old.metadata().unwrap().ino(), "a new file at the path");
+    assert_eq!(std::io::read_to_string(&old).unwrap(), "the old file", "the old file, still open, is intact");
+    assert_eq!(new.permissions().mode() & 0o7777, 0o600, "the new file has the old one's mode");
 }
 
 /// A geometry the engine's slots cannot carry is refused before any file is made or
@@ -282,4 +373,37 @@ fn a_synced_files_folder_is_synced_after_it_is_created() {
         assert!(created(p) < dir_synced, "{p} was created after the folder's last fsync:\n{log}");
         assert!(synced(p) < dir_synced, "{p} was synced after the folder's last fsync:\n{log}");
     }
+}
+
+/// A KVX_DISK_SYNC layout is created in a folder its process may write but not list
+/// (mode 0300), where the folder cannot be opened to be synced: the call still succeeds
+/// and the file is there. Root ignores the mode, so as root the creating child runs as
+/// an unprivileged user (`nobody`, uid 65534) that owns the folder.
+fn a_synced_file_is_created_in_a_folder_that_cannot_be_listed() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = temp_path("write-only");
+    std::fs::create_dir(&dir).unwrap();
+    struct RemoveDir(PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o700));
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = RemoveDir(dir.clone());
+    let path = dir.join("synced");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.env(SYNC_CHILD, &path);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        const NOBODY: u32 = 65534;
+        std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+        child.uid(NOBODY).gid(NOBODY);
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o300)).unwrap();
+    let out = child.output().unwrap();
+    assert!(out.status.success(), "the child's KVX_DISK_SYNC create failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(path.is_file() && Sidecar::path_for(&path).is_file(), "the created file and its sidecar are in the folder");
 }

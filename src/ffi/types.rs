@@ -69,7 +69,10 @@ pub const KVX_LAYOUT_LAYER_SEPARATE_OUTER_FIRST: u32 = 2;
 /// caller already pinned it).
 pub const KVX_HOST_PINNED: u32 = 1;
 
-/// Disk layout flag: create or truncate the file and size it for the layout.
+/// Disk layout flag: create the file, sized for the layout. A regular file found at the
+/// path is replaced by a new file with its owner and mode (whoever still has the old one
+/// open reads it intact); a symbolic link's target, a special file, a file with other
+/// names or another user's is truncated in place instead, and kept on destroy.
 pub const KVX_DISK_CREATE: u32 = 1;
 /// Disk layout flag: keep the file on destroy (by default a file kvxfer created is removed).
 pub const KVX_DISK_KEEP: u32 = 2;

@@ -15,6 +15,7 @@
 //! seal), or a block never written (hash 0) all end in `KVX_ERR_INTEGRITY` naming the
 //! block — never in wrong bytes served as good.
 
+use super::place::{self, Found};
 use super::{DiskFile, DEFAULT_IO_ALIGN};
 use crate::error::{bail, Error, Result, Status};
 use crate::io::{posix, Extent, Port};
@@ -61,6 +62,8 @@ pub struct Sidecar {
     sealing: Arc<Mutex<()>>,
     /// The data file's block padding, where recorded.
     block_align: Option<u64>,
+    /// The data file's blocks: as many as the layout that created it had.
+    file_blocks: u64,
 }
 
 /// The seal lock of the sidecar open as `file`, shared by every sidecar of that file
@@ -177,32 +180,37 @@ impl Sidecar {
         self.block_align
     }
 
+    /// How many blocks the data file was created with (a layout may open fewer).
+    pub fn file_blocks(&self) -> u64 {
+        self.file_blocks
+    }
+
     fn open_or_create(data: &Path, g: &Geometry, create_with: Option<u64>) -> Result<Sidecar> {
         let create = create_with.is_some();
         let path = Self::path_for(data);
         let shown = path.display();
         let (per_block, entry_bytes, bytes) = Self::sizes(g)?;
-        let mut opts = std::fs::OpenOptions::new();
-        opts.read(true).write(true);
-        if create {
-            // A new file, as for the data: a sidecar found at the path stays intact for
-            // whatever still has it open, and its layout's removal leaves this one alone.
-            match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(format_args!("replacing {shown}"), e)),
-                _ => {}
-            }
-            opts.create_new(true);
-        }
-        let file = opts.open(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::new(
-                Status::InvalidArg,
-                format!("{shown} is missing: the file was not written with KVX_DISK_CHECKSUM (create it with KVX_DISK_CREATE)"),
-            ),
-            _ => Error::io(format_args!("opening {shown}"), e),
-        })?;
+        let file = match create {
+            true => Self::create_file(&path)?,
+            false => std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::new(
+                    Status::InvalidArg,
+                    format!("{shown} is missing: the file was not written with KVX_DISK_CHECKSUM (create it with KVX_DISK_CREATE)"),
+                ),
+                _ => Error::io(format_args!("opening {shown}"), e),
+            })?,
+        };
         let sealing = seal_lock(&file).map_err(|e| Error::io(format_args!("stat {shown}"), e))?;
-        let mut s =
-            Sidecar { file, path: path.clone(), per_block, entry_bytes, outer_dim: g.cfg.outer_dim, sealing, block_align: create_with };
+        let mut s = Sidecar {
+            file,
+            path: path.clone(),
+            per_block,
+            entry_bytes,
+            outer_dim: g.cfg.outer_dim,
+            sealing,
+            block_align: create_with,
+            file_blocks: g.cfg.num_blocks,
+        };
         if let Some(align) = create_with {
             let want = Self::header(g, align);
             // Zero entries: every block starts out "never written".
@@ -226,6 +234,7 @@ impl Sidecar {
             if field(1) != g.cfg.num_layers || field(2) != g.cfg.outer_dim || field(3) != g.region_bytes || field(0) < g.cfg.num_blocks {
                 bail!(InvalidArg, "{shown} was written for another geometry; open the file with the geometry it was created with");
             }
+            s.file_blocks = field(0);
             s.block_align = match field(4) {
                 0 => None,
                 a if a.is_power_of_two() && (DEFAULT_IO_ALIGN..=MAX_IO_ALIGN).contains(&a) => Some(a),
@@ -235,6 +244,37 @@ impl Sidecar {
             };
         }
         Ok(s)
+    }
+
+    /// A new, empty sidecar at `path`, as for the data file: a sidecar found there is
+    /// replaced by a new file with its owner and mode, so it stays intact for whatever
+    /// still has it open and its layout's removal leaves this one alone; or truncated in
+    /// place where `place::found` says so, or the folder refuses the replacement.
+    fn create_file(path: &Path) -> Result<File> {
+        let shown = path.display();
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true).write(true).create_new(true);
+        let err = |e| Error::io(format_args!("creating {shown}"), e);
+        match opts.open(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            made => return made.map_err(err),
+        }
+        let found = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(err)?;
+        let old = match place::found(path, &found).map_err(err)? {
+            Found::Replace(old) => old,
+            Found::InPlace => return found.set_len(0).map(|_| found).map_err(err),
+        };
+        match std::fs::remove_file(path) {
+            Err(e) if place::refused(&e) => {
+                log::info!("{shown}: cannot be replaced ({e}); truncated in place");
+                return found.set_len(0).map(|_| found).map_err(err);
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(format_args!("replacing {shown}"), e)),
+            _ => {}
+        }
+        let file = opts.open(path).map_err(err)?;
+        place::take_over(&file, &old, path)?;
+        Ok(file)
     }
 
     /// Regions per block, bytes per block entry, and the bytes of a sidecar for `g`;

@@ -3,7 +3,7 @@
 //! be aligned (a layer range whose regions are not multiples of the alignment), and the
 //! moves of a chunk's extents between the file and slot memory on an I/O port.
 
-use super::place::{open_at, Place};
+use super::place::{self, open_at, Found, Place};
 use crate::error::{bail, Error, Result};
 use crate::host::{map_anonymous, unmap};
 use crate::io::{posix, streamed, Extent, FileKey, Io, Port};
@@ -21,7 +21,8 @@ pub struct DiskFlags(u8);
 
 impl DiskFlags {
     pub const NONE: DiskFlags = DiskFlags(0);
-    /// Create (truncate) the file, sized for the layout; removed on destroy unless `KEEP`.
+    /// Create the file, sized for the layout (a new file in place of one found at the
+    /// path, or that one truncated: `place::found`); removed on destroy unless `KEEP`.
     pub const CREATE: DiskFlags = DiskFlags(1);
     /// Keep a created file when the layout is destroyed.
     pub const KEEP: DiskFlags = DiskFlags(2);
@@ -74,8 +75,11 @@ pub struct DiskFile {
     remove_on_drop: bool,
     /// What `remove_on_drop` becomes at `commit`.
     remove_when_done: bool,
-    /// `CREATE` found a file at the path: `prepare` puts a new one in its place.
-    replace: bool,
+    /// `CREATE` found a file at the path that `prepare` replaces by a new one (the found
+    /// file's owner and mode).
+    replace: Option<std::fs::Metadata>,
+    /// `CREATE` found a file at the path that `prepare` truncates in place.
+    truncate: bool,
     pub sync: bool,
     /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
     pub checksum: Option<super::checksum::Sidecar>,
@@ -106,17 +110,21 @@ impl DiskFile {
             Some(p) => (Some(p.dir()), p.name()),
             None => (None, cpath.as_c_str()),
         };
-        let (buffered, created) = if create {
+        let (buffered, found) = if create {
             match open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
-                Ok(f) => (f, true),
+                Ok(f) => (f, None),
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    (open_at(dir, name, libc::O_RDWR | libc::O_CREAT).map_err(opening)?, false)
+                    let f = open_at(dir, name, libc::O_RDWR | libc::O_CREAT).map_err(opening)?;
+                    let found = place::found(path, &f).map_err(opening)?;
+                    (f, Some(found))
                 }
                 Err(e) => return Err(opening(e)),
             }
         } else {
-            (open_at(dir, name, libc::O_RDWR).map_err(opening)?, false)
+            (open_at(dir, name, libc::O_RDWR).map_err(opening)?, None)
         };
+        let created = create && found.is_none();
+        let truncate = matches!(found, Some(Found::InPlace));
         let direct = if flags.contains(DiskFlags::BUFFERED) {
             None
         } else {
@@ -137,28 +145,36 @@ impl DiskFile {
             align,
             reported: align,
             place,
-            replace: create && !created,
+            replace: match found {
+                Some(Found::Replace(old)) => Some(old),
+                _ => None,
+            },
+            truncate,
             remove_on_drop: created,
-            remove_when_done: create && !flags.contains(DiskFlags::KEEP),
+            remove_when_done: create && !truncate && !flags.contains(DiskFlags::KEEP),
             sync: flags.contains(DiskFlags::SYNC),
             checksum: None,
             key: FileKey::new(0),
         })
     }
 
-    /// Sizes a created file to `bytes` (fallocate, else ftruncate), a new file in place
-    /// of one found at the path (`replace_file`), or checks that an existing one is large
-    /// enough; then proves that direct I/O really works here.
+    /// Sizes a created file to `bytes` (fallocate, else ftruncate): a new file, one in
+    /// place of a file found at the path (`replace_file`), or a found file truncated; or
+    /// checks that an existing one is large enough; then proves that direct I/O really
+    /// works here.
     pub fn prepare(&mut self, bytes: u64, create: bool) -> Result<()> {
         use std::os::fd::AsRawFd;
         self.key = FileKey::new(bytes);
-        if self.replace {
-            self.replace_file()?;
+        if let Some(old) = self.replace.take() {
+            self.replace_file(&old)?;
         }
         let shown = self.path.display();
         if create {
             let fd = self.buffered.as_raw_fd();
             // SAFETY: plain syscalls on an owned descriptor.
+            if self.truncate && unsafe { libc::ftruncate(fd, 0) } != 0 {
+                return Err(Error::io(format_args!("truncating {shown}"), std::io::Error::last_os_error()));
+            }
             if unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) } != 0 {
                 let err = std::io::Error::last_os_error();
                 if !matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) {
@@ -180,20 +196,32 @@ impl DiskFile {
         self.probe_direct()
     }
 
-    /// Puts a new, empty file at the path in place of the one found there, which goes as
-    /// a truncation would have emptied it. Whatever still has the old one open keeps it
-    /// intact (a request of a destroyed layout of that file, say), and that layout's
-    /// removal, finding the path naming another file, leaves the new one alone.
-    fn replace_file(&mut self) -> Result<()> {
+    /// Puts a new, empty file at the path in place of the one found there (`old` its
+    /// owner and mode), which goes as a truncation would have emptied it. Whatever still
+    /// has the old one open keeps it intact (a request of a destroyed layout of that
+    /// file, say), and that layout's removal, finding the path naming another file,
+    /// leaves the new one alone. A folder that refuses the unlink leaves the file to be
+    /// truncated in place.
+    fn replace_file(&mut self, old: &std::fs::Metadata) -> Result<()> {
         let place = self.place.as_ref().expect("only a file being created is replaced");
         let shown = self.path.display();
-        place.remove(place.name(), &self.buffered, &self.path);
+        match place.unlink_if_names(place.name(), &self.buffered) {
+            Err(e) if place::refused(&e) => {
+                log::info!("{shown}: cannot be replaced ({e}); truncated in place");
+                self.truncate = true;
+                self.remove_when_done = false;
+                return Ok(());
+            }
+            Err(e) => return Err(Error::io(format_args!("replacing {shown}"), e)),
+            // Named another file by now: the exclusive create below refuses it.
+            Ok(_) => {}
+        }
         let (dir, name) = (Some(place.dir()), place.name());
         // Exclusive: a file someone put at the path meanwhile is theirs.
         self.buffered =
             open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).map_err(|e| Error::io(format_args!("creating {shown}"), e))?;
         self.remove_on_drop = true;
-        self.replace = false;
+        place::take_over(&self.buffered, old, &self.path)?;
         if self.direct.is_some() {
             self.direct = Some(
                 open_at(dir, name, libc::O_RDWR | libc::O_DIRECT)
@@ -238,6 +266,23 @@ impl DiskFile {
             log::info!("{}: O_DIRECT needs {}-byte alignment here; using buffered I/O", self.path.display(), self.reported);
         }
         self.align = align;
+    }
+
+    /// For a file whose block padding nothing records: the blocks of `block_bytes` are
+    /// padded to 4096, not to what this file system reports, where the file is exactly
+    /// `blocks` blocks at the one padding and not at the other. kvxfer 1.3 and older
+    /// padded to 4096 whenever the file was not opened with `O_DIRECT`, and a file
+    /// written where 4096 is reported moves; kvxfer sizes every file it creates exactly.
+    pub fn find_align(&mut self, block_bytes: u64, blocks: u64) -> Result<()> {
+        if self.align == DEFAULT_IO_ALIGN {
+            return Ok(());
+        }
+        let len = self.buffered.metadata().map_err(|e| Error::io(format_args!("stat {}", self.path.display()), e))?.len();
+        let fits = |align| crate::layout::align_up(block_bytes, align).and_then(|stride| stride.checked_mul(blocks)) == Some(len);
+        if fits(DEFAULT_IO_ALIGN) && !fits(self.align) {
+            self.use_align(DEFAULT_IO_ALIGN);
+        }
+        Ok(())
     }
 
     pub fn is_direct(&self) -> bool {
@@ -359,12 +404,13 @@ impl DiskFile {
 
     /// Makes a file this layout created durable as a name (`SYNC`): its size and its
     /// sidecar's header, then its folder, whose entries for both are durable only once
-    /// the folder itself is synced.
+    /// the folder itself is synced (where the folder can be read: `Place::sync`).
     pub fn sync_created(&self) -> Result<()> {
         self.sync_data()?;
-        let Some(place) = &self.place else { return Ok(()) };
-        posix::sync_all(place.dir().as_fd())
-            .map_err(|e| Error::new(e.status, format!("the folder of {}: {}", self.path.display(), e.message)))
+        match &self.place {
+            Some(place) => place.sync(&self.path),
+            None => Ok(()),
+        }
     }
 }
 

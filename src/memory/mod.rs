@@ -279,12 +279,16 @@ impl Layout {
         let create = flags.contains(DiskFlags::CREATE);
         let checksum = flags.contains(DiskFlags::CHECKSUM);
         if checksum && !create {
-            // The file's padding as written, wherever it was written.
+            // The file's padding as written, wherever it was written; where the sidecar
+            // does not record it, as the file's size and block count tell.
             let sidecar = checksum::Sidecar::open(path, &geom)?;
-            if let Some(align) = sidecar.block_align() {
-                file.use_align(align);
+            match sidecar.block_align() {
+                Some(align) => file.use_align(align),
+                None => file.find_align(geom.block_bytes, sidecar.file_blocks())?,
             }
             file.checksum = Some(sidecar);
+        } else if !create {
+            file.find_align(geom.block_bytes, geom.cfg.num_blocks)?;
         }
         if !mapped {
             fits_slots(&geom, path, flags, slot_bytes, file.align())?;
