@@ -371,7 +371,9 @@ class Engine(_Owned):
         mapped: bool = False,
     ) -> "Layout":
         """A layout in the file at `path`, always contiguous (`config.kind` is ignored).
-        `create` makes (truncates) the file and removes it on close unless `keep`."""
+        `create` makes the file (a file already at `path` is replaced, or truncated in
+        place where it cannot be: docs/storage.md) and removes it when the last request
+        using it ends, unless `keep`."""
         c = config._c()
         flags = (
             (n.DISK_CREATE if create else 0)
