@@ -424,9 +424,10 @@ impl Drop for HeldStream {
 }
 
 /// A request gated on a caller's event that cannot fire yet holds up no other request:
-/// ungated requests both ways, on the streams the gated one would have shared, and a
-/// request gated on an event that already fired (captured beside the waiting one)
-/// complete while it waits; once its event fires, it completes too. Every byte checked.
+/// ungated requests both ways, on the streams the gated one would have shared, and
+/// requests gated on an event that already fired, both ways (the same direction as the
+/// waiting one among them), complete while it waits; once its event fires, it completes
+/// too. Every byte checked.
 fn a_request_waiting_for_its_event_holds_up_no_other() {
     let e = gpu_engine();
     let c = cfg(8, 4, 2, 16, 512, 2); // 32 KiB regions, 256 KiB blocks
@@ -436,7 +437,9 @@ fn a_request_waiting_for_its_event_holds_up_no_other() {
     let (b_dev, b_host) = (layout(StorageKind::Device), layout(StorageKind::Pinned));
     let (c_host, c_dev) = (layout(StorageKind::Pinned), layout(StorageKind::Device));
     let (d_host, d_dev) = (layout(StorageKind::Pinned), layout(StorageKind::Device));
-    for (l, seed) in [(&a_dev, 81), (&a_host, 82), (&b_dev, 83), (&b_host, 84), (&c_host, 85), (&c_dev, 86), (&d_host, 87), (&d_dev, 88)] {
+    let (f_dev, f_host) = (layout(StorageKind::Device), layout(StorageKind::Pinned));
+    let seeds = [(&a_dev, 81), (&a_host, 82), (&b_dev, 83), (&b_host, 84), (&c_host, 85), (&c_dev, 86), (&d_host, 87), (&d_dev, 88)];
+    for (l, seed) in seeds.into_iter().chain([(&f_dev, 89), (&f_host, 90)]) {
         fill(l, seed);
     }
     let ids: Vec<u64> = (0..8).collect();
@@ -458,8 +461,12 @@ fn a_request_waiting_for_its_event_holds_up_no_other() {
         ("ungated device -> host", e.submit(&b_dev, &ids, &b_host, &ids, &Default::default()).unwrap()),
         ("ungated host -> device", e.submit(&c_host, &ids, &c_dev, &ids, &Default::default()).unwrap()),
         (
-            "gated on a fired event",
+            "host -> device gated on a fired event",
             e.submit(&d_host, &ids, &d_dev, &ids, &TransferOptions { wait_event: fired as u64, ..Default::default() }).unwrap(),
+        ),
+        (
+            "device -> host gated on a fired event",
+            e.submit(&f_dev, &ids, &f_host, &ids, &TransferOptions { wait_event: fired as u64, ..Default::default() }).unwrap(),
         ),
     ];
     let outcomes: Vec<(&str, Status, String)> =
@@ -476,6 +483,7 @@ fn a_request_waiting_for_its_event_holds_up_no_other() {
     check(&b_host, 84, 83, &pairs, 0..4, "ungated device -> host");
     check(&c_dev, 86, 85, &pairs, 0..4, "ungated host -> device");
     check(&d_dev, 88, 87, &pairs, 0..4, "host -> device gated on a fired event");
+    check(&f_host, 90, 89, &pairs, 0..4, "device -> host gated on a fired event");
     drop(held);
     cuda::bind();
     unsafe {

@@ -11,7 +11,7 @@
 //! Disk bytes are placed in a slot at the same offset modulo the I/O alignment as in the
 //! file, so reads can be widened to aligned `O_DIRECT` reads and writes stay aligned.
 
-use crate::gpu::{CopyKind, CopyOp, HostSide, MAX_OPS_PER_COPY};
+use crate::gpu::{CopyKind, CopyOp, Gate, HostSide, MAX_OPS_PER_COPY};
 use crate::io::{Extent, Io};
 use crate::layout::{align_down, align_up, push_run, Loc, Run, Segment};
 use crate::memory::{Layout, StorageKind};
@@ -38,7 +38,7 @@ pub enum Op {
         kind: CopyKind,
         ops: Vec<CopyOp>,
         host: HostSide,
-        after: Option<u64>,
+        after: Option<Gate>,
     },
     /// cuFile between the file and device memory, on an I/O worker (`Io::addr` is a
     /// device address).
@@ -162,7 +162,7 @@ pub struct Planner {
     /// Placement alignment: the primary disk side's I/O alignment.
     align: u64,
     primary_is_src: bool,
-    after: Option<u64>,
+    after: Option<Gate>,
     /// With checksums, chunks end on region boundaries of the primary disk side.
     region_cut: Option<crate::layout::Placement>,
     /// Memory ↔ remote: what NIXL calls the local side's memory (set when the engine
@@ -173,7 +173,7 @@ pub struct Planner {
 impl Planner {
     /// `gds`: the engine opened cuFile, so unchecksummed disk <-> device transfers skip
     /// the bounce slots (checksums are computed and verified on host bytes).
-    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<u64>, gds: bool) -> Planner {
+    pub fn new(src: Arc<Layout>, dst: Arc<Layout>, segs: Vec<Segment>, slot_bytes: u64, after: Option<Gate>, gds: bool) -> Planner {
         let mut strategy = strategy(&src, &dst);
         let pinned_device = match (src.kind(), dst.kind()) {
             (StorageKind::Pinned, StorageKind::Device) => Some(true),

@@ -7,7 +7,7 @@
 
 use super::stats::Counters;
 use crate::error::{Error, Status};
-use crate::gpu::Gpu;
+use crate::gpu::{Gate, Gpu};
 use crate::memory::Layout;
 use std::cell::Cell;
 use std::ffi::CString;
@@ -35,19 +35,19 @@ pub struct Transfer {
 /// An event of ours recorded after the caller's `wait_event` (see `Gpu::capture_event`).
 pub struct CapturedEvent {
     gpu: Arc<dyn Gpu>,
-    event: u64,
+    gate: Gate,
 }
 
 impl CapturedEvent {
     pub fn new(gpu: Arc<dyn Gpu>, caller_event: u64) -> crate::error::Result<CapturedEvent> {
-        let event = gpu.capture_event(caller_event)?;
-        Ok(CapturedEvent { gpu, event })
+        let gate = gpu.capture_event(caller_event)?;
+        Ok(CapturedEvent { gpu, gate })
     }
 }
 
 impl Drop for CapturedEvent {
     fn drop(&mut self) {
-        self.gpu.release_event(self.event);
+        self.gpu.release_event(self.gate);
     }
 }
 
@@ -57,7 +57,7 @@ pub struct PlanInputs {
     pub dst: Arc<Layout>,
     pub pairs: Vec<(u64, u64)>,
     pub layers: Range<u64>,
-    pub after: Option<u64>,
+    pub after: Option<Gate>,
 }
 
 /// How long `wait` looks for completion before it sleeps.
@@ -122,7 +122,7 @@ impl Request {
             dst: t.dst.clone(),
             pairs: t.pairs.clone(),
             layers: t.layers.clone(),
-            after: t.wait.as_ref().map(|w| w.event),
+            after: t.wait.as_ref().map(|w| w.gate),
         })
     }
 

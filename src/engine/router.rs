@@ -9,7 +9,7 @@ use super::fanout::{self, Part};
 use super::plan::Op;
 use super::stats::Counters;
 use crate::error::{Error, Result};
-use crate::gpu::{fence_lane, CopyError, CopyKind, Fence, Gpu};
+use crate::gpu::{fence_lane, CopyError, CopyKind, Fence, Gate, Gpu};
 use crate::io::gds::Gds;
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -131,10 +131,10 @@ impl Router {
         req.release_one();
     }
 
-    /// Hands a chunk's pending device copy (`gated`: after a caller's event) to its lane's
-    /// fence thread.
-    fn to_fence(&self, kind: CopyKind, gated: bool, fence: Fence, chunk: Chunk) {
-        self.fence_tx[fence_lane(kind, chunk.slot, gated)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
+    /// Hands a chunk's pending device copy (`after`: its request's captured caller event)
+    /// to its lane's fence thread.
+    fn to_fence(&self, kind: CopyKind, after: Option<Gate>, fence: Fence, chunk: Chunk) {
+        self.fence_tx[fence_lane(kind, chunk.slot, after)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
     }
 
     /// Records a stage's failure on its request and finishes the chunk.
@@ -200,11 +200,11 @@ pub(super) fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: 
                     router.copy_done(&chunk);
                     router.advance(chunk)
                 }
-                pending => router.to_fence(kind, after.is_some(), pending, chunk),
+                pending => router.to_fence(kind, after, pending, chunk),
             }
         }
         Err(CopyError { error, queued: Fence::Done }) => router.fail(chunk, error),
         // Copies queued before the failure still use the slot: it goes back once they ran.
-        Err(failed) => router.to_fence(kind, after.is_some(), failed.into_fence(), chunk),
+        Err(failed) => router.to_fence(kind, after, failed.into_fence(), chunk),
     }
 }

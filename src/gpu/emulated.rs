@@ -4,7 +4,7 @@
 //! instead queue them on a stream of its own that runs them later, as a GPU does
 //! (`fault::deferred_device`, `deferred.rs`).
 
-use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gpu, HostSide};
+use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gate, Gpu, HostSide};
 use crate::error::{bail, Error, Result, Status};
 use crate::host::{map_anonymous, unmap};
 use std::collections::BTreeMap;
@@ -125,11 +125,11 @@ impl Gpu for Emulated {
         Ok(())
     }
 
-    fn capture_event(&self, _event: u64) -> Result<u64> {
+    fn capture_event(&self, _event: u64) -> Result<Gate> {
         bail!(InvalidArg, "wait_event needs a CUDA device; this engine runs on the emulated device")
     }
 
-    fn release_event(&self, _event: u64) {}
+    fn release_event(&self, _gate: Gate) {}
 
     /// Checks every op before it copies any, as the driver checks a copy before it queues
     /// it; an injected op failure (`Site::DeviceOp`) strikes after the ops before it were
@@ -140,7 +140,7 @@ impl Gpu for Emulated {
         ops: &[CopyOp],
         _slot: u32,
         _host: HostSide,
-        _after: Option<u64>,
+        _after: Option<Gate>,
     ) -> std::result::Result<Fence, CopyError> {
         use crate::fault::{check, Site};
         if check(Site::DeviceCopy).is_some() {

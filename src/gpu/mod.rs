@@ -56,20 +56,34 @@ pub enum HostSide {
 /// backend's region table holds this many).
 pub const MAX_OPS_PER_COPY: usize = 8192;
 
+/// How many streams carry copies gated on a caller's event, each request's on one of its
+/// own (`Gpu::capture_event` picks it). While no more gated requests run at once, a
+/// request waiting for its caller's event holds up no other gated request; past that,
+/// requests share these streams, and one may wait for the events of those before it on
+/// its stream too.
+pub const GATED_LANES: usize = 4;
+
 /// Fences complete in issue order within a *lane*, matching the streams a backend may
 /// use: a (direction, slot parity) pair, or for copies gated on a caller's event
-/// (`copy`'s `after`) one lane per direction, so a fence waiting for a caller's event
+/// (`copy`'s `after`) the request's gated lane, so a fence waiting for a caller's event
 /// holds up no other request's. One fence thread waits per lane.
-pub const FENCE_LANES: usize = 6;
+pub const FENCE_LANES: usize = 4 + GATED_LANES;
 
-pub fn fence_lane(kind: CopyKind, slot: u32, gated: bool) -> usize {
+pub fn fence_lane(kind: CopyKind, slot: u32, after: Option<Gate>) -> usize {
     let h2d = matches!(kind, CopyKind::HostToDevice | CopyKind::DeviceToDevice);
-    match (gated, h2d) {
-        (false, true) => (slot % 2) as usize,
-        (false, false) => 2 + (slot % 2) as usize,
-        (true, true) => 4,
-        (true, false) => 5,
+    match (after, h2d) {
+        (Some(gate), _) => 4 + gate.lane,
+        (None, true) => (slot % 2) as usize,
+        (None, false) => 2 + (slot % 2) as usize,
     }
+}
+
+/// A caller's event captured for one request (`Gpu::capture_event`): an event of ours
+/// that the request's copies wait for, and the gated lane (below `GATED_LANES`) they take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gate {
+    pub event: u64,
+    pub lane: usize,
 }
 
 /// Something to wait on for a batch of copies that was issued asynchronously.
@@ -194,17 +208,39 @@ pub trait Gpu: Send + Sync + 'static {
     fn leave(&self) {}
 
     /// Issues `ops` (all of one kind) for the chunk holding bounce slot `slot`, after the
-    /// captured event `after` (see `capture_event`; such a chunk's copies wait where no
-    /// other request's do), and returns their fence; `host` says
+    /// captured event `after` (see `capture_event`; such a chunk's copies wait on its
+    /// request's gated lane), and returns their fence; `host` says
     /// what the host side is (unused for device-to-device). At most `MAX_OPS_PER_COPY`
     /// ops. Called on the copy thread, or on a submitting thread between `enter` and
     /// `leave`. A failure after part of the batch was queued says so (`CopyError::queued`).
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> std::result::Result<Fence, CopyError>;
+    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<Gate>)
+        -> std::result::Result<Fence, CopyError>;
 
     /// Captures the caller's CUDA event as of now into an event of ours that copies can
-    /// wait on, so re-recording the caller's event later changes nothing.
-    fn capture_event(&self, event: u64) -> Result<u64>;
+    /// wait on, so re-recording the caller's event later changes nothing, and picks the
+    /// gated lane of the request's copies: one no running request has, where there is one.
+    fn capture_event(&self, event: u64) -> Result<Gate>;
 
-    /// Frees an event from `capture_event`.
-    fn release_event(&self, event: u64);
+    /// Frees what `capture_event` took, once no copy of its request is still to be issued.
+    fn release_event(&self, gate: Gate);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_gated_lane_has_a_fence_lane_of_its_own() {
+        let kinds = [CopyKind::HostToDevice, CopyKind::DeviceToHost, CopyKind::DeviceToDevice];
+        let ungated: Vec<usize> = kinds.iter().flat_map(|&k| (0..2).map(move |slot| fence_lane(k, slot, None))).collect();
+        let gated: Vec<usize> = (0..GATED_LANES).map(|lane| fence_lane(CopyKind::DeviceToHost, 0, Some(Gate { event: 1, lane }))).collect();
+        for (lane, &fence) in gated.iter().enumerate() {
+            assert!(fence < FENCE_LANES);
+            assert!(!ungated.contains(&fence), "gated lane {lane} shares fence lane {fence} with ungated copies");
+            assert_eq!(gated.iter().filter(|&&f| f == fence).count(), 1, "gated lane {lane} shares fence lane {fence}");
+            for k in kinds {
+                assert_eq!(fence_lane(k, 1, Some(Gate { event: 2, lane })), fence, "a request's copies both ways share its lane's fences");
+            }
+        }
+    }
 }

@@ -5,9 +5,9 @@
 //!   caller's own current context is left as it was.
 //! - Two H2D and two D2H streams (by slot parity), so both directions run at once and a
 //!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
-//!   use the H2D streams. Chunks gated on a caller's event wait on a stream of their own
-//!   per direction, so that wait holds up no other request; caller events are captured
-//!   on a few streams of their own (`captures.rs`).
+//!   use the H2D streams. A request gated on a caller's event has its event captured,
+//!   and its copies queued, on a gated lane's stream, one of its own while lanes last, so
+//!   that wait holds up no other request (`gated.rs`).
 //! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
 //!   thread (briefly by query when its lane is idle, then in blocking sync), then the slot
 //!   is free again.
@@ -15,15 +15,15 @@
 //!   over mapped pinned memory, as one kernel launch that reads or writes the host over
 //!   the bus (see `regions.rs`); large ones as one async memcpy each.
 
-mod captures;
 pub mod driver;
+mod gated;
 mod host_reads;
 mod regions;
 
-use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gpu, HostSide, PendingCopy};
+use super::{CopyError, CopyKind, CopyOp, Device, Fence, Gate, Gpu, HostSide, PendingCopy};
 use crate::error::{bail, Error, Result, Status};
-use captures::Captures;
 use driver::{check, sys};
+use gated::GatedLanes;
 use regions::{RegionKernel, SlotResources};
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -39,10 +39,9 @@ pub struct CudaGpu {
     ctx: sys::CUcontext,
     h2d: [sys::CUstream; 2],
     d2h: [sys::CUstream; 2],
-    /// Chunks gated on a caller's event: H2D (and device-to-device), D2H.
-    gated: [sys::CUstream; 2],
-    /// Where caller events are captured at submit time (see `capture_event`).
-    captures: Captures,
+    /// Where caller events are captured at submit time (see `capture_event`) and the
+    /// copies gated on them are queued.
+    gated: GatedLanes,
     kernel: Option<RegionKernel>,
     /// The region kernel reads mapped host memory about as fast as a DMA does
     /// (`host_reads.rs`, measured at open).
@@ -83,8 +82,7 @@ impl CudaGpu {
                 ctx,
                 h2d: [std::ptr::null_mut(); 2],
                 d2h: [std::ptr::null_mut(); 2],
-                gated: [std::ptr::null_mut(); 2],
-                captures: Captures::default(),
+                gated: GatedLanes::default(),
                 kernel: None,
                 reads_host_in_place: false,
                 slots: OnceLock::new(),
@@ -93,10 +91,10 @@ impl CudaGpu {
             // `Drop` releases the context.
             let _current = Pushed::new(ctx)?;
             let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
-            for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()).chain(gpu.gated.iter_mut()) {
+            for s in gpu.h2d.iter_mut().chain(gpu.d2h.iter_mut()) {
                 check(sys::cuStreamCreate(s, flags), "cuStreamCreate")?;
             }
-            gpu.captures.create()?;
+            gpu.gated.create()?;
             gpu.kernel = match RegionKernel::load() {
                 Ok(k) => Some(k),
                 Err(e) => {
@@ -131,16 +129,15 @@ impl CudaGpu {
     /// parity by the LIFO ring, some submitters' p99 grew several times over
     /// (`docs/decisions.md#plain-copies-on-two-streams-per-direction`). Each fence lane still waits in the
     /// issue order of its stream's events, so lanes sharing a stream stay in order.
-    /// A chunk gated on a caller's event takes its direction's gated stream, whose fences
-    /// have lanes of their own (`fence_lane`): its wait would hold up every copy queued
-    /// behind it on a shared stream.
-    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool, gated: bool) -> sys::CUstream {
+    /// A chunk gated on a caller's event takes its request's gated lane, whose fences
+    /// have a lane of their own too (`fence_lane`): its wait would hold up every copy
+    /// queued behind it on a shared stream.
+    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool, after: Option<Gate>) -> sys::CUstream {
         let i = if kernel { (slot % 2) as usize } else { 0 };
-        match (kind, gated) {
-            (CopyKind::DeviceToHost, true) => self.gated[1],
-            (_, true) => self.gated[0],
-            (CopyKind::DeviceToHost, false) => self.d2h[i],
-            (CopyKind::HostToDevice | CopyKind::DeviceToDevice, false) => self.h2d[i],
+        match (kind, after) {
+            (_, Some(gate)) => self.gated.stream(gate.lane),
+            (CopyKind::DeviceToHost, None) => self.d2h[i],
+            (CopyKind::HostToDevice | CopyKind::DeviceToDevice, None) => self.h2d[i],
         }
     }
 
@@ -424,16 +421,23 @@ impl Gpu for CudaGpu {
         unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<u64>) -> std::result::Result<Fence, CopyError> {
+    fn copy(
+        &self,
+        kind: CopyKind,
+        ops: &[CopyOp],
+        slot: u32,
+        host: HostSide,
+        after: Option<Gate>,
+    ) -> std::result::Result<Fence, CopyError> {
         let res = self.slots.get().expect("prepare_slots runs before any copy");
         let kernel = self.kernel.as_ref().filter(|_| regions::batches(res, kind, ops, host));
-        let stream = self.stream(kind, slot, kernel.is_some(), after.is_some());
+        let stream = self.stream(kind, slot, kernel.is_some(), after);
         // SAFETY: a thread with the context current (the copy thread, an I/O worker, a
         // submit between `enter` and `leave`); ops lie in validated layouts and this
         // chunk's slot; the slot's resources are this chunk's until its fence completes.
         unsafe {
-            if let Some(ev) = after {
-                check(sys::cuStreamWaitEvent(stream, ev as sys::CUevent, 0), "cuStreamWaitEvent")?;
+            if let Some(gate) = after {
+                check(sys::cuStreamWaitEvent(stream, gate.event as sys::CUevent, 0), "cuStreamWaitEvent")?;
             }
             let queued = match kernel {
                 Some(k) => regions::run_batched(k, res, slot, kind, ops, host, stream),
@@ -457,7 +461,7 @@ impl Gpu for CudaGpu {
         }
     }
 
-    fn capture_event(&self, event: u64) -> Result<u64> {
+    fn capture_event(&self, event: u64) -> Result<Gate> {
         if event == 0 {
             bail!(InvalidArg, "wait_event is NULL");
         }
@@ -466,18 +470,21 @@ impl Gpu for CudaGpu {
         // SAFETY: driver calls on our streams; a bad caller event makes cuStreamWaitEvent fail.
         unsafe {
             check(sys::cuEventCreate(&mut ev, sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32), "cuEventCreate")?;
-            if let Err(e) = self.captures.capture(event as sys::CUevent, ev) {
-                sys::cuEventDestroy_v2(ev);
-                return Err(Error::new(Status::InvalidArg, format!("wait_event is not a usable CUevent of this device: {}", e.message)));
+            match self.gated.capture(event as sys::CUevent, ev) {
+                Ok(lane) => Ok(Gate { event: ev as u64, lane }),
+                Err(e) => {
+                    sys::cuEventDestroy_v2(ev);
+                    Err(Error::new(Status::InvalidArg, format!("wait_event is not a usable CUevent of this device: {}", e.message)))
+                }
             }
         }
-        Ok(ev as u64)
     }
 
-    fn release_event(&self, event: u64) {
+    fn release_event(&self, gate: Gate) {
+        self.gated.release(gate.lane);
         if let Ok(_current) = self.current() {
             // SAFETY: an event from `capture_event`; streams still waiting keep it alive.
-            unsafe { sys::cuEventDestroy_v2(event as sys::CUevent) };
+            unsafe { sys::cuEventDestroy_v2(gate.event as sys::CUevent) };
         }
     }
 }
@@ -494,8 +501,8 @@ impl Drop for CudaGpu {
                 if let Some(k) = self.kernel.take() {
                     k.unload();
                 }
-                self.captures.free();
-                for s in self.h2d.into_iter().chain(self.d2h).chain(self.gated) {
+                self.gated.free();
+                for s in self.h2d.into_iter().chain(self.d2h) {
                     if !s.is_null() {
                         sys::cuStreamDestroy_v2(s);
                     }
