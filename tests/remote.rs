@@ -456,6 +456,82 @@ fn stalled_peer_main() {
     let _ = std::fs::remove_file(path);
 }
 
+/// A peer stopped (SIGSTOP) and imported again after each read from it into a bounce
+/// slot timed out, then killed: every such read keeps its slot out of the ring, but never
+/// the whole ring. Once all slots but one are held, the next remote -> disk request
+/// ends with `KVX_ERR_REMOTE` saying so, local disk <-> device work goes on through the
+/// slot left, and the engine's destruction returns. Runs in a child process (TCP on
+/// loopback), so a hang fails the test.
+fn held_slots_never_take_the_whole_ring() {
+    run_child("KVX_REMOTE_HELD", "the held-slots case");
+}
+
+/// Runs this binary again with `var` set (TCP on loopback) and waits at most 120 s.
+fn run_child(var: &str, what: &str) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env(var, "1")
+        .env("UCX_TLS", "tcp")
+        .env("UCX_NET_DEVICES", "lo")
+        .spawn()
+        .expect("spawning the test's child");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{what} failed: {status}");
+}
+
+fn held_slots_main() {
+    let blocks = 16;
+    let mut peer = Peer::spawn(blocks);
+    let e = engine_with(|c| c.bounce_bytes = 4 * c.slot_bytes);
+    let (_, total) = e.slots();
+    assert_eq!(total, 4);
+    let timeout = Duration::from_millis(300);
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let path = temp_path("remote-held");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+    let mut remote = import(&e, &peer.blobs[1], timeout);
+    assert_eq!(transfer(&e, &remote[0], &[0], &disk, &[0], &d), Status::Ok, "before the stop");
+    let stopped = Stopped::new(peer.child.id());
+    for round in 0..total as u64 + 1 {
+        let r = e.submit(&remote[0], &[round], &disk, &[round], &d).expect("submit");
+        let s = r.wait(Some(Duration::from_secs(30)));
+        let msg = r.error_message().to_string_lossy().to_string();
+        assert_eq!(s, Status::Remote, "round {round}, the read from the stopped peer: {msg}");
+        let held = e.stats().slots_quarantined;
+        assert!(held < total as u64, "round {round}: all {held} slots held");
+        if held == total as u64 - 1 && round == total as u64 {
+            assert!(msg.contains("bounce slots"), "round {round}: {msg}");
+        }
+        remote = import(&e, &peer.blobs[1], timeout);
+    }
+    assert_eq!(e.stats().slots_quarantined, total as u64 - 1, "every slot but one held");
+    drop(stopped);
+    peer.child.kill().expect("SIGKILL");
+    let _ = peer.child.wait();
+    let (host, dev) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, OUTER_FIRST, StorageKind::Device));
+    let all: Vec<u64> = (0..blocks).collect();
+    let pairs: Vec<_> = all.iter().map(|&b| (b, b)).collect();
+    fill(&host, 7);
+    fill(&dev, 0);
+    assert_eq!(transfer(&e, &host, &all, &disk, &all, &d), Status::Ok, "host -> disk with slots held");
+    assert_eq!(transfer(&e, &disk, &all, &dev, &all, &d), Status::Ok, "disk -> device with slots held");
+    check(&dev, 0, 7, &pairs, 0..4, "disk -> device with slots held");
+    drop((host, dev, disk, remote));
+    drop(e);
+    let _ = std::fs::remove_file(path);
+}
+
 /// A blob refused by import leaves every working import as it was: a newer blob of the
 /// same peer whose layout metadata NIXL refuses, and a blob that names one peer but
 /// carries another's metadata, break neither peer's layouts; the peer's real newer
@@ -569,6 +645,9 @@ fn main() {
     if std::env::var_os("KVX_REMOTE_STALLED").is_some() {
         return stalled_peer_main();
     }
+    if std::env::var_os("KVX_REMOTE_HELD").is_some() {
+        return held_slots_main();
+    }
     let why = kvxfer::io::nixl::missing();
     run(vec![
         case("moves_blocks_both_ways", moves_blocks_both_ways).unless(why.clone()),
@@ -579,6 +658,7 @@ fn main() {
         case("a_refused_blob_leaves_working_imports_alone", a_refused_blob_leaves_working_imports_alone).unless(why.clone()),
         case("a_stalled_peer_holds_the_slot_and_closes_the_import", a_stalled_peer_holds_the_slot_and_closes_the_import)
             .unless(why.clone()),
+        case("held_slots_never_take_the_whole_ring", held_slots_never_take_the_whole_ring).unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),

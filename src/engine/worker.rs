@@ -14,7 +14,7 @@ use super::fanout::Part;
 use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
 use super::stats::Counters;
-use crate::error::Result;
+use crate::error::{Error, Result, Status};
 use crate::gpu::{CopyOp, Fence, Gpu};
 use crate::io::Port;
 use crate::remote::Posted;
@@ -178,9 +178,16 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
 /// when the transfer goes through the slot, until NIXL reports it ended; then it is
 /// released and the slot given back. One that NIXL reported failed is released at once
 /// (NIXL tells nothing more of it), and its slot stays out of the ring for good.
+///
+/// Held slots never take the whole ring (`BounceRing::max_held`): a transfer through a
+/// slot is posted only while the slots held and those of the transfers through slots
+/// already posted stay below that bound, so that even if all of these were held, one
+/// slot would be left for the work that waits on no peer. It waits its turn meanwhile,
+/// and fails with `KVX_ERR_REMOTE` once the held slots alone reach the bound.
 pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
     tight_timer_slack();
     let mut posted: Vec<(Posted, Chunk, bool)> = Vec::new();
+    let mut waiting: Vec<(Chunk, Op)> = Vec::new();
     let mut stalled: Vec<Stalled> = Vec::new();
     let mut progress = std::time::Instant::now();
     loop {
@@ -203,23 +210,18 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
             progress = std::time::Instant::now();
         }
         match job {
-            // Stop comes only after every slot not held, hence every posted chunk, came
-            // back. Stalled transfers are released here; their held slots stay out.
+            // Stop comes only after every slot not held, hence every posted or waiting
+            // chunk, came back. Stalled transfers are released here; their held slots
+            // stay out.
             Some(Job::Stop) => return,
             Some(Job::Part(_)) => unreachable!("read parts go to the I/O workers"),
             Some(Job::Run(mut chunk)) => {
-                let Op::Remote { peer, write, local, remote, ops } = Router::take_op(&mut chunk) else {
-                    unreachable!("only remote transfers are queued here")
-                };
-                let slot = router.ring.addr(chunk.slot)..router.ring.addr(chunk.slot) + router.ring.slot_bytes();
-                let through_slot = ops.iter().any(|o| slot.contains(if write { &o.src } else { &o.dst }));
-                match peer.post(write, local, remote, &ops) {
-                    Ok(p) => posted.push((p, chunk, through_slot)),
-                    Err(e) => router.fail(chunk, e),
-                }
+                let op = Router::take_op(&mut chunk);
+                waiting.push((chunk, op));
             }
             None => {}
         }
+        post_waiting(&router, &mut waiting, &mut posted);
         let now = std::time::Instant::now();
         let mut i = 0;
         while i < posted.len() {
@@ -256,6 +258,57 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
         }
         stalled.retain_mut(|s| s.settle(&router.ring));
     }
+}
+
+/// Posts the waiting chunks that may go now, in the order they came; one through a
+/// bounce slot waits while posting it could let held slots take the whole ring.
+fn post_waiting(router: &Router, waiting: &mut Vec<(Chunk, Op)>, posted: &mut Vec<(Posted, Chunk, bool)>) {
+    let ring = &router.ring;
+    let mut out = posted.iter().filter(|p| p.2).count() as u32;
+    let mut i = 0;
+    while i < waiting.len() {
+        let (chunk, Op::Remote { peer, write, ops, .. }) = &waiting[i] else { unreachable!("only remote transfers are queued here") };
+        let slot = ring.addr(chunk.slot)..ring.addr(chunk.slot) + ring.slot_bytes();
+        let through_slot = ops.iter().any(|o| slot.contains(if *write { &o.src } else { &o.dst }));
+        if through_slot {
+            let held = ring.held();
+            if held >= ring.max_held() {
+                let err = too_many_held(&peer.name, held, ring.slots());
+                router.fail(waiting.remove(i).0, err);
+                continue;
+            }
+            if held + out >= ring.max_held() {
+                i += 1;
+                continue;
+            }
+        }
+        let (chunk, op) = waiting.remove(i);
+        let Op::Remote { peer, write, local, remote, ops } = op else { unreachable!("checked above") };
+        match peer.post(write, local, remote, &ops) {
+            Ok(p) => {
+                out += through_slot as u32;
+                posted.push((p, chunk, through_slot))
+            }
+            Err(e) => router.fail(chunk, e),
+        }
+    }
+}
+
+/// The error of a transfer through a bounce slot refused because held slots reached
+/// `BounceRing::max_held`.
+fn too_many_held(peer: &str, held: u32, slots: u32) -> Error {
+    if slots == 1 {
+        return Error::new(
+            Status::Remote,
+            format!("remote peer {peer}: a transfer between a remote layout and a disk layout needs a bounce ring of 2 slots or more (bounce_bytes / slot_bytes)"),
+        );
+    }
+    Error::new(
+        Status::Remote,
+        format!(
+            "remote peer {peer}: {held} of the engine's {slots} bounce slots are held by remote transfers that timed out or failed and that NIXL has not reported ended, and the last one is kept for local work. A held slot comes back when its transfer ends (a peer that was stalled and resumes); destroy and recreate the engine to get back the rest"
+        ),
+    )
 }
 
 /// A remote transfer that timed out or failed, kept until NIXL reports it ended.
