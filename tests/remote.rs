@@ -385,25 +385,7 @@ impl Drop for Stopped {
 /// reported the read ended, and the peer imported again works. Runs in a child process
 /// (TCP on loopback), so a hang fails the test.
 fn a_stalled_peer_holds_the_slot_and_closes_the_import() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env("KVX_REMOTE_STALLED", "1")
-        .env("UCX_TLS", "tcp")
-        .env("UCX_NET_DEVICES", "lo")
-        .spawn()
-        .expect("spawning the test's child");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("waiting for the child") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the stalled-peer case did not end within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "the stalled-peer case failed: {status}");
+    run_child("KVX_REMOTE_STALLED", "the stalled-peer case");
 }
 
 fn stalled_peer_main() {
@@ -532,6 +514,45 @@ fn held_slots_main() {
     let _ = std::fs::remove_file(path);
 }
 
+/// A stopped peer (SIGSTOP) is imported again while a read from it into a bounce slot
+/// runs: the read ends at once with `KVX_ERR_REMOTE` saying its import was replaced, not
+/// at the import's timeout, and NIXL is not asked about it again (the metadata it was
+/// checked against is gone); its slot stays out of the ring. Runs in a child process
+/// (TCP on loopback).
+fn a_read_from_a_replaced_import_ends_at_once() {
+    run_child("KVX_REMOTE_REPLACED", "the replaced-import case");
+}
+
+fn replaced_import_main() {
+    let blocks = 16;
+    let peer = Peer::spawn(blocks);
+    let e = engine();
+    let timeout = Duration::from_secs(60);
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let path = temp_path("remote-replaced");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+    let remote = import(&e, &peer.blobs[1], timeout);
+    assert_eq!(transfer(&e, &remote[0], &[0], &disk, &[0], &d), Status::Ok, "before the stop");
+    let stopped = Stopped::new(peer.child.id());
+    let r = e.submit(&remote[0], &[1], &disk, &[1], &d).expect("submit");
+    // Most likely posted by now; a read not posted yet is refused at its post, which
+    // ends it at once too.
+    std::thread::sleep(Duration::from_millis(500));
+    let again = import(&e, &peer.blobs[1], timeout);
+    let s = r.wait(Some(timeout / 2));
+    let msg = r.error_message().to_string_lossy().to_string();
+    assert_eq!(s, Status::Remote, "the read from the replaced import: {msg}");
+    assert!(msg.contains("newer blob"), "{msg}");
+    assert!(e.stats().slots_quarantined <= 1);
+    drop(stopped);
+    let local = make_layout(&e, &c, FC, StorageKind::Host);
+    fill(&local, 0);
+    assert_eq!(transfer(&e, &again[0], &[1], &local, &[2], &d), Status::Ok, "with the new import");
+    check(&local, 0, PEER_SEEDS[0], &[(1, 2)], 0..4, "with the new import");
+    let _ = std::fs::remove_file(path);
+}
+
 /// A blob refused by import leaves every working import as it was: a newer blob of the
 /// same peer whose layout metadata NIXL refuses, and a blob that names one peer but
 /// carries another's metadata, break neither peer's layouts; the peer's real newer
@@ -645,6 +666,9 @@ fn main() {
     if std::env::var_os("KVX_REMOTE_STALLED").is_some() {
         return stalled_peer_main();
     }
+    if std::env::var_os("KVX_REMOTE_REPLACED").is_some() {
+        return replaced_import_main();
+    }
     if std::env::var_os("KVX_REMOTE_HELD").is_some() {
         return held_slots_main();
     }
@@ -659,6 +683,7 @@ fn main() {
         case("a_stalled_peer_holds_the_slot_and_closes_the_import", a_stalled_peer_holds_the_slot_and_closes_the_import)
             .unless(why.clone()),
         case("held_slots_never_take_the_whole_ring", held_slots_never_take_the_whole_ring).unless(why.clone()),
+        case("a_read_from_a_replaced_import_ends_at_once", a_read_from_a_replaced_import_ends_at_once).unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),

@@ -226,7 +226,9 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
         let mut i = 0;
         while i < posted.len() {
             let p = &mut posted[i].0;
-            let outcome = match p.done() {
+            // A replaced import dropped the metadata NIXL checks the transfer against:
+            // it is not asked about it again (`Stalled::settle`).
+            let outcome = match if p.peer.stale() { Err(p.replaced()) } else { p.done() } {
                 Ok(false) if now < p.deadline => None,
                 Ok(false) => Some(Err(p.timed_out())),
                 Ok(true) => Some(Ok(())),

@@ -356,6 +356,17 @@ impl Posted {
         }
     }
 
+    /// The error of a transfer whose peer was imported again while it ran.
+    pub fn replaced(&self) -> Error {
+        Error::new(
+            Status::Remote,
+            format!(
+                "remote peer {}: a newer blob of it was imported while a transfer with the older import ran; submit again with the layouts of the newer import. The transfer's local blocks may still be written",
+                self.peer.name
+            ),
+        )
+    }
+
     pub fn timed_out(&self) -> Error {
         Error::new(
             Status::Remote,
