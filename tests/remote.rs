@@ -553,6 +553,46 @@ fn replaced_import_main() {
     let _ = std::fs::remove_file(path);
 }
 
+/// The peer is killed, then a read from it into a bounce slot is submitted: it ends
+/// with `KVX_ERR_REMOTE`, and its slot stays out of the ring, whether NIXL refused its
+/// post (after which parts of it may have been issued) or failed the transfer. Local
+/// work goes on, and the engine's destruction returns. Runs in a child process (TCP on
+/// loopback).
+fn a_read_from_a_killed_peer_holds_its_slot() {
+    run_child("KVX_REMOTE_KILLED", "the killed-peer read case");
+}
+
+fn killed_peer_read_main() {
+    let blocks = 16;
+    let mut peer = Peer::spawn(blocks);
+    let e = engine_with(|c| c.bounce_bytes = 4 * c.slot_bytes);
+    let (_, total) = e.slots();
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let path = temp_path("remote-killed-read");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+    let remote = import(&e, &peer.blobs[1], Duration::from_secs(5));
+    assert_eq!(transfer(&e, &remote[0], &[0], &disk, &[0], &d), Status::Ok, "before the kill");
+    peer.child.kill().expect("SIGKILL");
+    let _ = peer.child.wait();
+    let r = e.submit(&remote[0], &[1], &disk, &[1], &d).expect("submit");
+    let s = r.wait(Some(Duration::from_secs(30)));
+    let msg = r.error_message().to_string_lossy().to_string();
+    assert_eq!(s, Status::Remote, "the read from the killed peer: {msg}");
+    assert_eq!(e.stats().slots_quarantined, 1, "the slot of the read that may have been issued is held: {msg}");
+    assert_eq!(e.slots().0, total - 1);
+    let (host, dev) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, OUTER_FIRST, StorageKind::Device));
+    let all: Vec<u64> = (0..blocks).collect();
+    fill(&host, 3);
+    fill(&dev, 0);
+    assert_eq!(transfer(&e, &host, &all, &disk, &all, &d), Status::Ok, "host -> disk after the kill");
+    assert_eq!(transfer(&e, &disk, &all, &dev, &all, &d), Status::Ok, "disk -> device after the kill");
+    check(&dev, 0, 3, &all.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..4, "disk -> device after the kill");
+    drop((host, dev, disk, remote));
+    drop(e);
+    let _ = std::fs::remove_file(path);
+}
+
 /// A blob refused by import leaves every working import as it was: a newer blob of the
 /// same peer whose layout metadata NIXL refuses, and a blob that names one peer but
 /// carries another's metadata, break neither peer's layouts; the peer's real newer
@@ -669,6 +709,9 @@ fn main() {
     if std::env::var_os("KVX_REMOTE_REPLACED").is_some() {
         return replaced_import_main();
     }
+    if std::env::var_os("KVX_REMOTE_KILLED").is_some() {
+        return killed_peer_read_main();
+    }
     if std::env::var_os("KVX_REMOTE_HELD").is_some() {
         return held_slots_main();
     }
@@ -684,6 +727,7 @@ fn main() {
             .unless(why.clone()),
         case("held_slots_never_take_the_whole_ring", held_slots_never_take_the_whole_ring).unless(why.clone()),
         case("a_read_from_a_replaced_import_ends_at_once", a_read_from_a_replaced_import_ends_at_once).unless(why.clone()),
+        case("a_read_from_a_killed_peer_holds_its_slot", a_read_from_a_killed_peer_holds_its_slot).unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),

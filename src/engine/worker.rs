@@ -17,7 +17,7 @@ use super::stats::Counters;
 use crate::error::{Error, Result, Status};
 use crate::gpu::{CopyOp, Fence, Gpu};
 use crate::io::Port;
-use crate::remote::Posted;
+use crate::remote::{PostFailed, Posted};
 use crossbeam_channel::Receiver;
 use std::sync::Arc;
 
@@ -177,7 +177,8 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
 /// writes already under way. It is kept (`Stalled`), with its slot held out of the ring
 /// when the transfer goes through the slot, until NIXL reports it ended; then it is
 /// released and the slot given back. One that NIXL reported failed is released at once
-/// (NIXL tells nothing more of it), and its slot stays out of the ring for good.
+/// (NIXL tells nothing more of it), and its slot stays out of the ring for good; so does
+/// the slot of one whose post failed after NIXL may have issued parts of it.
 ///
 /// Held slots never take the whole ring (`BounceRing::max_held`): a transfer through a
 /// slot is posted only while the slots held and those of the transfers through slots
@@ -291,7 +292,19 @@ fn post_waiting(router: &Router, waiting: &mut Vec<(Chunk, Op)>, posted: &mut Ve
                 out += through_slot as u32;
                 posted.push((p, chunk, through_slot))
             }
-            Err(e) => router.fail(chunk, e),
+            // Parts of a transfer whose post failed may still run, and NIXL tells
+            // nothing more of it: its slot stays out of the ring for good.
+            Err(PostFailed { error, maybe_issued: true }) if through_slot => {
+                peer.close();
+                let slot = router.fail_holding_slot(chunk, error);
+                log::warn!("a remote transfer through bounce slot {slot} failed to post after NIXL may have issued parts of it; the slot stays out of the ring for good");
+            }
+            Err(PostFailed { error, maybe_issued }) => {
+                if maybe_issued {
+                    peer.close();
+                }
+                router.fail(chunk, error)
+            }
         }
     }
 }
