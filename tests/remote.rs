@@ -593,6 +593,35 @@ fn killed_peer_read_main() {
     let _ = std::fs::remove_file(path);
 }
 
+/// A read from a stopped peer (SIGSTOP) straight into a local layout times out; the
+/// caller then drops the request and the layout. The layout lives on (its memory stays
+/// allocated and registered) while the read may still write it. Runs in a child process
+/// (TCP on loopback).
+fn a_timed_out_read_keeps_its_local_layout() {
+    run_child("KVX_REMOTE_KEEPS", "the kept-layout case");
+}
+
+fn kept_layout_main() {
+    let blocks = 16;
+    let peer = Peer::spawn(blocks);
+    let e = engine();
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let remote = import(&e, &peer.blobs[1], Duration::from_millis(500));
+    let local = make_layout(&e, &c, FC, StorageKind::Host);
+    assert_eq!(transfer(&e, &remote[0], &[0], &local, &[0], &d), Status::Ok, "before the stop");
+    let stopped = Stopped::new(peer.child.id());
+    let r = e.submit(&remote[0], &[1], &local, &[1], &d).expect("submit");
+    let s = r.wait(Some(Duration::from_secs(30)));
+    let msg = r.error_message().to_string_lossy().to_string();
+    assert_eq!(s, Status::Remote, "the read from the stopped peer: {msg}");
+    assert!(msg.contains("within"), "{msg}");
+    let kept = Arc::downgrade(&local);
+    drop((r, local));
+    assert!(kept.upgrade().is_some(), "the layout a timed-out read may still write was freed");
+    drop(stopped);
+}
+
 /// A blob refused by import leaves every working import as it was: a newer blob of the
 /// same peer whose layout metadata NIXL refuses, and a blob that names one peer but
 /// carries another's metadata, break neither peer's layouts; the peer's real newer
@@ -709,6 +738,9 @@ fn main() {
     if std::env::var_os("KVX_REMOTE_REPLACED").is_some() {
         return replaced_import_main();
     }
+    if std::env::var_os("KVX_REMOTE_KEEPS").is_some() {
+        return kept_layout_main();
+    }
     if std::env::var_os("KVX_REMOTE_KILLED").is_some() {
         return killed_peer_read_main();
     }
@@ -728,6 +760,7 @@ fn main() {
         case("held_slots_never_take_the_whole_ring", held_slots_never_take_the_whole_ring).unless(why.clone()),
         case("a_read_from_a_replaced_import_ends_at_once", a_read_from_a_replaced_import_ends_at_once).unless(why.clone()),
         case("a_read_from_a_killed_peer_holds_its_slot", a_read_from_a_killed_peer_holds_its_slot).unless(why.clone()),
+        case("a_timed_out_read_keeps_its_local_layout", a_timed_out_read_keeps_its_local_layout).unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),
