@@ -4,8 +4,9 @@
 //! backend, byte-exact, with random ids and layer ranges, to and from memory and disk.
 //! Then the peer is SIGKILLed mid-transfer: the survivor's requests end with
 //! `KVX_ERR_REMOTE` within the import's timeout and local work goes on; a stopped peer's
-//! read keeps its bounce slot out of the ring until NIXL reports it ended. Bad blobs are
-//! refused and leave working imports alone. Skipped (and counted) without NIXL's libraries on the library path.
+//! read keeps its bounce slot out of the ring until NIXL reports it ended, and a direct
+//! read its local layout alive; held slots never take the whole ring; a replaced import
+//! ends its transfers at once. Bad blobs are refused and leave working imports alone. Skipped (and counted) without NIXL's libraries on the library path.
 mod common;
 use common::cases::{case, run};
 use common::*;
