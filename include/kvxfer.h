@@ -145,9 +145,13 @@ typedef struct kvx_stats {
   uint64_t host_copy_ns;
   uint64_t device_copy_ns;
   uint64_t slot_wait_ns;
-  // ABI 1.4: bounce slots held out of the ring now, because a remote transfer through
-  // each timed out or failed and NIXL has not reported it ended (it may still write
-  // the slot). A slot whose transfer NIXL reported failed stays out for good.
+  // ABI 1.4: bounce slots held out of the ring now, because a remote ↔ disk
+  // transfer through each timed out or failed and NIXL has not reported it ended (it
+  // may still read or write the slot). Such a slot comes back when NIXL reports the
+  // transfer ended (a stalled peer that resumes); it stays out for good when NIXL
+  // reported the transfer failed, its post failed, or the peer was imported again
+  // first. At most all slots but one are held: past that, remote ↔ disk chunks end
+  // with `KVX_ERR_REMOTE` while local work goes on.
   uint64_t slots_quarantined;
 } kvx_stats;
 
@@ -326,8 +330,10 @@ typedef struct kvx_api {
 #define KVX_ERR_INTERNAL 16
 
 // A remote peer (an imported layout's engine) failed a transfer, did not answer within
-// the import's timeout, or exited; local work is unaffected. Re-import its blob once it
-// is back. (1.3)
+// the import's timeout, or exited; or its import was closed by such a transfer or
+// replaced; or too many bounce slots are held by such transfers (`slots_quarantined`)
+// for a remote ↔ disk chunk to take one. Local work is unaffected. Re-import its blob
+// once it is back. (1.3)
 #define KVX_ERR_REMOTE 17
 
 #ifdef __cplusplus
@@ -499,11 +505,15 @@ void kvx_blob_destroy(struct kvx_blob *blob);
 // The handles are used in `kvx_transfer_submit` like local ones, with a local memory
 // or disk layout on the other side; each is freed with `kvx_layout_destroy`.
 // `timeout_ms`: how long one transfer with this peer may take before its request ends
-// with `KVX_ERR_REMOTE` (0: 10 000). A newer blob of the same peer replaces the older
-// import (transfers with the older handles are then refused). `KVX_ERR_INVALID_ARG`
+// with `KVX_ERR_REMOTE` (0: 10 000). A transfer that times out or fails also closes
+// the import: later submits with its handles fail with `KVX_ERR_REMOTE` until the
+// peer's blob is imported again. A newer blob of the same peer (or the same blob
+// again) replaces the older import: transfers with the older handles are then
+// refused, and those still running end with `KVX_ERR_REMOTE`. `KVX_ERR_INVALID_ARG`
 // with the reason for a damaged, truncated or foreign blob, one of another ABI major,
 // an older export than the one imported, or this engine's own blob;
-// `KVX_ERR_UNSUPPORTED` without NIXL/UCX. (1.3)
+// `KVX_ERR_UNSUPPORTED` without NIXL/UCX; `KVX_ERR_REMOTE` when NIXL fails to load
+// metadata it had accepted on a checking agent, or fails to start (import again). (1.3)
 kvx_status kvx_engine_import(struct kvx_engine *e,
                              const uint8_t *blob,
                              size_t blob_len,

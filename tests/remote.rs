@@ -4,8 +4,9 @@
 //! backend, byte-exact, with random ids and layer ranges, to and from memory and disk.
 //! Then the peer is SIGKILLed mid-transfer: the survivor's requests end with
 //! `KVX_ERR_REMOTE` within the import's timeout and local work goes on; a stopped peer's
-//! read keeps its bounce slot out of the ring until NIXL reports it ended. Bad blobs are
-//! refused and leave working imports alone. Skipped (and counted) without NIXL's libraries on the library path.
+//! read keeps its bounce slot out of the ring until NIXL reports it ended, and a direct
+//! read its local layout alive; held slots never take the whole ring; a replaced import
+//! ends its transfers at once. Bad blobs are refused and leave working imports alone. Skipped (and counted) without NIXL's libraries on the library path.
 mod common;
 use common::cases::{case, run};
 use common::*;
@@ -385,25 +386,7 @@ impl Drop for Stopped {
 /// reported the read ended, and the peer imported again works. Runs in a child process
 /// (TCP on loopback), so a hang fails the test.
 fn a_stalled_peer_holds_the_slot_and_closes_the_import() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env("KVX_REMOTE_STALLED", "1")
-        .env("UCX_TLS", "tcp")
-        .env("UCX_NET_DEVICES", "lo")
-        .spawn()
-        .expect("spawning the test's child");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("waiting for the child") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the stalled-peer case did not end within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "the stalled-peer case failed: {status}");
+    run_child("KVX_REMOTE_STALLED", "the stalled-peer case");
 }
 
 fn stalled_peer_main() {
@@ -454,6 +437,190 @@ fn stalled_peer_main() {
     assert_eq!(transfer(&e, &again[0], &[1], &local, &[2], &d), Status::Ok, "after importing the peer again");
     check(&local, 0, PEER_SEEDS[0], &[(1, 2)], 0..4, "after importing the peer again");
     let _ = std::fs::remove_file(path);
+}
+
+/// A peer stopped (SIGSTOP) and imported again after each read from it into a bounce
+/// slot timed out, then killed: every such read keeps its slot out of the ring, but never
+/// the whole ring. Once all slots but one are held, the next remote -> disk request
+/// ends with `KVX_ERR_REMOTE` saying so, local disk <-> device work goes on through the
+/// slot left, and the engine's destruction returns. Runs in a child process (TCP on
+/// loopback), so a hang fails the test.
+fn held_slots_never_take_the_whole_ring() {
+    run_child("KVX_REMOTE_HELD", "the held-slots case");
+}
+
+/// Runs this binary again with `var` set (TCP on loopback) and waits at most 120 s.
+fn run_child(var: &str, what: &str) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env(var, "1")
+        .env("UCX_TLS", "tcp")
+        .env("UCX_NET_DEVICES", "lo")
+        .spawn()
+        .expect("spawning the test's child");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{what} failed: {status}");
+}
+
+fn held_slots_main() {
+    let blocks = 16;
+    let mut peer = Peer::spawn(blocks);
+    let e = engine_with(|c| c.bounce_bytes = 4 * c.slot_bytes);
+    let (_, total) = e.slots();
+    assert_eq!(total, 4);
+    let timeout = Duration::from_millis(300);
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let path = temp_path("remote-held");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+    let mut remote = import(&e, &peer.blobs[1], timeout);
+    assert_eq!(transfer(&e, &remote[0], &[0], &disk, &[0], &d), Status::Ok, "before the stop");
+    let stopped = Stopped::new(peer.child.id());
+    for round in 0..total as u64 + 1 {
+        let r = e.submit(&remote[0], &[round], &disk, &[round], &d).expect("submit");
+        let s = r.wait(Some(Duration::from_secs(30)));
+        let msg = r.error_message().to_string_lossy().to_string();
+        assert_eq!(s, Status::Remote, "round {round}, the read from the stopped peer: {msg}");
+        let held = e.stats().slots_quarantined;
+        assert!(held < total as u64, "round {round}: all {held} slots held");
+        if held == total as u64 - 1 && round == total as u64 {
+            assert!(msg.contains("bounce slots"), "round {round}: {msg}");
+        }
+        remote = import(&e, &peer.blobs[1], timeout);
+    }
+    assert_eq!(e.stats().slots_quarantined, total as u64 - 1, "every slot but one held");
+    drop(stopped);
+    peer.child.kill().expect("SIGKILL");
+    let _ = peer.child.wait();
+    let (host, dev) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, OUTER_FIRST, StorageKind::Device));
+    let all: Vec<u64> = (0..blocks).collect();
+    let pairs: Vec<_> = all.iter().map(|&b| (b, b)).collect();
+    fill(&host, 7);
+    fill(&dev, 0);
+    assert_eq!(transfer(&e, &host, &all, &disk, &all, &d), Status::Ok, "host -> disk with slots held");
+    assert_eq!(transfer(&e, &disk, &all, &dev, &all, &d), Status::Ok, "disk -> device with slots held");
+    check(&dev, 0, 7, &pairs, 0..4, "disk -> device with slots held");
+    drop((host, dev, disk, remote));
+    drop(e);
+    let _ = std::fs::remove_file(path);
+}
+
+/// A stopped peer (SIGSTOP) is imported again while a read from it into a bounce slot
+/// runs: the read ends at once with `KVX_ERR_REMOTE` saying its import was replaced, not
+/// at the import's timeout, and NIXL is not asked about it again (the metadata it was
+/// checked against is gone); its slot stays out of the ring. Runs in a child process
+/// (TCP on loopback).
+fn a_read_from_a_replaced_import_ends_at_once() {
+    run_child("KVX_REMOTE_REPLACED", "the replaced-import case");
+}
+
+fn replaced_import_main() {
+    let blocks = 16;
+    let peer = Peer::spawn(blocks);
+    let e = engine();
+    let timeout = Duration::from_secs(60);
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let path = temp_path("remote-replaced");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+    let remote = import(&e, &peer.blobs[1], timeout);
+    assert_eq!(transfer(&e, &remote[0], &[0], &disk, &[0], &d), Status::Ok, "before the stop");
+    let stopped = Stopped::new(peer.child.id());
+    let r = e.submit(&remote[0], &[1], &disk, &[1], &d).expect("submit");
+    // Most likely posted by now; a read not posted yet is refused at its post, which
+    // ends it at once too.
+    std::thread::sleep(Duration::from_millis(500));
+    let again = import(&e, &peer.blobs[1], timeout);
+    let s = r.wait(Some(timeout / 2));
+    let msg = r.error_message().to_string_lossy().to_string();
+    assert_eq!(s, Status::Remote, "the read from the replaced import: {msg}");
+    assert!(msg.contains("newer blob"), "{msg}");
+    assert!(e.stats().slots_quarantined <= 1);
+    drop(stopped);
+    let local = make_layout(&e, &c, FC, StorageKind::Host);
+    fill(&local, 0);
+    assert_eq!(transfer(&e, &again[0], &[1], &local, &[2], &d), Status::Ok, "with the new import");
+    check(&local, 0, PEER_SEEDS[0], &[(1, 2)], 0..4, "with the new import");
+    let _ = std::fs::remove_file(path);
+}
+
+/// The peer is killed, then a read from it into a bounce slot is submitted: it ends
+/// with `KVX_ERR_REMOTE`, and its slot stays out of the ring, whether NIXL refused its
+/// post (after which parts of it may have been issued) or failed the transfer. Local
+/// work goes on, and the engine's destruction returns. Runs in a child process (TCP on
+/// loopback).
+fn a_read_from_a_killed_peer_holds_its_slot() {
+    run_child("KVX_REMOTE_KILLED", "the killed-peer read case");
+}
+
+fn killed_peer_read_main() {
+    let blocks = 16;
+    let mut peer = Peer::spawn(blocks);
+    let e = engine_with(|c| c.bounce_bytes = 4 * c.slot_bytes);
+    let (_, total) = e.slots();
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let path = temp_path("remote-killed-read");
+    let disk = e.create_disk_layout(&c, &path, DiskFlags::CREATE).expect("disk layout");
+    let remote = import(&e, &peer.blobs[1], Duration::from_secs(5));
+    assert_eq!(transfer(&e, &remote[0], &[0], &disk, &[0], &d), Status::Ok, "before the kill");
+    peer.child.kill().expect("SIGKILL");
+    let _ = peer.child.wait();
+    let r = e.submit(&remote[0], &[1], &disk, &[1], &d).expect("submit");
+    let s = r.wait(Some(Duration::from_secs(30)));
+    let msg = r.error_message().to_string_lossy().to_string();
+    assert_eq!(s, Status::Remote, "the read from the killed peer: {msg}");
+    assert_eq!(e.stats().slots_quarantined, 1, "the slot of the read that may have been issued is held: {msg}");
+    assert_eq!(e.slots().0, total - 1);
+    let (host, dev) = (make_layout(&e, &c, FC, StorageKind::Host), make_layout(&e, &c, OUTER_FIRST, StorageKind::Device));
+    let all: Vec<u64> = (0..blocks).collect();
+    fill(&host, 3);
+    fill(&dev, 0);
+    assert_eq!(transfer(&e, &host, &all, &disk, &all, &d), Status::Ok, "host -> disk after the kill");
+    assert_eq!(transfer(&e, &disk, &all, &dev, &all, &d), Status::Ok, "disk -> device after the kill");
+    check(&dev, 0, 3, &all.iter().map(|&b| (b, b)).collect::<Vec<_>>(), 0..4, "disk -> device after the kill");
+    drop((host, dev, disk, remote));
+    drop(e);
+    let _ = std::fs::remove_file(path);
+}
+
+/// A read from a stopped peer (SIGSTOP) straight into a local layout times out; the
+/// caller then drops the request and the layout. The layout lives on (its memory stays
+/// allocated and registered) while the read may still write it. Runs in a child process
+/// (TCP on loopback).
+fn a_timed_out_read_keeps_its_local_layout() {
+    run_child("KVX_REMOTE_KEEPS", "the kept-layout case");
+}
+
+fn kept_layout_main() {
+    let blocks = 16;
+    let peer = Peer::spawn(blocks);
+    let e = engine();
+    let c = peer_cfg(blocks);
+    let d = TransferOptions::default();
+    let remote = import(&e, &peer.blobs[1], Duration::from_millis(500));
+    let local = make_layout(&e, &c, FC, StorageKind::Host);
+    assert_eq!(transfer(&e, &remote[0], &[0], &local, &[0], &d), Status::Ok, "before the stop");
+    let stopped = Stopped::new(peer.child.id());
+    let r = e.submit(&remote[0], &[1], &local, &[1], &d).expect("submit");
+    let s = r.wait(Some(Duration::from_secs(30)));
+    let msg = r.error_message().to_string_lossy().to_string();
+    assert_eq!(s, Status::Remote, "the read from the stopped peer: {msg}");
+    assert!(msg.contains("within"), "{msg}");
+    let kept = Arc::downgrade(&local);
+    drop((r, local));
+    assert!(kept.upgrade().is_some(), "the layout a timed-out read may still write was freed");
+    drop(stopped);
 }
 
 /// A blob refused by import leaves every working import as it was: a newer blob of the
@@ -569,6 +736,18 @@ fn main() {
     if std::env::var_os("KVX_REMOTE_STALLED").is_some() {
         return stalled_peer_main();
     }
+    if std::env::var_os("KVX_REMOTE_REPLACED").is_some() {
+        return replaced_import_main();
+    }
+    if std::env::var_os("KVX_REMOTE_KEEPS").is_some() {
+        return kept_layout_main();
+    }
+    if std::env::var_os("KVX_REMOTE_KILLED").is_some() {
+        return killed_peer_read_main();
+    }
+    if std::env::var_os("KVX_REMOTE_HELD").is_some() {
+        return held_slots_main();
+    }
     let why = kvxfer::io::nixl::missing();
     run(vec![
         case("moves_blocks_both_ways", moves_blocks_both_ways).unless(why.clone()),
@@ -579,6 +758,10 @@ fn main() {
         case("a_refused_blob_leaves_working_imports_alone", a_refused_blob_leaves_working_imports_alone).unless(why.clone()),
         case("a_stalled_peer_holds_the_slot_and_closes_the_import", a_stalled_peer_holds_the_slot_and_closes_the_import)
             .unless(why.clone()),
+        case("held_slots_never_take_the_whole_ring", held_slots_never_take_the_whole_ring).unless(why.clone()),
+        case("a_read_from_a_replaced_import_ends_at_once", a_read_from_a_replaced_import_ends_at_once).unless(why.clone()),
+        case("a_read_from_a_killed_peer_holds_its_slot", a_read_from_a_killed_peer_holds_its_slot).unless(why.clone()),
+        case("a_timed_out_read_keeps_its_local_layout", a_timed_out_read_keeps_its_local_layout).unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),

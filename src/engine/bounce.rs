@@ -11,7 +11,7 @@
 use crate::error::{bail, Result};
 use crate::gpu::Gpu;
 use crate::host::prefault;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 pub struct BounceRing {
@@ -25,6 +25,8 @@ pub struct BounceRing {
     /// Slots held out of the ring (`hold`): a remote transfer through them timed out or
     /// failed and may still read or write them. Changed under `free`'s lock.
     held: AtomicU32,
+    /// Set when the engine shuts down (`close`): `acquire` no longer waits.
+    closed: AtomicBool,
 }
 
 // SAFETY: the ring only hands out addresses; ownership of each slot's bytes is the token.
@@ -43,7 +45,16 @@ impl BounceRing {
         unsafe { prefault(base, total) };
         // Slot 0 on top: the first chunks take the ring's start in order.
         let free = Mutex::new((0..slots).rev().collect());
-        Ok(BounceRing { gpu, base, total, slot_bytes, free, freed: Condvar::new(), held: AtomicU32::new(0) })
+        Ok(BounceRing {
+            gpu,
+            base,
+            total,
+            slot_bytes,
+            free,
+            freed: Condvar::new(),
+            held: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+        })
     }
 
     pub fn slots(&self) -> u32 {
@@ -75,15 +86,33 @@ impl BounceRing {
         self.free_slots() * 2 >= self.slots()
     }
 
-    /// Blocks (sleeping) until a slot is free.
-    pub fn acquire(&self) -> u32 {
+    /// Blocks (sleeping) until a slot is free; `None` once the ring is closed.
+    pub fn acquire(&self) -> Option<u32> {
         let mut free = self.free.lock().unwrap();
         loop {
+            if self.closed.load(Ordering::Acquire) {
+                return None;
+            }
             match free.pop() {
-                Some(slot) => return slot,
+                Some(slot) => return Some(slot),
                 None => free = self.freed.wait(free).unwrap(),
             }
         }
+    }
+
+    /// Wakes every `acquire` waiting and makes later ones return `None` at once: the
+    /// engine is shutting down, and a slot may not come back soon (or at all, while
+    /// remote transfers hold slots).
+    pub fn close(&self) {
+        let _free = self.free.lock().unwrap();
+        self.closed.store(true, Ordering::Release);
+        self.freed.notify_all();
+    }
+
+    /// The most slots that remote transfers may hold out of the ring at once (`hold`):
+    /// one always stays for the work that waits on no peer.
+    pub fn max_held(&self) -> u32 {
+        self.slots() - 1
     }
 
     /// A free slot if there is one now.
@@ -181,10 +210,10 @@ mod tests {
     #[test]
     fn the_most_recently_freed_slot_is_reused_first() {
         let ring = BounceRing::new(Arc::new(Emulated::default()), 4, 64 << 10).unwrap();
-        let (a, b) = (ring.acquire(), ring.acquire());
+        let (a, b) = (ring.acquire().unwrap(), ring.acquire().unwrap());
         assert_eq!((a, b), (0, 1), "a fresh ring hands out its slots from the start");
         ring.release(a);
-        assert_eq!(ring.acquire(), a);
+        assert_eq!(ring.acquire(), Some(a));
         ring.release(b);
         ring.release(a);
         assert_eq!((ring.try_acquire(), ring.try_acquire(), ring.try_acquire()), (Some(a), Some(b), Some(2)));
@@ -195,9 +224,9 @@ mod tests {
     fn a_ring_is_shallow_until_more_than_half_its_slots_are_held() {
         let ring = BounceRing::new(Arc::new(Emulated::default()), 4, 64 << 10).unwrap();
         assert!(ring.shallow(), "an idle ring");
-        let (a, b) = (ring.acquire(), ring.acquire());
+        let (a, b) = (ring.acquire().unwrap(), ring.acquire().unwrap());
         assert!(ring.shallow(), "two of four held");
-        let c = ring.acquire();
+        let c = ring.acquire().unwrap();
         assert!(!ring.shallow(), "three of four held");
         ring.release(c);
         assert!(ring.shallow(), "back to two of four");
@@ -210,7 +239,7 @@ mod tests {
     #[test]
     fn a_held_slot_stays_out_until_given_back_and_a_drain_does_not_wait_for_it() {
         let ring = Arc::new(BounceRing::new(Arc::new(Emulated::default()), 2, 64 << 10).unwrap());
-        let (a, b) = (ring.acquire(), ring.acquire());
+        let (a, b) = (ring.acquire().unwrap(), ring.acquire().unwrap());
         ring.hold(a);
         ring.release(b);
         assert_eq!((ring.held(), ring.free_slots()), (1, 1));
@@ -218,7 +247,7 @@ mod tests {
         ring.release(b);
         ring.unhold(a);
         assert_eq!((ring.held(), ring.free_slots()), (0, 2));
-        let (a, b) = (ring.acquire(), ring.acquire());
+        let (a, b) = (ring.acquire().unwrap(), ring.acquire().unwrap());
         ring.hold(a);
         ring.release(b);
         let r = ring.clone();
@@ -235,12 +264,31 @@ mod tests {
     #[test]
     fn acquire_waits_for_a_release() {
         let ring = Arc::new(BounceRing::new(Arc::new(Emulated::default()), 1, 64 << 10).unwrap());
-        let slot = ring.acquire();
+        let slot = ring.acquire().unwrap();
         let r = ring.clone();
         let waiter = std::thread::spawn(move || r.acquire());
         std::thread::sleep(Duration::from_millis(20));
         assert!(!waiter.is_finished(), "acquire returned with no slot free");
         ring.release(slot);
-        assert_eq!(waiter.join().unwrap(), slot);
+        assert_eq!(waiter.join().unwrap(), Some(slot));
+    }
+
+    /// A waiter blocked on a ring whose every slot is held wakes when the ring is
+    /// closed, and gets no slot; later waiters get none at once.
+    #[test]
+    fn close_wakes_a_waiter_on_a_held_ring() {
+        let ring = Arc::new(BounceRing::new(Arc::new(Emulated::default()), 1, 64 << 10).unwrap());
+        let slot = ring.acquire().unwrap();
+        ring.hold(slot);
+        let r = ring.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(r.acquire());
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        ring.close();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(None), "the waiter did not wake with no slot");
+        ring.unhold(slot);
+        assert_eq!(ring.acquire(), None, "a closed ring handed out a slot");
     }
 }

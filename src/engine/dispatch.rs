@@ -142,12 +142,28 @@ pub fn dispatch_here(router: &Router, ring: &BounceRing, req: &Arc<Request>, mut
     Some(planner)
 }
 
-/// On the dispatcher: waits for a slot and issues the request's next chunk in it.
+/// On the dispatcher: waits for a slot and issues the request's next chunk in it. A
+/// request that was stopped, or an engine shutting down, waits for no slot: one may
+/// not come back soon.
 fn issue_next(router: &Router, ring: &BounceRing, req: &Arc<Request>, planner: &mut Planner) -> bool {
+    if router.shutting_down() && !req.stopped() {
+        req.cancel_from_engine();
+    }
+    if req.stopped() {
+        return false;
+    }
     let waiting = std::time::Instant::now();
     let slot = ring.acquire();
     Counters::add_since(&router.counters.slot_wait_ns, waiting);
-    issue(router, ring, req, planner, slot, false)
+    match slot {
+        Some(slot) => issue(router, ring, req, planner, slot, false),
+        None => {
+            if !req.stopped() {
+                req.cancel_from_engine();
+            }
+            false
+        }
+    }
 }
 
 /// Plans the request's next chunk into `slot` and sends it on (`here`: from the

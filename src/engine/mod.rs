@@ -342,6 +342,7 @@ impl Engine {
             }
             intake.accepting = false;
             self.router.shutdown.store(true, Ordering::Release);
+            self.ring.close();
             let _ = intake.tx.send(None);
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap());

@@ -55,6 +55,9 @@ pub enum Op {
         local: Mem,
         remote: Mem,
         ops: Vec<CopyOp>,
+        /// The local layout whose memory the transfer reads or writes (none through a
+        /// slot): kept while the transfer may run, even after its request ended.
+        layout: Option<Arc<Layout>>,
     },
 }
 
@@ -374,20 +377,22 @@ impl Planner {
         coalesce(pieces.iter().map(|p| (CopyOp { dst: p.dst, src: p.src, len: p.len }, (p.src_base, p.dst_base))))
     }
 
-    /// A NIXL transfer between the peer and `local` (the local layout's memory or a slot).
-    fn remote_op(&self, ops: Vec<CopyOp>, local: Mem) -> Op {
+    /// A NIXL transfer between the peer and `local`: the memory of `layout`, the local
+    /// layout, or (none) a slot.
+    fn remote_op(&self, ops: Vec<CopyOp>, local: Mem, layout: Option<Arc<Layout>>) -> Op {
         let (write, remote) = match (self.src.remote(), self.dst.remote()) {
             (Some((p, m)), _) => (false, (p, m)),
             (_, Some((p, m))) => (true, (p, m)),
             (None, None) => unreachable!("a remote op needs a remote side"),
         };
-        Op::Remote { peer: remote.0.clone(), write, local, remote: remote.1, ops }
+        Op::Remote { peer: remote.0.clone(), write, local, remote: remote.1, ops, layout }
     }
 
     fn direct_op(&self, pieces: &[Piece]) -> Op {
         let ops = Self::runs(pieces);
         if let Some(local) = self.local_mem {
-            return self.remote_op(ops, local);
+            let layout = if self.src.remote().is_some() { &self.dst } else { &self.src };
+            return self.remote_op(ops, local, Some(layout.clone()));
         }
         let kind = match (self.src.kind(), self.dst.kind()) {
             (StorageKind::Device, StorageKind::Device) => CopyKind::DeviceToDevice,
@@ -435,7 +440,7 @@ impl Planner {
             StorageKind::Device => {
                 Op::DeviceCopy { kind: CopyKind::DeviceToHost, ops: to_slot(), host: HostSide::Bounce, after: self.after }
             }
-            StorageKind::Remote => self.remote_op(to_slot(), Mem::Dram),
+            StorageKind::Remote => self.remote_op(to_slot(), Mem::Dram, None),
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(to_slot())
@@ -454,7 +459,7 @@ impl Planner {
             StorageKind::Device => {
                 Op::DeviceCopy { kind: CopyKind::HostToDevice, ops: from_slot(), host: HostSide::Bounce, after: self.after }
             }
-            StorageKind::Remote => self.remote_op(from_slot(), Mem::Dram),
+            StorageKind::Remote => self.remote_op(from_slot(), Mem::Dram, None),
             k => {
                 debug_assert!(host_like(k));
                 Op::HostCopy(from_slot())

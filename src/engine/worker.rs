@@ -14,10 +14,11 @@ use super::fanout::Part;
 use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
 use super::stats::Counters;
-use crate::error::Result;
+use crate::error::{Error, Result, Status};
 use crate::gpu::{CopyOp, Fence, Gpu};
 use crate::io::Port;
-use crate::remote::Posted;
+use crate::memory::Layout;
+use crate::remote::{PostFailed, Posted};
 use crossbeam_channel::Receiver;
 use std::sync::Arc;
 
@@ -177,10 +178,20 @@ pub fn fence_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Option<
 /// writes already under way. It is kept (`Stalled`), with its slot held out of the ring
 /// when the transfer goes through the slot, until NIXL reports it ended; then it is
 /// released and the slot given back. One that NIXL reported failed is released at once
-/// (NIXL tells nothing more of it), and its slot stays out of the ring for good.
+/// (NIXL tells nothing more of it), and its slot stays out of the ring for good; so does
+/// the slot of one whose post failed after NIXL may have issued parts of it. A transfer
+/// straight to or from a local layout keeps that layout (its memory and registration)
+/// alive the same way, though its request ended and the caller dropped it.
+///
+/// Held slots never take the whole ring (`BounceRing::max_held`): a transfer through a
+/// slot is posted only while the slots held and those of the transfers through slots
+/// already posted stay below that bound, so that even if all of these were held, one
+/// slot would be left for the work that waits on no peer. It waits its turn meanwhile,
+/// and fails with `KVX_ERR_REMOTE` once the held slots alone reach the bound.
 pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
     tight_timer_slack();
-    let mut posted: Vec<(Posted, Chunk, bool)> = Vec::new();
+    let mut posted: Vec<InFlight> = Vec::new();
+    let mut waiting: Vec<(Chunk, Op)> = Vec::new();
     let mut stalled: Vec<Stalled> = Vec::new();
     let mut progress = std::time::Instant::now();
     loop {
@@ -203,28 +214,28 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
             progress = std::time::Instant::now();
         }
         match job {
-            // Stop comes only after every slot not held, hence every posted chunk, came
-            // back. Stalled transfers are released here; their held slots stay out.
-            Some(Job::Stop) => return,
+            // Stop comes only after every slot not held, hence every posted or waiting
+            // chunk, came back. Stalled transfers are released here; their held slots
+            // stay out, and so do the local layouts they may still write.
+            Some(Job::Stop) => {
+                stalled.into_iter().for_each(|s| keep_for_good(s.layout));
+                return;
+            }
             Some(Job::Part(_)) => unreachable!("read parts go to the I/O workers"),
             Some(Job::Run(mut chunk)) => {
-                let Op::Remote { peer, write, local, remote, ops } = Router::take_op(&mut chunk) else {
-                    unreachable!("only remote transfers are queued here")
-                };
-                let slot = router.ring.addr(chunk.slot)..router.ring.addr(chunk.slot) + router.ring.slot_bytes();
-                let through_slot = ops.iter().any(|o| slot.contains(if write { &o.src } else { &o.dst }));
-                match peer.post(write, local, remote, &ops) {
-                    Ok(p) => posted.push((p, chunk, through_slot)),
-                    Err(e) => router.fail(chunk, e),
-                }
+                let op = Router::take_op(&mut chunk);
+                waiting.push((chunk, op));
             }
             None => {}
         }
+        post_waiting(&router, &mut waiting, &mut posted);
         let now = std::time::Instant::now();
         let mut i = 0;
         while i < posted.len() {
-            let p = &mut posted[i].0;
-            let outcome = match p.done() {
+            let p = &mut posted[i].posted;
+            // A replaced import dropped the metadata NIXL checks the transfer against:
+            // it is not asked about it again (`Stalled::settle`).
+            let outcome = match if p.peer.stale() { Err(p.replaced()) } else { p.done() } {
                 Ok(false) if now < p.deadline => None,
                 Ok(false) => Some(Err(p.timed_out())),
                 Ok(true) => Some(Ok(())),
@@ -234,7 +245,7 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
                 None => i += 1,
                 Some(result) => {
                     progress = now;
-                    let (p, chunk, through_slot) = posted.swap_remove(i);
+                    let InFlight { posted: p, chunk, through_slot, layout } = posted.swap_remove(i);
                     match result {
                         Ok(()) => {
                             drop(p); // ended: released before the chunk's slot is reused
@@ -248,7 +259,7 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
                                 router.fail(chunk, e);
                                 None
                             };
-                            stalled.push(Stalled { posted: p, slot });
+                            stalled.push(Stalled { posted: p, slot, layout });
                         }
                     }
                 }
@@ -258,19 +269,107 @@ pub fn remote_thread(router: Arc<Router>, rx: Receiver<Job>) {
     }
 }
 
+/// Posts the waiting chunks that may go now, in the order they came; one through a
+/// bounce slot waits while posting it could let held slots take the whole ring.
+fn post_waiting(router: &Router, waiting: &mut Vec<(Chunk, Op)>, posted: &mut Vec<InFlight>) {
+    let ring = &router.ring;
+    let mut out = posted.iter().filter(|p| p.through_slot).count() as u32;
+    let mut i = 0;
+    while i < waiting.len() {
+        let (chunk, Op::Remote { peer, write, ops, .. }) = &waiting[i] else { unreachable!("only remote transfers are queued here") };
+        let slot = ring.addr(chunk.slot)..ring.addr(chunk.slot) + ring.slot_bytes();
+        let through_slot = ops.iter().any(|o| slot.contains(if *write { &o.src } else { &o.dst }));
+        if through_slot {
+            let held = ring.held();
+            if held >= ring.max_held() {
+                let err = too_many_held(&peer.name, held, ring.slots());
+                router.fail(waiting.remove(i).0, err);
+                continue;
+            }
+            if held + out >= ring.max_held() {
+                i += 1;
+                continue;
+            }
+        }
+        let (chunk, op) = waiting.remove(i);
+        let Op::Remote { peer, write, local, remote, ops, layout } = op else { unreachable!("checked above") };
+        match peer.post(write, local, remote, &ops) {
+            Ok(posted_now) => {
+                out += through_slot as u32;
+                posted.push(InFlight { posted: posted_now, chunk, through_slot, layout })
+            }
+            // Parts of a transfer whose post failed may still run, and NIXL tells
+            // nothing more of it: its slot stays out of the ring for good.
+            Err(PostFailed { error, maybe_issued: true }) if through_slot => {
+                peer.close();
+                let slot = router.fail_holding_slot(chunk, error);
+                log::warn!("a remote transfer through bounce slot {slot} failed to post after NIXL may have issued parts of it; the slot stays out of the ring for good");
+            }
+            Err(PostFailed { error, maybe_issued }) => {
+                if maybe_issued {
+                    peer.close();
+                    keep_for_good(layout);
+                }
+                router.fail(chunk, error)
+            }
+        }
+    }
+}
+
+/// The error of a transfer through a bounce slot refused because held slots reached
+/// `BounceRing::max_held`.
+fn too_many_held(peer: &str, held: u32, slots: u32) -> Error {
+    if slots == 1 {
+        return Error::new(
+            Status::Remote,
+            format!("remote peer {peer}: a transfer between a remote layout and a disk layout needs a bounce ring of 2 slots or more (bounce_bytes / slot_bytes)"),
+        );
+    }
+    Error::new(
+        Status::Remote,
+        format!(
+            "remote peer {peer}: {held} of the engine's {slots} bounce slots are held by remote transfers that timed out or failed and that NIXL has not reported ended, and the last one is kept for local work. A held slot comes back when its transfer ends (a peer that was stalled and resumes); destroy and recreate the engine to get back the rest"
+        ),
+    )
+}
+
 /// A remote transfer that timed out or failed, kept until NIXL reports it ended.
 struct Stalled {
     posted: Posted,
     /// Its chunk's slot, held out of the ring, when the transfer goes through it.
     slot: Option<u32>,
+    /// The local layout it reads or writes, when not through a slot: its request
+    /// ended, and the caller may have dropped the layout, whose memory and NIXL
+    /// registration must outlive the transfer.
+    layout: Option<Arc<Layout>>,
+}
+
+/// A posted remote transfer, checked until it ends, fails or times out.
+struct InFlight {
+    posted: Posted,
+    chunk: Chunk,
+    /// Whether it reads or writes its chunk's bounce slot (remote ↔ disk).
+    through_slot: bool,
+    /// The local layout it reads or writes, when not through a slot.
+    layout: Option<Arc<Layout>>,
+}
+
+/// Keeps a local layout alive for good: a remote transfer that NIXL tells nothing
+/// more of may still write its memory.
+fn keep_for_good(layout: Option<Arc<Layout>>) {
+    if let Some(layout) = layout {
+        log::warn!("a remote transfer was given up while parts of it may still run; the local layout it reads or writes is never freed");
+        std::mem::forget(layout);
+    }
 }
 
 impl Stalled {
-    /// Checks the transfer; `true` while it may still run. One that ended is released
-    /// and its slot given back. One NIXL reported failed is released (NIXL tells
-    /// nothing more of the parts it may still run) and its slot stays out for good; so
-    /// is one whose peer was imported again, which dropped the metadata NIXL checks it
-    /// against (some NIXL releases free a transfer checked after that).
+    /// Checks the transfer; `true` while it may still run. One that ended is released,
+    /// its slot given back and its layout let go. One NIXL reported failed is released
+    /// (NIXL tells nothing more of the parts it may still run) and its slot stays out
+    /// and its layout alive for good; so is one whose peer was imported again, which
+    /// dropped the metadata NIXL checks it against (some NIXL releases free a transfer
+    /// checked after that).
     fn settle(&mut self, ring: &BounceRing) -> bool {
         let status = if self.posted.peer.stale() { Err(()) } else { self.posted.done().map_err(drop) };
         match status {
@@ -285,6 +384,7 @@ impl Stalled {
                 if let Some(slot) = self.slot {
                     log::warn!("a remote transfer through bounce slot {slot} was given up while parts of it may still run; the slot stays out of the ring for good");
                 }
+                keep_for_good(self.layout.take());
                 false
             }
         }

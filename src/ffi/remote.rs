@@ -64,11 +64,15 @@ pub unsafe extern "C" fn kvx_blob_destroy(blob: *mut kvx_blob) {
 /// The handles are used in `kvx_transfer_submit` like local ones, with a local memory
 /// or disk layout on the other side; each is freed with `kvx_layout_destroy`.
 /// `timeout_ms`: how long one transfer with this peer may take before its request ends
-/// with `KVX_ERR_REMOTE` (0: 10 000). A newer blob of the same peer replaces the older
-/// import (transfers with the older handles are then refused). `KVX_ERR_INVALID_ARG`
+/// with `KVX_ERR_REMOTE` (0: 10 000). A transfer that times out or fails also closes
+/// the import: later submits with its handles fail with `KVX_ERR_REMOTE` until the
+/// peer's blob is imported again. A newer blob of the same peer (or the same blob
+/// again) replaces the older import: transfers with the older handles are then
+/// refused, and those still running end with `KVX_ERR_REMOTE`. `KVX_ERR_INVALID_ARG`
 /// with the reason for a damaged, truncated or foreign blob, one of another ABI major,
 /// an older export than the one imported, or this engine's own blob;
-/// `KVX_ERR_UNSUPPORTED` without NIXL/UCX. (1.3)
+/// `KVX_ERR_UNSUPPORTED` without NIXL/UCX; `KVX_ERR_REMOTE` when NIXL fails to load
+/// metadata it had accepted on a checking agent, or fails to start (import again). (1.3)
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_import(
     e: *mut kvx_engine,

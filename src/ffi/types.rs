@@ -31,8 +31,10 @@ pub const KVX_ERR_INTEGRITY: kvx_status = 14;
 pub const KVX_ERR_VERSION: kvx_status = 15;
 pub const KVX_ERR_INTERNAL: kvx_status = 16;
 /// A remote peer (an imported layout's engine) failed a transfer, did not answer within
-/// the import's timeout, or exited; local work is unaffected. Re-import its blob once it
-/// is back. (1.3)
+/// the import's timeout, or exited; or its import was closed by such a transfer or
+/// replaced; or too many bounce slots are held by such transfers (`slots_quarantined`)
+/// for a remote ↔ disk chunk to take one. Local work is unaffected. Re-import its blob
+/// once it is back. (1.3)
 pub const KVX_ERR_REMOTE: kvx_status = 17;
 
 pub const KVX_ABI_MAJOR: u32 = 1;
@@ -211,9 +213,13 @@ pub struct kvx_stats {
     pub host_copy_ns: u64,
     pub device_copy_ns: u64,
     pub slot_wait_ns: u64,
-    /// ABI 1.4: bounce slots held out of the ring now, because a remote transfer through
-    /// each timed out or failed and NIXL has not reported it ended (it may still write
-    /// the slot). A slot whose transfer NIXL reported failed stays out for good.
+    /// ABI 1.4: bounce slots held out of the ring now, because a remote ↔ disk
+    /// transfer through each timed out or failed and NIXL has not reported it ended (it
+    /// may still read or write the slot). Such a slot comes back when NIXL reports the
+    /// transfer ended (a stalled peer that resumes); it stays out for good when NIXL
+    /// reported the transfer failed, its post failed, or the peer was imported again
+    /// first. At most all slots but one are held: past that, remote ↔ disk chunks end
+    /// with `KVX_ERR_REMOTE` while local work goes on.
     pub slots_quarantined: u64,
 }
 

@@ -268,6 +268,14 @@ impl Drop for Registration {
     }
 }
 
+/// A transfer `Peer::post` could not post.
+pub struct PostFailed {
+    pub error: Error,
+    /// Whether NIXL may have issued part of it: its post failed after the transfer was
+    /// prepared, so the local memory may still be read or written.
+    pub maybe_issued: bool,
+}
+
 /// A posted transfer; dropping it releases it. Drop it only once `done` reported it
 /// ended: NIXL's release of a running transfer cancels it, and UCX does not stop the
 /// reads and writes already under way, which may land in local memory after.
@@ -317,26 +325,42 @@ impl Peer {
 
     /// Posts one NIXL transfer of `ops` (source, destination, bytes): `write` from
     /// local `local` memory to the peer's `remote` memory, else from the peer to local.
-    pub fn post(self: &Arc<Peer>, write: bool, local: Mem, remote: Mem, ops: &[crate::gpu::CopyOp]) -> Result<Posted> {
+    pub fn post(
+        self: &Arc<Peer>,
+        write: bool,
+        local: Mem,
+        remote: Mem,
+        ops: &[crate::gpu::CopyOp],
+    ) -> std::result::Result<Posted, PostFailed> {
+        let before = |error| PostFailed { error, maybe_issued: false };
         if self.stale() {
-            bail!(Remote, "remote peer {}: a newer blob of it was imported; use the layouts of that import", self.name);
+            return Err(before(Error::new(
+                Status::Remote,
+                format!("remote peer {}: a newer blob of it was imported; use the layouts of that import", self.name),
+            )));
         }
         if self.dead() {
-            return Err(self.closed());
+            return Err(before(self.closed()));
         }
         let link = &self.link;
         let ((lt, ld), (rt, rd)) = (mem_type(local), mem_type(remote));
-        let mut l = XferDescList::new(lt).map_err(|e| nixl_failed("building a transfer", e))?;
-        let mut r = XferDescList::new(rt).map_err(|e| nixl_failed("building a transfer", e))?;
+        let mut l = XferDescList::new(lt).map_err(|e| before(nixl_failed("building a transfer", e)))?;
+        let mut r = XferDescList::new(rt).map_err(|e| before(nixl_failed("building a transfer", e)))?;
         for op in ops {
             let (la, ra) = if write { (op.src, op.dst) } else { (op.dst, op.src) };
             l.add_desc(la as usize, op.len as usize, ld);
             r.add_desc(ra as usize, op.len as usize, rd);
         }
         let xop = if write { XferOp::Write } else { XferOp::Read };
-        let req =
-            link.agent.create_xfer_req(xop, &l, &r, &self.name, Some(&link.opts.0)).map_err(|e| self.failed("preparing a transfer", e))?;
-        let running = link.agent.post_xfer_req(&req, Some(&link.opts.0)).map_err(|e| self.failed("posting a transfer", e))?;
+        let req = link
+            .agent
+            .create_xfer_req(xop, &l, &r, &self.name, Some(&link.opts.0))
+            .map_err(|e| before(self.failed("preparing a transfer", e)))?;
+        // NIXL may have issued some of the transfer's descriptors before its post failed.
+        let running = link
+            .agent
+            .post_xfer_req(&req, Some(&link.opts.0))
+            .map_err(|e| PostFailed { error: self.failed("posting a transfer", e), maybe_issued: true })?;
         let deadline = std::time::Instant::now() + self.timeout;
         Ok(Posted { req: running.then_some(req), peer: self.clone(), deadline })
     }
@@ -354,6 +378,17 @@ impl Posted {
             Ok(XferStatus::InProgress) => Ok(false),
             Err(e) => Err(self.peer.failed("a transfer", e)),
         }
+    }
+
+    /// The error of a transfer whose peer was imported again while it ran.
+    pub fn replaced(&self) -> Error {
+        Error::new(
+            Status::Remote,
+            format!(
+                "remote peer {}: a newer blob of it was imported while a transfer with the older import ran; submit again with the layouts of the newer import. The transfer's local blocks may still be written",
+                self.peer.name
+            ),
+        )
     }
 
     pub fn timed_out(&self) -> Error {

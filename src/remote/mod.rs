@@ -12,7 +12,7 @@
 pub mod blob;
 mod link;
 
-pub use link::{abi_major, Link, Peer, Posted, Registration};
+pub use link::{abi_major, Link, Peer, PostFailed, Posted, Registration};
 
 /// What an exported layout's memory is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
