@@ -280,6 +280,15 @@ impl Sidecar {
             .map_err(|e| self.err(e))
     }
 
+    /// `block`'s seal as stored: 0 for a block never completely written. A key-value store
+    /// over the file ties a block's content to a key by recording this value.
+    pub fn seal_of_block(&self, block: u64) -> Result<u64> {
+        let mut seal = 0u64;
+        unsafe { posix::read_exact_at(self.file.as_fd(), &mut seal as *mut u64 as *mut u8, 8, self.block_offset(block)) }
+            .map_err(|e| self.err(e))?;
+        Ok(seal)
+    }
+
     /// Recomputes `block`'s seal from its region hashes (after a write request completed).
     pub fn seal(&self, block: u64) -> Result<()> {
         let _one_at_a_time = self.sealing.lock().unwrap_or_else(|p| p.into_inner());
