@@ -530,3 +530,17 @@ fn a_forked_child_does_not_keep_the_owners_lock() {
     }
     assert!(reopened.is_ok(), "{:?}", reopened.err());
 }
+
+/// A batch's held keys are used, not evicted to make room for its new ones.
+#[test]
+fn a_put_never_evicts_a_key_of_its_own_batch() {
+    let e = engine_arc();
+    let s = Store::open(&e, &store_dir(), &StoreConfig { shards: 1, ..store_cfg(2, b"ns") }).unwrap();
+    put_keys(&e, &s, &[key(1), key(2)]);
+    let before = s.stats();
+    // 1 is the least recently used; 3 comes before it in the batch.
+    assert_eq!(put_keys(&e, &s, &[key(3), key(1)]), vec![Status::Ok, Status::Ok]);
+    let after = s.stats();
+    assert_eq!((after.puts - before.puts, after.dedups - before.dedups, after.evictions), (1, 1, 1), "{after:?}");
+    assert_eq!(s.lookup(&[key(1), key(2), key(3)], false).unwrap().0, vec![true, false, true]);
+}

@@ -133,6 +133,11 @@ impl Index {
         Some(*e)
     }
 
+    /// Marks a held key as just used: whether it is held.
+    pub fn touch_held(&mut self, key: Digest) -> bool {
+        self.touch(key).is_some()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

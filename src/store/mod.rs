@@ -254,6 +254,11 @@ impl Store {
         let (mut evicted, mut settled) = (Vec::new(), Vec::new());
         {
             let mut ix = inner.index.lock().unwrap();
+            // The batch's held keys first become the most recently used, so no key of the
+            // batch is evicted to make room for another.
+            for &key in &digests {
+                ix.touch_held(key);
+            }
             for (i, &key) in digests.iter().enumerate() {
                 match ix.start_put(key, (&req, i)) {
                     PutStart::Present => settled.push((i, Status::Ok, String::new())),
