@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use kvxfer::store::{Store, StoreConfig, StoreFlags, StoreRequest};
+use kvxfer::store::{Reservation, SlotHandle, Store, StoreConfig, StoreFlags, StoreRequest};
 use kvxfer::{Engine, Layout, LayoutConfig, LayoutKind, Status, StorageKind};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -543,4 +543,115 @@ fn a_put_never_evicts_a_key_of_its_own_batch() {
     let after = s.stats();
     assert_eq!((after.puts - before.puts, after.dedups - before.dedups, after.evictions), (1, 1, 1), "{after:?}");
     assert_eq!(s.lookup(&[key(1), key(2), key(3)], false).unwrap().0, vec![true, false, true]);
+}
+
+fn handle_line(tag: &str, k: u64, h: &SlotHandle) -> String {
+    format!("{tag} {k} {} {} {:x} {} {}\n", h.slot, h.generation, h.key_digest, h.key_len, h.seal)
+}
+
+fn parse_handles(text: &str, tag: &str) -> Vec<(u64, SlotHandle)> {
+    text.lines()
+        .filter(|l| l.starts_with(tag))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let h = SlotHandle {
+                slot: f[2].parse().unwrap(),
+                generation: f[3].parse().unwrap(),
+                key_digest: u128::from_str_radix(f[4], 16).unwrap(),
+                key_len: f[5].parse().unwrap(),
+                seal: f[6].parse().unwrap(),
+            };
+            (f[1].parse().unwrap(), h)
+        })
+        .collect()
+}
+
+/// The data-moving half of the split test, in its own process: opens the store DATA_ONLY,
+/// reads the leased slots it was handed and writes the reserved ones.
+#[test]
+#[ignore = "run by an_owner_and_a_data_only_process_move_blocks_through_slot_handles in a child process"]
+fn store_data_mover() {
+    let dir = PathBuf::from(std::env::var_os("KVX_STORE_SPLIT_DIR").expect("run by the split test"));
+    let text = std::fs::read_to_string(dir.join("handles")).unwrap();
+    let (reads, writes) = (parse_handles(&text, "R"), parse_handles(&text, "W"));
+    let e = engine_arc();
+    let err = Store::open(&e, &dir, &store_cfg(8, b"ns")).err().unwrap();
+    assert_eq!(err.status, Status::Busy, "{}", err.message);
+    let data = StoreConfig { flags: StoreFlags::DATA_ONLY, ..store_cfg(8, b"ns") };
+    let s = Store::open(&e, &dir, &data).unwrap();
+    assert_eq!(s.lookup(&[key(0)], false).unwrap_err().status, Status::InvalidArg, "the index is the owner's");
+    // The handed-out slots load exactly, into a device layout of vLLM's shape.
+    let dst = e.create_layout(&block(8), VLLM, StorageKind::Device).unwrap();
+    let handles: Vec<SlotHandle> = reads.iter().map(|r| r.1).collect();
+    let ids: Vec<u64> = (0..handles.len() as u64).collect();
+    let r = s.read_slots(&handles, &dst, &ids, &Default::default()).unwrap();
+    assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
+    for (i, (k, _)) in reads.iter().enumerate() {
+        assert!(holds(&dst, i as u64, &key(*k)), "slot of key {k}");
+    }
+    // A handle that no longer names the slot's entry is a miss, not another key's bytes.
+    let stale = SlotHandle { generation: handles[0].generation + 100, ..handles[0] };
+    let r = s.read_slots(&[stale], &dst, &[7], &Default::default()).unwrap();
+    assert_eq!(wait(&r), Status::Integrity);
+    let wrong_key = SlotHandle { key_digest: handles[1].key_digest ^ 1, ..handles[0] };
+    let r = s.read_slots(&[wrong_key], &dst, &[7], &Default::default()).unwrap();
+    assert_eq!(wait(&r), Status::Integrity);
+    // The reserved slots are written from a device layout.
+    let src = e.create_layout(&block(8), VLLM, StorageKind::Device).unwrap();
+    for (i, (k, _)) in writes.iter().enumerate() {
+        fill_block(&src, i as u64, &key(*k));
+    }
+    let handles: Vec<SlotHandle> = writes.iter().map(|w| w.1).collect();
+    let ids: Vec<u64> = (0..handles.len() as u64).collect();
+    let r = s.write_slots(&src, &ids, &handles, &Default::default()).unwrap();
+    assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
+}
+
+#[test]
+fn an_owner_and_a_data_only_process_move_blocks_through_slot_handles() {
+    let e = engine_arc();
+    let dir = store_dir();
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    let held: Vec<Vec<u8>> = (0..4).map(key).collect();
+    assert_eq!(put_keys(&e, &s, &held), vec![Status::Ok; 4]);
+    let mut text = String::new();
+    for (k, h) in s.lease_slots(&held).unwrap().into_iter().enumerate() {
+        text += &handle_line("R", k as u64, &h.expect("held keys have handles"));
+    }
+    let new: Vec<Vec<u8>> = (10..13).map(key).collect();
+    let mut writes = Vec::new();
+    let reserved = s.reserve_slots(&[new.clone(), vec![key(0)]].concat()).unwrap();
+    assert_eq!(reserved[3], Reservation::Held);
+    for (i, r) in reserved[..3].iter().enumerate() {
+        let Reservation::Write(h) = r else { panic!("key {}: {r:?}", 10 + i) };
+        text += &handle_line("W", 10 + i as u64, h);
+        writes.push(*h);
+    }
+    assert!(s.lookup(&new, false).unwrap().0.iter().all(|&p| !p), "not entries before the commit");
+    std::fs::write(dir.join("handles"), text).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "store_data_mover", "--test-threads", "1"])
+        .env("KVX_STORE_SPLIT_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the data process failed:\n{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(s.commit_slots(&writes).unwrap(), vec![Status::Ok; 3]);
+    assert_eq!(s.commit_slots(&writes[..1]).unwrap(), vec![Status::InvalidArg], "committed once");
+    assert!(exact_hits(&e, &s, &new).iter().all(|&st| st == Status::Ok));
+    s.release_leases(&held).unwrap();
+    // An aborted reservation leaves no entry and gives its slot back.
+    let Reservation::Write(h) = s.reserve_slots(&[key(20)]).unwrap()[0] else { panic!("a slot for key 20") };
+    s.abort_slots(&[h]).unwrap();
+    assert_eq!(s.lookup(&[key(20)], false).unwrap().0, vec![false]);
+    let r = s.reserve_slots(&[key(21)]).unwrap();
+    assert!(matches!(r[0], Reservation::Write(w) if w.slot == h.slot), "{r:?}");
+    s.abort_slots(&[r.iter().find_map(|r| if let Reservation::Write(w) = r { Some(*w) } else { None }).unwrap()]).unwrap();
+    // A reservation committed unwritten is a miss, not an entry over the slot's old bytes.
+    let old = s.lease_slots(&[key(1)]).unwrap()[0].unwrap();
+    s.release_leases(&[key(1)]).unwrap();
+    assert_eq!(s.remove(&[key(1)]).unwrap(), vec![Status::Ok]);
+    let Reservation::Write(w) = s.reserve_slots(&[key(22)]).unwrap()[0] else { panic!("a slot for key 22") };
+    assert_eq!(w.slot, old.slot, "the removed key's slot, which holds its sealed block");
+    assert_eq!(s.commit_slots(&[w]).unwrap(), vec![Status::Integrity]);
+    assert_eq!(s.lookup(&[key(22)], false).unwrap().0, vec![false]);
 }

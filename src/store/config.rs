@@ -26,6 +26,9 @@ impl StoreFlags {
     /// On open, drop every entry whose record's seal is not its block's current seal (one
     /// small read per entry, still no data read).
     pub const VERIFY_ON_OPEN: StoreFlags = StoreFlags(8);
+    /// Open a store another process owns, to move the slots its owner hands out
+    /// (`SlotHandle`s): no lock, nothing written but those slots' data, `CREATE` ignored.
+    pub const DATA_ONLY: StoreFlags = StoreFlags(16);
 
     pub const fn contains(self, f: StoreFlags) -> bool {
         self.0 & f.0 == f.0

@@ -25,13 +25,20 @@ pub struct Entry {
     tick: u64,
 }
 
+impl Entry {
+    /// The entry a slot handle names, for a data-only process that has no index.
+    pub fn of_handle(slot: u32, generation: u64, seal: u64, key_len: u32) -> Entry {
+        Entry { slot, generation, seal, key_len, tick: 0 }
+    }
+}
+
 /// Keys of put requests waiting for another put of the same key to finish.
 type Waiters = Vec<(Arc<StoreRequest>, usize)>;
 
 #[derive(Debug)]
 enum State {
     Free,
-    Writing { key: Digest, removed: bool, waiters: Waiters },
+    Writing { key: Digest, generation: u64, removed: bool, waiters: Waiters },
     Live(Digest),
     Retired { recorded: bool },
 }
@@ -146,12 +153,12 @@ impl Index {
         self.entries.contains_key(&key)
     }
 
-    /// Pins a held key's slot until `release_lease` or a get of it.
-    pub fn lease(&mut self, key: Digest) -> bool {
-        let Some(e) = self.touch(key) else { return false };
+    /// Pins a held key's slot until `release_lease` or a get of it: its entry, if held.
+    pub fn lease(&mut self, key: Digest) -> Option<Entry> {
+        let e = self.touch(key)?;
         self.slots[e.slot as usize].pins += 1;
         self.leases.entry(key).or_default().push(e.slot);
-        true
+        Some(e)
     }
 
     /// Gives back one lease of `key`, where it has one: whether it had.
@@ -220,7 +227,7 @@ impl Index {
             },
         };
         self.generation += 1;
-        self.slots[slot as usize].state = State::Writing { key, removed: false, waiters: Vec::new() };
+        self.slots[slot as usize].state = State::Writing { key, generation: self.generation, removed: false, waiters: Vec::new() };
         self.writing.insert(key, slot);
         PutStart::Slot { slot, generation: self.generation, evicted }
     }
@@ -238,6 +245,12 @@ impl Index {
     /// Whether the put that took `slot` may still commit (no removal of its key came).
     pub fn may_commit(&self, slot: u32) -> bool {
         matches!(self.slots[slot as usize].state, State::Writing { removed: false, .. })
+    }
+
+    /// Whether `slot` is being put for `key` under `generation` (a handed-out slot that is
+    /// still reserved for it).
+    pub fn reserved_for(&self, slot: u32, key: Digest, generation: u64) -> bool {
+        matches!(self.slots.get(slot as usize), Some(Slot { state: State::Writing { key: k, generation: g, .. }, .. }) if *k == key && *g == generation)
     }
 
     /// Ends the put that took `slot`: its entry is `committed` (its record is written), or
@@ -316,7 +329,7 @@ mod tests {
         let mut ix = Index::new(3, vec![(0, rec(10, 1)), (2, rec(12, 3)), (1, rec(11, 2))]);
         assert_eq!(ix.len(), 3);
         // 10 is oldest, but leased; 11 is next, but pinned by a get.
-        assert!(ix.lease(10));
+        assert!(ix.lease(10).is_some());
         let e11 = ix.pin(11).unwrap();
         ix.touch(12);
         ix.touch(11);

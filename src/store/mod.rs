@@ -24,12 +24,14 @@
 
 mod config;
 mod dir;
+mod handle;
 mod index;
 mod record;
 mod request;
 mod worker;
 
 pub use config::{StoreConfig, StoreFlags, MAX_KEY_BYTES, MAX_NAMESPACE_BYTES};
+pub use handle::{Reservation, SlotHandle};
 pub use request::StoreRequest;
 
 use crate::engine::{Engine, TransferOptions};
@@ -98,13 +100,16 @@ struct Inner {
     inflight: Mutex<u64>,
     idle: Condvar,
     tx: Sender<worker::Msg>,
+    /// Opened `DATA_ONLY`: moves handed-out slots only, writes no record.
+    data_only: bool,
 }
 
 /// A store open for writing; the process holds the directory's lock until it is closed.
 pub struct Store {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
-    _lock: dir::OwnerLock,
+    /// The owner's lock (none in a data-only open).
+    _lock: Option<dir::OwnerLock>,
 }
 
 impl Store {
@@ -114,15 +119,19 @@ impl Store {
     /// shard count or namespace.
     pub fn open(engine: &Arc<Engine>, dir: &Path, cfg: &StoreConfig) -> Result<Store> {
         cfg.validate()?;
-        dir::prepare_dir(dir, cfg.flags)?;
-        let lock = dir::OwnerLock::take(dir)?;
+        let data_only = cfg.flags.contains(StoreFlags::DATA_ONLY);
+        if !data_only {
+            dir::prepare_dir(dir, cfg.flags)?;
+        }
+        let lock = if data_only { None } else { Some(dir::OwnerLock::take(dir)?) };
         let want = dir::Meta::of(cfg);
         let create = match dir::read_meta(dir)? {
             Some(found) => {
                 found.refuse(&want, dir)?;
                 false
             }
-            None if cfg.flags.contains(StoreFlags::CREATE) => true,
+            None if cfg.flags.contains(StoreFlags::CREATE) && !data_only => true,
+            None if data_only => bail!(InvalidArg, "{} holds no store; a data-only open needs the owner to have made it", dir.display()),
             None => bail!(InvalidArg, "{} holds no store; pass CREATE to make one there", dir.display()),
         };
         let durable = cfg.flags.contains(StoreFlags::DURABLE);
@@ -138,7 +147,10 @@ impl Store {
         let shards = (0..cfg.shards)
             .map(|k| engine.create_disk_layout(&geometry, &dir.join(format!("data-{k}")), flags))
             .collect::<Result<Vec<_>>>()?;
-        let records = Records::open(dir, cfg.capacity_blocks, create, durable)?;
+        let records = match data_only {
+            true => Records::open_read_only(dir, cfg.capacity_blocks)?,
+            false => Records::open(dir, cfg.capacity_blocks, create, durable)?,
+        };
         if create {
             records.sync_all()?;
             dir::write_meta(dir, &want)?;
@@ -151,7 +163,10 @@ impl Store {
             );
         }
         let counters = Counters::default();
-        let (index, stale) = Self::scan(&records, cfg, want.namespace, &counters, dir)?;
+        let (index, stale) = match data_only {
+            true => (Index::new(cfg.capacity_blocks as u32, Vec::new()), Vec::new()),
+            false => Self::scan(&records, cfg, want.namespace, &counters, dir)?,
+        };
         let (tx, rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
             engine: engine.clone(),
@@ -165,9 +180,10 @@ impl Store {
             inflight: Mutex::new(0),
             idle: Condvar::new(),
             tx,
+            data_only,
         });
         inner.clear_stale(&stale)?;
-        if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) {
+        if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
             inner.verify_seals()?;
         }
         let worker_inner = inner.clone();
@@ -175,7 +191,10 @@ impl Store {
             .name("kvx-store".into())
             .spawn(move || worker::run(worker_inner, rx))
             .map_err(|e| Error::new(Status::NoMemory, format!("starting the store thread: {e}")))?;
-        log::info!("store {}: open, {} entries", dir.display(), inner.index.lock().unwrap().len());
+        match data_only {
+            true => log::info!("store {}: open for data only", dir.display()),
+            false => log::info!("store {}: open, {} entries", dir.display(), inner.index.lock().unwrap().len()),
+        }
         Ok(Store { inner, thread: Some(thread), _lock: lock })
     }
 
@@ -209,15 +228,17 @@ impl Store {
     /// prefix hit). With `lease`, each hit stays loadable (never evicted, its slot never
     /// reused) until a get of it or `release_leases`.
     pub fn lookup<K: AsRef<[u8]>>(&self, keys: &[K], lease: bool) -> Result<(Vec<bool>, usize)> {
+        self.inner.owner()?;
         let digests = key_digests(keys)?;
         let mut ix = self.inner.index.lock().unwrap();
-        let present: Vec<bool> = digests.iter().map(|&d| if lease { ix.lease(d) } else { ix.contains(d) }).collect();
+        let present: Vec<bool> = digests.iter().map(|&d| if lease { ix.lease(d).is_some() } else { ix.contains(d) }).collect();
         let leading = present.iter().take_while(|&&p| p).count();
         Ok((present, leading))
     }
 
     /// Gives back one lease of each key (a key without one is skipped).
     pub fn release_leases<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<()> {
+        self.inner.owner()?;
         let digests = key_digests(keys)?;
         let mut ix = self.inner.index.lock().unwrap();
         for d in digests {
@@ -232,6 +253,7 @@ impl Store {
     /// Each key's status is on the request once its block and record are written (and
     /// synced, in durable mode).
     pub fn put<K: AsRef<[u8]>>(&self, src: &Arc<Layout>, src_ids: &[u64], keys: &[K], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
+        self.inner.owner()?;
         let inner = &self.inner;
         let digests = key_digests(keys)?;
         if src_ids.len() != keys.len() {
@@ -302,6 +324,7 @@ impl Store {
     /// says whether it loaded: `NotFound` for a key not held, `Integrity` for a block that
     /// failed a check (its entry is dropped; the other keys still load).
     pub fn get<K: AsRef<[u8]>>(&self, keys: &[K], dst: &Arc<Layout>, dst_ids: &[u64], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
+        self.inner.owner()?;
         let inner = &self.inner;
         let digests = key_digests(keys)?;
         if dst_ids.len() != keys.len() {
@@ -324,7 +347,7 @@ impl Store {
                     Some(entry) => {
                         // The get's own pin holds the slot from here; a lease it had is spent.
                         ix.release_lease(key);
-                        groups[inner.shard_of(entry.slot)].push(worker::GetKey { index: i, key, entry, dst: dst_ids[i] });
+                        groups[inner.shard_of(entry.slot)].push(worker::GetKey { index: i, key, entry, dst: dst_ids[i], pinned: true });
                     }
                     None => misses.push(i),
                 }
@@ -345,6 +368,7 @@ impl Store {
     /// put's key ends `Cancelled`. A leased key, or one a get is loading, leaves the index
     /// at once; its slot is reused only after those leases and gets end.
     pub fn remove<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Status>> {
+        self.inner.owner()?;
         let inner = &self.inner;
         let digests = key_digests(keys)?;
         let records = inner.records.lock().unwrap();
@@ -433,6 +457,18 @@ impl Drop for Store {
 }
 
 impl Inner {
+    /// Refuses what only the owner may do (everything touching the index) in a data-only open.
+    fn owner(&self) -> Result<()> {
+        if self.data_only {
+            bail!(
+                InvalidArg,
+                "the store in {} is open DATA_ONLY: it moves the slots its owner hands out (read_slots, write_slots); keys are looked up, put and removed in the owner",
+                self.dir.display()
+            );
+        }
+        Ok(())
+    }
+
     fn shard_of(&self, slot: u32) -> usize {
         slot as usize % self.shards.len()
     }

@@ -95,18 +95,27 @@ impl Records {
     /// (a crash while it grew, or damage) reads as tombstones past its end and is sized
     /// back to its full length.
     pub fn open(dir: &Path, slots: u64, create: bool, durable: bool) -> Result<Records> {
+        Self::open_as(dir, slots, create, durable, false)
+    }
+
+    /// Opens the records file to read single records (a data-only open); never resized.
+    pub fn open_read_only(dir: &Path, slots: u64) -> Result<Records> {
+        Self::open_as(dir, slots, false, false, true)
+    }
+
+    fn open_as(dir: &Path, slots: u64, create: bool, durable: bool, read_only: bool) -> Result<Records> {
         let path = Self::path(dir);
         let shown = path.display();
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(!read_only)
             .create(create)
             .truncate(false)
             .open(&path)
             .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
         let want = slots * RECORD_BYTES;
         let len = file.metadata().map_err(|e| Error::io(format_args!("stat {shown}"), e))?.len();
-        if len != want {
+        if len != want && !read_only {
             if !create {
                 log::warn!("{shown} is {len} bytes, not {want}: records past {len} are lost and their slots free");
             }
@@ -129,6 +138,16 @@ impl Records {
             slot += n;
         }
         Ok(out)
+    }
+
+    /// `slot`'s record as it is on disk now (past a cut file's end: free).
+    pub fn read(&self, slot: u32) -> Result<Read> {
+        let mut r = [0u8; RECORD_BYTES as usize];
+        match self.file.read_exact_at(&mut r, slot as u64 * RECORD_BYTES) {
+            Ok(()) => Ok(Record::decode(&r)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Read::Free),
+            Err(e) => Err(self.err("reading", e)),
+        }
     }
 
     pub fn write(&self, slot: u32, rec: &Record) -> Result<()> {

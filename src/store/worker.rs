@@ -38,6 +38,9 @@ pub struct GetKey {
     pub key: Digest,
     pub entry: Entry,
     pub dst: u64,
+    /// Pinned in this store's index; otherwise a slot handed out by the owner, whose
+    /// record is read back to check it still names the key.
+    pub pinned: bool,
 }
 
 /// The keys of one get that one engine transfer loads (held in one shard).
@@ -51,9 +54,16 @@ pub struct GetGroup {
     pub alone: bool,
 }
 
+/// Slots handed out by the owner that one engine transfer writes: the keys' indices.
+pub struct WriteGroup {
+    pub req: Arc<StoreRequest>,
+    pub keys: Vec<usize>,
+}
+
 pub enum Done {
     Put(PutGroup),
     Get(GetGroup),
+    Write(WriteGroup),
 }
 
 pub enum Msg {
@@ -81,6 +91,11 @@ pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
         match msg {
             Msg::Done(Done::Put(g), status, message) => inner.put_done(g, status, &message),
             Msg::Done(Done::Get(g), status, message) => inner.get_done(g, status, &message),
+            Msg::Done(Done::Write(g), status, message) => {
+                for i in g.keys {
+                    g.req.settle(i, status, message.as_str());
+                }
+            }
             Msg::Stop => return,
         }
         inner.end();
@@ -111,6 +126,11 @@ impl Inner {
         if status != Status::Ok {
             return self.put_failed(g, status, message);
         }
+        self.commit(g);
+    }
+
+    /// Records the blocks of `g`, written and sealed, then makes them entries.
+    pub(super) fn commit(&self, g: PutGroup) {
         let mut sealed = Vec::with_capacity(g.keys.len());
         for k in g.keys {
             match self.sidecar(self.shard_of(k.slot)).seal_of_block(self.block_of(k.slot)) {
@@ -154,9 +174,16 @@ impl Inner {
 
     fn unpin(&self, keys: &[GetKey]) {
         let mut ix = self.index.lock().unwrap();
-        for k in keys {
+        for k in keys.iter().filter(|k| k.pinned) {
             ix.unpin(k.entry.slot);
         }
+    }
+
+    /// Whether the slot of a handed-out `k` still holds the record it was handed out with.
+    fn record_still_names(&self, k: &GetKey) -> crate::error::Result<bool> {
+        let want =
+            Record { namespace: self.namespace, key: k.key, generation: k.entry.generation, seal: k.entry.seal, key_len: k.entry.key_len };
+        Ok(self.records.lock().unwrap().read(k.entry.slot)? == super::record::Read::Entry(want))
     }
 
     /// A get's transfer failed other than by a check: its keys fail with its status.
@@ -197,8 +224,18 @@ impl Inner {
         let mut results = Vec::with_capacity(g.keys.len());
         for k in &g.keys {
             let slot = k.entry.slot;
-            results.push(match self.sidecar(g.shard).seal_of_block(self.block_of(slot)) {
-                Ok(seal) if seal == k.entry.seal => (Status::Ok, String::new()),
+            let seal = self.sidecar(g.shard).seal_of_block(self.block_of(slot));
+            let record = match k.pinned {
+                true => Ok(true),
+                false => self.record_still_names(k),
+            };
+            results.push(match seal.and_then(|s| record.map(|r| (s, r))) {
+                Ok((_, false)) => {
+                    let why = format!("slot {slot} no longer holds the entry it was handed out for");
+                    add(&self.counters.integrity_failures, 1);
+                    (Status::Integrity, why)
+                }
+                Ok((seal, true)) if seal == k.entry.seal => (Status::Ok, String::new()),
                 Ok(_) => {
                     let why = format!("slot {slot} holds a block other than the one its record was written for");
                     self.integrity_miss(k.key, &k.entry, &why);
