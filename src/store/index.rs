@@ -11,7 +11,7 @@
 use super::config::Digest;
 use super::record::Record;
 use super::request::StoreRequest;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A committed entry, as the index keeps it.
@@ -22,13 +22,12 @@ pub struct Entry {
     /// Its block's seal when it was written, as its record holds it.
     pub seal: u64,
     pub key_len: u32,
-    tick: u64,
 }
 
 impl Entry {
     /// The entry a slot handle names, for a data-only process that has no index.
     pub fn of_handle(slot: u32, generation: u64, seal: u64, key_len: u32) -> Entry {
-        Entry { slot, generation, seal, key_len, tick: 0 }
+        Entry { slot, generation, seal, key_len }
     }
 }
 
@@ -47,7 +46,35 @@ enum State {
 struct Slot {
     state: State,
     pins: u32,
+    /// Neighbours in the eviction order (live slots only; `NIL` at the ends).
+    older: u32,
+    newer: u32,
 }
+
+const NIL: u32 = u32::MAX;
+
+/// Hashes a digest by its low 64 bits: digests are uniform already, and SipHash over
+/// them would be most of a lookup's time.
+#[derive(Default)]
+pub struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+type DigestMap<V> = HashMap<Digest, V, std::hash::BuildHasherDefault<DigestHasher>>;
 
 /// Where a put of one key goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -75,16 +102,18 @@ pub enum Removed {
 
 #[derive(Debug)]
 pub struct Index {
-    entries: HashMap<Digest, Entry>,
-    lru: BTreeMap<u64, u32>,
+    entries: DigestMap<Entry>,
+    /// The least and the most recently used live slots: the ends of the eviction order,
+    /// a list through the slots' `older`/`newer`, so a use moves a slot in O(1).
+    oldest: u32,
+    newest: u32,
     slots: Vec<Slot>,
     free: Vec<u32>,
     /// Keys being put → their slot.
-    writing: HashMap<Digest, u32>,
+    writing: DigestMap<u32>,
     /// Leased keys → the slot each lease pins (a key removed and put again while leased
     /// may have leases on two slots).
-    leases: HashMap<Digest, Vec<u32>>,
-    tick: u64,
+    leases: DigestMap<Vec<u32>>,
     generation: u64,
     pub evictions: u64,
     /// Slots found holding a record that no entry uses: their tombstones are written on
@@ -98,13 +127,13 @@ impl Index {
     pub fn new(capacity: u32, mut found: Vec<(u32, Record)>) -> Index {
         found.sort_by_key(|(_, r)| r.generation);
         let mut ix = Index {
-            entries: HashMap::with_capacity(found.len()),
-            lru: BTreeMap::new(),
-            slots: (0..capacity).map(|_| Slot { state: State::Free, pins: 0 }).collect(),
+            entries: DigestMap::with_capacity_and_hasher(found.len(), Default::default()),
+            oldest: NIL,
+            newest: NIL,
+            slots: (0..capacity).map(|_| Slot { state: State::Free, pins: 0, older: NIL, newer: NIL }).collect(),
             free: Vec::new(),
-            writing: HashMap::new(),
-            leases: HashMap::new(),
-            tick: 0,
+            writing: DigestMap::default(),
+            leases: DigestMap::default(),
             generation: found.last().map_or(0, |(_, r)| r.generation),
             evictions: 0,
             stale: Vec::new(),
@@ -113,7 +142,7 @@ impl Index {
             if let Some(old) = ix.entries.get(&r.key).copied() {
                 // Two records of one key (only damage makes this: a key is written again
                 // only after its entry is gone): keep the newest, retire the other.
-                ix.lru.remove(&old.tick);
+                ix.unlink(old.slot);
                 ix.slots[old.slot as usize].state = State::Retired { recorded: false };
                 ix.stale.push(old.slot);
             }
@@ -124,20 +153,47 @@ impl Index {
     }
 
     fn insert(&mut self, key: Digest, slot: u32, r: &Record) {
-        self.tick += 1;
-        let e = Entry { slot, generation: r.generation, seal: r.seal, key_len: r.key_len, tick: self.tick };
+        let e = Entry { slot, generation: r.generation, seal: r.seal, key_len: r.key_len };
         self.entries.insert(key, e);
-        self.lru.insert(self.tick, slot);
         self.slots[slot as usize].state = State::Live(key);
+        self.link_newest(slot);
+    }
+
+    fn link_newest(&mut self, slot: u32) {
+        let newest = self.newest;
+        let s = &mut self.slots[slot as usize];
+        (s.older, s.newer) = (newest, NIL);
+        match newest {
+            NIL => self.oldest = slot,
+            n => self.slots[n as usize].newer = slot,
+        }
+        self.newest = slot;
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let (older, newer) = {
+            let s = &mut self.slots[slot as usize];
+            let links = (s.older, s.newer);
+            (s.older, s.newer) = (NIL, NIL);
+            links
+        };
+        match older {
+            NIL => self.oldest = newer,
+            o => self.slots[o as usize].newer = newer,
+        }
+        match newer {
+            NIL => self.newest = older,
+            n => self.slots[n as usize].older = older,
+        }
     }
 
     fn touch(&mut self, key: Digest) -> Option<Entry> {
-        let e = self.entries.get_mut(&key)?;
-        self.lru.remove(&e.tick);
-        self.tick += 1;
-        e.tick = self.tick;
-        self.lru.insert(self.tick, e.slot);
-        Some(*e)
+        let e = *self.entries.get(&key)?;
+        if self.newest != e.slot {
+            self.unlink(e.slot);
+            self.link_newest(e.slot);
+        }
+        Some(e)
     }
 
     /// Marks a held key as just used: whether it is held.
@@ -234,8 +290,14 @@ impl Index {
 
     /// Takes the least recently used entry that nothing pins out of the index.
     fn evict(&mut self) -> Option<u32> {
-        let (&tick, &slot) = self.lru.iter().find(|(_, &slot)| self.slots[slot as usize].pins == 0)?;
-        self.lru.remove(&tick);
+        let mut slot = self.oldest;
+        while slot != NIL && self.slots[slot as usize].pins > 0 {
+            slot = self.slots[slot as usize].newer;
+        }
+        if slot == NIL {
+            return None;
+        }
+        self.unlink(slot);
         let State::Live(key) = self.slots[slot as usize].state else { unreachable!("the eviction order lists live slots only") };
         self.entries.remove(&key);
         self.evictions += 1;
@@ -271,7 +333,7 @@ impl Index {
     /// Takes `key` out of the index (see `Removed`).
     pub fn remove(&mut self, key: Digest) -> Removed {
         if let Some(e) = self.entries.remove(&key) {
-            self.lru.remove(&e.tick);
+            self.unlink(e.slot);
             self.slots[e.slot as usize].state = State::Retired { recorded: false };
             return Removed::Entry(e.slot);
         }
@@ -368,6 +430,71 @@ mod tests {
         assert_eq!(ix.finish_put(slot, None).len(), 1);
         assert!(!ix.contains(7));
         assert_eq!(ix.free.len(), 2);
+    }
+
+    /// Random puts, uses, pins and removals against a plain list kept in use order: the
+    /// index evicts exactly what the list says is the least recently used unpinned key.
+    #[test]
+    fn eviction_follows_use_order_through_random_operations() {
+        let mut ix = Index::new(8, vec![]);
+        let mut order: Vec<Digest> = Vec::new(); // least recently used first
+        let mut pinned: Vec<(Digest, u32)> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % 20) as Digest;
+            match x >> 60 {
+                0..=7 => {
+                    let slot_of = |ix: &Index, k: Digest| ix.entries().find(|e| e.0 == k).unwrap().1.slot;
+                    let is_pinned = |slot: u32| pinned.iter().any(|p| p.1 == slot);
+                    let victim = order.iter().copied().find(|&k| !is_pinned(slot_of(&ix, k)));
+                    // Slots in use: live ones, and removed ones a pin still holds.
+                    let live: Vec<u32> = order.iter().map(|&k| slot_of(&ix, k)).collect();
+                    let mut held: Vec<u32> = pinned.iter().map(|p| p.1).filter(|s| !live.contains(s)).collect();
+                    held.sort();
+                    held.dedup();
+                    let full = order.len() + held.len() == 8;
+                    match put(&mut ix, key) {
+                        PutStart::Present => {
+                            order.retain(|&k| k != key);
+                            order.push(key);
+                        }
+                        PutStart::Slot { evicted, .. } => {
+                            assert_eq!(evicted, full);
+                            if full {
+                                let v = victim.expect("an unpinned key to evict");
+                                assert!(!ix.contains(v), "the least recently used unpinned key goes");
+                                order.retain(|&k| k != v);
+                            }
+                            order.push(key);
+                        }
+                        PutStart::NoRoom => assert!(full && victim.is_none()),
+                        PutStart::Joined => unreachable!("puts finish at once here"),
+                    }
+                }
+                8..=10 => {
+                    if let Some(e) = ix.pin(key) {
+                        pinned.push((key, e.slot));
+                        order.retain(|&k| k != key);
+                        order.push(key);
+                    }
+                }
+                11..=13 => {
+                    if let Some((_, slot)) = pinned.pop() {
+                        ix.unpin(slot);
+                    }
+                }
+                _ => {
+                    if let Removed::Entry(slot) = ix.remove(key) {
+                        ix.recorded(slot);
+                        order.retain(|&k| k != key);
+                    }
+                }
+            }
+            assert_eq!(ix.len(), order.len());
+        }
     }
 
     #[test]
