@@ -655,3 +655,16 @@ fn an_owner_and_a_data_only_process_move_blocks_through_slot_handles() {
     assert_eq!(s.commit_slots(&[w]).unwrap(), vec![Status::Integrity]);
     assert_eq!(s.lookup(&[key(22)], false).unwrap().0, vec![false]);
 }
+
+/// A directory without `meta` (its making was cut short) is made afresh: nothing found in
+/// it comes back as an entry over the new, empty data files.
+#[test]
+fn a_store_made_again_where_meta_is_missing_starts_empty() {
+    let e = engine_arc();
+    let dir = four_keys(&e);
+    std::fs::remove_file(dir.join("meta")).unwrap();
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    let st = s.stats();
+    assert_eq!((st.entries, st.integrity_failures), (0, 0), "{st:?}");
+    assert!(exact_hits(&e, &s, &(0..4).map(key).collect::<Vec<_>>()).iter().all(|&st| st == Status::NotFound));
+}

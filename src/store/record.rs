@@ -91,7 +91,8 @@ impl Records {
         dir.join("records")
     }
 
-    /// Opens (or makes, all tombstones) the records file of `slots` slots. A file cut short
+    /// Opens (or makes, all tombstones, whatever was there) the records file of `slots`
+    /// slots. A file cut short
     /// (a crash while it grew, or damage) reads as tombstones past its end and is sized
     /// back to its full length.
     pub fn open(dir: &Path, slots: u64, create: bool, durable: bool) -> Result<Records> {
@@ -110,7 +111,8 @@ impl Records {
             .read(true)
             .write(!read_only)
             .create(create)
-            .truncate(false)
+            // Made afresh: records a cut-short making left must not name the new files' blocks.
+            .truncate(create)
             .open(&path)
             .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
         let want = slots * RECORD_BYTES;
