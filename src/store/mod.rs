@@ -104,7 +104,8 @@ struct Inner {
     data_only: bool,
 }
 
-/// A store open for writing; the process holds the directory's lock until it is closed.
+/// A store open as its owner (the process holds the directory's lock until it is closed),
+/// or for data only (`StoreFlags::DATA_ONLY`: no lock, the owner's handed-out slots only).
 pub struct Store {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,

@@ -135,7 +135,11 @@ impl Inner {
         for k in g.keys {
             match self.sidecar(self.shard_of(k.slot)).seal_of_block(self.block_of(k.slot)) {
                 Ok(seal) if seal != 0 => sealed.push((k, seal)),
-                Ok(_) => self.put_failed(PutGroup { req: g.req.clone(), keys: vec![k] }, Status::Integrity, "the block was not sealed"),
+                Ok(_) => self.put_failed(
+                    PutGroup { req: g.req.clone(), keys: vec![k] },
+                    Status::Integrity,
+                    "the block was not completely written (it has no seal)",
+                ),
                 Err(e) => self.put_failed(PutGroup { req: g.req.clone(), keys: vec![k] }, e.status, &e.message),
             }
         }
