@@ -1,6 +1,7 @@
-//! The store under disk faults (process-wide injection, so a suite of its own): a write
-//! that fails, as on a full disk, fails its keys alone and the store goes on; a read that
-//! fails is that get's failure, not a dropped entry.
+//! The store under disk faults and counted disk calls (process-wide, so a suite of its
+//! own, its tests one at a time): a write that fails, as on a full disk, fails its keys
+//! alone and the store goes on; a read that fails is that get's failure, not a dropped
+//! entry; opening reads no block.
 
 mod common;
 use common::*;
@@ -10,12 +11,20 @@ use kvxfer::{LayoutKind, Status, StorageKind};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Fault injection and counting are process-wide: one test at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn key(i: u64) -> Vec<u8> {
     format!("key-{i}").into_bytes()
 }
 
 #[test]
 fn a_full_disk_fails_the_keys_written_there_alone_and_the_store_goes_on() {
+    let _serial = serial();
     let e = Arc::new(engine());
     let dir = temp_path("store-faults");
     std::fs::create_dir_all(&dir).unwrap();
@@ -54,4 +63,35 @@ fn a_full_disk_fails_the_keys_written_there_alone_and_the_store_goes_on() {
     let g = s.get(&keys, &dst, &[0, 1], &Default::default()).unwrap();
     assert_eq!(g.wait(Some(Duration::from_secs(60))), Status::Ok);
     assert!((0..2).all(|b| (0..2).all(|l| (0..2).all(|o| read_region(&dst, b, l, o) == region_pattern(1, b, l, o, 512)))), "both keys");
+}
+
+/// Warm restart: the disk reads of an open (headers, the direct-I/O probe) are as many with
+/// 60 entries as with 4: no block and no per-entry checksum is read.
+#[test]
+fn opening_reads_no_block_however_many_entries_there_are() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_path("store-open-reads");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = StoreConfig { shards: 2, ..StoreConfig::new(cfg(0, 2, 2, 4, 64, 2), 64, b"ns") };
+    let src = e.create_layout(&cfg(60, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&src, 3);
+    let reads_at_open = |n: u64| {
+        let s = Store::open(&e, &dir, &c).unwrap();
+        let have = s.stats().entries;
+        let keys: Vec<Vec<u8>> = (have..n).map(key).collect();
+        if !keys.is_empty() {
+            let ids: Vec<u64> = (have..n).collect();
+            assert_eq!(s.put(&src, &ids, &keys, &Default::default()).unwrap().wait(Some(Duration::from_secs(60))), Status::Ok);
+        }
+        drop(s);
+        fault::count_only();
+        let s = Store::open(&e, &dir, &c).unwrap();
+        let reads = fault::calls(Site::DiskRead);
+        fault::clear();
+        assert_eq!(s.stats().entries, n);
+        reads
+    };
+    let few = reads_at_open(4);
+    assert_eq!(reads_at_open(60), few, "an open with more entries read more");
 }
