@@ -78,6 +78,25 @@ impl Record {
     }
 }
 
+/// Sizes `file` to `bytes` with its blocks allocated where the file system can (so a
+/// record write never fails for want of space: a full disk fails a put's data write, and
+/// its key, instead of a record after its data), else sparse.
+fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if file.metadata()?.len() > bytes {
+        file.set_len(bytes)?;
+    }
+    // SAFETY: fallocate on a descriptor we own.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(bytes),
+        _ => Err(err),
+    }
+}
+
 /// The records file.
 #[derive(Debug)]
 pub struct Records {
@@ -121,7 +140,7 @@ impl Records {
             if !create {
                 log::warn!("{shown} is {len} bytes, not {want}: records past {len} are lost and their slots free");
             }
-            file.set_len(want).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
+            reserve(&file, want).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
         }
         Ok(Records { file, path, durable })
     }
