@@ -95,3 +95,30 @@ fn opening_reads_no_block_however_many_entries_there_are() {
     let few = reads_at_open(4);
     assert_eq!(reads_at_open(60), few, "an open with more entries read more");
 }
+
+/// Two puts race for the last slot: the first holds it while its write is in flight, so
+/// the second's key fails alone with Busy at once (no call waits for room); the first is
+/// stored.
+#[test]
+fn of_two_puts_racing_for_the_last_slot_one_wins_and_the_other_fails_at_once() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_path("store-race");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = Store::open(&e, &dir, &StoreConfig::new(cfg(0, 2, 2, 4, 64, 2), 1, b"ns")).unwrap();
+    let src = e.create_layout(&cfg(2, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&src, 4);
+    fault::inject(Site::DiskWrite, 0, Fault::Hold);
+    let first = s.put(&src, &[0], &[key(1)], &Default::default()).unwrap();
+    let started = std::time::Instant::now();
+    while !fault::holding() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the first put's write never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let second = s.put(&src, &[1], &[key(2)], &Default::default()).unwrap();
+    assert_eq!(second.poll(), Status::Busy, "settled at once: {}", second.key_message(0));
+    assert_eq!(first.poll(), Status::Pending);
+    fault::clear();
+    assert_eq!(first.wait(Some(Duration::from_secs(60))), Status::Ok);
+    assert_eq!(s.lookup(&[key(1), key(2)], false).unwrap().0, vec![true, false]);
+}
