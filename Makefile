@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test
 
 all: build
 
@@ -59,7 +59,7 @@ test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test
 
 rust-test: $(TEST_DIR) nixl-libs
 	$(CARGO) test --release
-	KVX_TEST_IO_BACKEND=uring $(CARGO) test --release --test roundtrip --test faults --test integrity
+	KVX_TEST_IO_BACKEND=uring $(CARGO) test --release --test roundtrip --test faults --test integrity --test store
 	KVX_TEST_EMULATED=deferred $(CARGO) test --release --test requests --test roundtrip --test faults
 	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
 	  echo "NIXL suites, with $(NIXL_LIBS)"; \
@@ -119,13 +119,18 @@ tsan:
 	RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=target/tsan \
 	  KVX_STRESS=8x200 TSAN_OPTIONS=halt_on_error=1 KVX_TEST_DIR=$(TEST_DIR) \
 	  $(CARGO) +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
-	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped
+	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped --test store
 
 # The ABI boundary's pointer code under Miri (undefined behaviour such as a reference
 # over a caller's smaller, older struct); nightly's miri component, not part of make test.
 miri:
 	rustup component add --toolchain nightly miri
 	MIRIFLAGS=-Zmiri-disable-isolation $(CARGO) +nightly miri test --lib ffi::boundary
+
+# The store's crash torture, long form: 500 SIGKILLs at random instants (`make test`
+# runs 20); KVX_STORE_CRASH_SEED=<seed> replays a run. Not part of make test.
+store-crash: $(TEST_DIR)
+	KVX_STORE_CRASH_ROUNDS=$${KVX_STORE_CRASH_ROUNDS:-500} KVX_TEST_DIR=$(TEST_DIR) $(CARGO) test --release --test store_crash -- --nocapture
 
 # The long soak (not part of make test).
 soak: stress-test

@@ -25,11 +25,13 @@ pub enum Status {
     Version = 15,
     Internal = 16,
     Remote = 17,
+    /// A key the store does not hold (a miss); per key, never for a whole call.
+    NotFound = 18,
 }
 
 impl Status {
     /// Every status, in code order (index == code).
-    pub const ALL: [Status; 18] = [
+    pub const ALL: [Status; 19] = [
         Status::Ok,
         Status::Pending,
         Status::InvalidArg,
@@ -48,6 +50,7 @@ impl Status {
         Status::Version,
         Status::Internal,
         Status::Remote,
+        Status::NotFound,
     ];
 
     pub fn code(self) -> u32 {
@@ -79,6 +82,7 @@ impl Status {
             Status::Version => "KVX_ERR_VERSION",
             Status::Internal => "KVX_ERR_INTERNAL",
             Status::Remote => "KVX_ERR_REMOTE",
+            Status::NotFound => "KVX_ERR_NOT_FOUND",
         }
     }
 }
@@ -130,6 +134,6 @@ mod tests {
             assert_eq!(s.code() as usize, i);
             assert_eq!(Status::from_code(i as u32), Some(*s));
         }
-        assert_eq!(Status::from_code(18), None);
+        assert_eq!(Status::from_code(19), None);
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! Module map (dependencies point downward; `layering` below enforces it):
 //! - [`ffi`]: the C ABI only — handles, C codes, panic boundary, dlopen table.
+//! - [`store`]: a KV tier keyed by the runtime's block keys, over the engine's transfers.
 //! - [`engine`]: Engine, request queue, planner, bounce ring, stage threads, completion.
 //! - [`memory`]: layouts over device, pinned, host, disk and mapped storage.
 //! - [`file`](mod@file): a disk layout's file, its checksum sidecar, a mapped file.
@@ -21,6 +22,7 @@ pub mod io;
 pub mod layout;
 pub mod memory;
 pub mod remote;
+pub mod store;
 
 pub use engine::{Engine, EngineConfig, IoBackend, OnComplete, Request, Stats, TransferOptions};
 pub use error::{Error, Result, Status};
@@ -35,6 +37,7 @@ pub use memory::{Layout, StorageKind};
 #[cfg(test)]
 mod layering {
     const ALLOWED: &[(&str, &[&str])] = &[
+        ("store", &["engine", "memory", "file", "layout", "host", "error"]),
         ("engine", &["memory", "remote", "file", "io", "gpu", "layout", "host", "error"]),
         ("memory", &["remote", "file", "gpu", "layout", "host", "error"]),
         ("remote", &["io", "gpu", "layout", "error"]),

@@ -320,6 +320,26 @@ impl Sidecar {
             .map_err(|e| self.err(e))
     }
 
+    /// `block`'s seal as stored: 0 for a block never completely written. A key-value store
+    /// over the file ties a block's content to a key by recording this value.
+    pub fn seal_of_block(&self, block: u64) -> Result<u64> {
+        let mut seal = 0u64;
+        unsafe { posix::read_exact_at(self.file.as_fd(), &mut seal as *mut u64 as *mut u8, 8, self.block_offset(block)) }
+            .map_err(|e| self.err(e))?;
+        Ok(seal)
+    }
+
+    /// Clears `block`'s seal, so the block reads as not completely written until a write
+    /// of it completes and seals it again: a store hands the slot to another process to
+    /// write, and takes a seal found there later as proof that the write happened.
+    pub fn unseal(&self, block: u64) -> Result<()> {
+        let _one_at_a_time = self.sealing.lock().unwrap_or_else(|p| p.into_inner());
+        let _nor_beside_another_process = SealRange::lock(self.file.as_fd(), self.block_offset(block), &self.path);
+        let zero = 0u64;
+        unsafe { posix::write_all_at(self.file.as_fd(), &zero as *const u64 as *const u8, 8, self.block_offset(block)) }
+            .map_err(|e| self.err(e))
+    }
+
     /// Recomputes `block`'s seal from its region hashes (after a write request completed).
     pub fn seal(&self, block: u64) -> Result<()> {
         let _one_at_a_time = self.sealing.lock().unwrap_or_else(|p| p.into_inner());

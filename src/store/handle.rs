@@ -1,0 +1,240 @@
+//! Slot handles: the split for runtimes whose scheduler and data movers are different
+//! processes (vLLM's scheduler and GPU workers). The owner keeps the index and hands out
+//! slots; a process that opened the store `DATA_ONLY` moves those slots' data with the
+//! same checks.
+//!
+//! ```text
+//! owner:  lease_slots(keys) ──handles──►  data process: read_slots(handles, dst, ids)
+//!         release_leases(keys)  ◄──done──          (seal and record checked per key)
+//! owner:  reserve_slots(keys) ──handles──►  data process: write_slots(src, ids, handles)
+//!         commit_slots(handles) ◄──done──          (or abort_slots on failure)
+//! ```
+//! A read handle's slot is leased: never evicted nor reused until released, and the data
+//! process checks that the slot's record still names the handle's key, generation and
+//! seal. A write handle's slot is reserved as a put's would be (its tombstone written); the
+//! owner commits it by reading the seal the data process's write left and writing the
+//! record, so the entry is visible only after its data is complete, as with `put`.
+
+use super::config::{key_digests, Digest};
+use super::index::{Entry, PutStart};
+use super::request::StoreRequest;
+use super::worker::{self, GetKey, PutGroup, PutKey, WriteGroup};
+use super::{Inner, Store};
+use crate::engine::TransferOptions;
+use crate::error::{bail, Result, Status};
+use crate::memory::Layout;
+use std::sync::Arc;
+
+/// A slot the owner hands to a data-only process: to read (a held entry, leased) or to
+/// write (reserved for a key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotHandle {
+    pub slot: u32,
+    pub generation: u64,
+    /// The key's digest (xxh3-128).
+    pub key_digest: Digest,
+    pub key_len: u32,
+    /// The block's seal, in a handle to read (0 in one to write).
+    pub seal: u64,
+}
+
+/// What `reserve_slots` gives a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reservation {
+    /// Held already: nothing to write.
+    Held,
+    /// Write the block to this slot, then `commit_slots` (or `abort_slots`).
+    Write(SlotHandle),
+    /// Another put of the key is in flight; look it up once that ends.
+    InFlight,
+    /// Full, and every entry is held: the key fails alone (as `Busy` for a put).
+    NoRoom,
+}
+
+impl Store {
+    /// As `lookup` with a lease, for a data-only process: a handle to read for each hit.
+    /// Each hit stays leased until `release_leases` (or a get of it here).
+    pub fn lease_slots<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<SlotHandle>>> {
+        self.inner.owner()?;
+        let digests = key_digests(keys)?;
+        let mut ix = self.inner.index.lock().unwrap();
+        Ok(digests
+            .iter()
+            .map(|&d| {
+                ix.lease(d).map(|e| SlotHandle { slot: e.slot, generation: e.generation, key_digest: d, key_len: e.key_len, seal: e.seal })
+            })
+            .collect())
+    }
+
+    /// Reserves a slot for each key not held, as a put would (evicting, tombstone first),
+    /// for a data-only process to write; `commit_slots` then makes them entries.
+    pub fn reserve_slots<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Reservation>> {
+        let inner = &self.inner;
+        inner.owner()?;
+        let digests = key_digests(keys)?;
+        // Joined puts settle into this request, which nobody reads: `InFlight` says so.
+        let nobody = Arc::new(StoreRequest::new(keys.len()));
+        let (mut out, mut evicted) = (Vec::with_capacity(keys.len()), Vec::new());
+        {
+            let mut ix = inner.index.lock().unwrap();
+            for &key in &digests {
+                ix.touch_held(key);
+            }
+            for (i, &key) in digests.iter().enumerate() {
+                out.push(match ix.start_put(key, (&nobody, i)) {
+                    PutStart::Present => Reservation::Held,
+                    PutStart::Joined => Reservation::InFlight,
+                    PutStart::NoRoom => Reservation::NoRoom,
+                    PutStart::Slot { slot, generation, evicted: e } => {
+                        if e {
+                            evicted.push(slot);
+                        }
+                        let key_len = keys[i].as_ref().len() as u32;
+                        Reservation::Write(SlotHandle { slot, generation, key_digest: key, key_len, seal: 0 })
+                    }
+                });
+            }
+        }
+        // Tombstones first (evicted slots), then no seal: a block is sealed again only by a
+        // completed write, so `commit_slots` never takes a slot's old block for the new key's.
+        let unsealed = || {
+            out.iter().try_for_each(|r| match r {
+                Reservation::Write(h) => inner.sidecar(inner.shard_of(h.slot)).unseal(inner.block_of(h.slot)),
+                _ => Ok(()),
+            })
+        };
+        if let Err(e) = inner.tombstone(&evicted).and_then(|_| unsealed()) {
+            let mut ix = inner.index.lock().unwrap();
+            for r in &out {
+                if let Reservation::Write(h) = r {
+                    for (req, i) in ix.abandon(h.slot) {
+                        req.settle(i, e.status, e.message.clone());
+                    }
+                }
+            }
+            return Err(e);
+        }
+        Ok(out)
+    }
+
+    /// Makes the written slots of `handles` entries: each block's seal is read and its
+    /// record written (synced in durable mode). Per handle: `Ok`; `InvalidArg` for a handle
+    /// not reserved (or already committed or aborted); `Integrity` for a block not
+    /// completely written; `Cancelled` for a key removed meanwhile.
+    pub fn commit_slots(&self, handles: &[SlotHandle]) -> Result<Vec<Status>> {
+        let inner = &self.inner;
+        inner.owner()?;
+        let req = Arc::new(StoreRequest::new(handles.len()));
+        let keys = self.reserved(handles, &req);
+        inner.commit(PutGroup { req: req.clone(), keys });
+        Ok((0..handles.len()).map(|i| req.key_status(i).unwrap_or(Status::Internal)).collect())
+    }
+
+    /// Gives back the reserved slots of `handles` unwritten (their records are still
+    /// tombstones, whatever the data process wrote).
+    pub fn abort_slots(&self, handles: &[SlotHandle]) -> Result<()> {
+        self.inner.owner()?;
+        let req = Arc::new(StoreRequest::new(handles.len()));
+        let keys = self.reserved(handles, &req);
+        self.inner.put_failed(PutGroup { req, keys }, Status::Cancelled, "aborted by the owner");
+        Ok(())
+    }
+
+    /// The keys of `handles` still reserved as handed out; the others settled `InvalidArg`.
+    fn reserved(&self, handles: &[SlotHandle], req: &Arc<StoreRequest>) -> Vec<PutKey> {
+        let ix = self.inner.index.lock().unwrap();
+        let mut keys = Vec::with_capacity(handles.len());
+        for (i, h) in handles.iter().enumerate() {
+            if ix.reserved_for(h.slot, h.key_digest, h.generation) {
+                keys.push(PutKey { index: i, key: h.key_digest, key_len: h.key_len, slot: h.slot, generation: h.generation, src: 0 });
+            } else {
+                req.settle(
+                    i,
+                    Status::InvalidArg,
+                    format!("slot {} is not reserved for this key (committed, aborted or never handed out)", h.slot),
+                );
+            }
+        }
+        keys
+    }
+
+    /// Loads the slots of read handles into `dst_ids` of `dst`. Per key: `Ok`, or
+    /// `Integrity` where the slot no longer holds the entry the handle names (its record,
+    /// generation or seal differ) or its block fails its checksums.
+    pub fn read_slots(
+        &self,
+        handles: &[SlotHandle],
+        dst: &Arc<Layout>,
+        dst_ids: &[u64],
+        opts: &TransferOptions,
+    ) -> Result<Arc<StoreRequest>> {
+        let inner = &self.inner;
+        inner.check_handles(handles, dst_ids.len())?;
+        inner.check_side(dst, dst_ids, "destination")?;
+        let plain = TransferOptions { on_complete: None, ..opts.clone() };
+        inner.engine.check(&inner.shards[0], &[0], dst, &dst_ids[..1], &plain)?;
+        let req = Arc::new(StoreRequest::new(handles.len()));
+        let mut groups: Vec<Vec<GetKey>> = vec![Vec::new(); inner.shards.len()];
+        for (i, h) in handles.iter().enumerate() {
+            let entry = Entry::of_handle(h.slot, h.generation, h.seal, h.key_len);
+            groups[inner.shard_of(h.slot)].push(GetKey { index: i, key: h.key_digest, entry, dst: dst_ids[i], pinned: false });
+        }
+        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
+            inner.submit_get(&req, shard, dst, keys, &plain, false);
+        }
+        Ok(req)
+    }
+
+    /// Writes block `src_ids[i]` of `src` to the slot of write handle `handles[i]`; the
+    /// owner then commits them. Whole blocks only.
+    pub fn write_slots(
+        &self,
+        src: &Arc<Layout>,
+        src_ids: &[u64],
+        handles: &[SlotHandle],
+        opts: &TransferOptions,
+    ) -> Result<Arc<StoreRequest>> {
+        let inner = &self.inner;
+        inner.check_handles(handles, src_ids.len())?;
+        if opts.layer_begin != 0 || (opts.layer_end != 0 && opts.layer_end as u64 != inner.cfg.block.num_layers) {
+            bail!(InvalidArg, "a slot is written whole: put every layer");
+        }
+        inner.check_side(src, src_ids, "source")?;
+        let plain = TransferOptions { on_complete: None, ..opts.clone() };
+        inner.engine.check(src, &src_ids[..1], &inner.shards[0], &[0], &plain)?;
+        let req = Arc::new(StoreRequest::new(handles.len()));
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); inner.shards.len()];
+        for (i, h) in handles.iter().enumerate() {
+            groups[inner.shard_of(h.slot)].push(i);
+        }
+        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
+            let ids: Vec<u64> = keys.iter().map(|&i| src_ids[i]).collect();
+            let blocks: Vec<u64> = keys.iter().map(|&i| inner.block_of(handles[i].slot)).collect();
+            inner.begin();
+            let (opts, group) = worker::on_complete(&inner.tx, &plain, worker::Done::Write(WriteGroup { req: req.clone(), keys }));
+            if let Err(e) = inner.engine.submit(src, &ids, &inner.shards[shard], &blocks, &opts) {
+                if let Some(worker::Done::Write(g)) = group.lock().unwrap().take() {
+                    for i in g.keys {
+                        req.settle(i, e.status, e.message.clone());
+                    }
+                }
+                inner.end();
+            }
+        }
+        Ok(req)
+    }
+}
+
+impl Inner {
+    /// Refuses handles of slots past the capacity, or a count that differs from the blocks'.
+    fn check_handles(&self, handles: &[SlotHandle], blocks: usize) -> Result<()> {
+        if handles.is_empty() || handles.len() != blocks {
+            bail!(InvalidArg, "{} handles but {blocks} blocks; give one block per handle, at least one", handles.len());
+        }
+        let cap = self.cfg.capacity_blocks;
+        if let Some((i, h)) = handles.iter().enumerate().find(|(_, h)| h.slot as u64 >= cap) {
+            bail!(OutOfRange, "handle {i} names slot {}; the store has {cap} (a handle of another store?)", h.slot);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,509 @@
+//! The in-memory index: key digest → entry, the slots' states and pins, the free list and
+//! the least-recently-used order. One mutex holds it (`Store::index`); nothing here does
+//! I/O, so the mutex is never held across a read, a write or a sync.
+//!
+//! A slot is `Free` (on the free list; its record is a tombstone), `Writing` (a put took
+//! it; its record is a tombstone until the put commits), `Live` (an entry), or `Retired`
+//! (its entry was removed, evicted or dropped, and it goes back to the free list once its
+//! tombstone is written and nothing pins it). A pin is a get in flight or a lease; a
+//! pinned slot is never evicted nor reused, so its bytes stay its key's.
+
+use super::config::Digest;
+use super::record::Record;
+use super::request::StoreRequest;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A committed entry, as the index keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub slot: u32,
+    pub generation: u64,
+    /// Its block's seal when it was written, as its record holds it.
+    pub seal: u64,
+    pub key_len: u32,
+}
+
+impl Entry {
+    /// The entry a slot handle names, for a data-only process that has no index.
+    pub fn of_handle(slot: u32, generation: u64, seal: u64, key_len: u32) -> Entry {
+        Entry { slot, generation, seal, key_len }
+    }
+}
+
+/// Keys of put requests waiting for another put of the same key to finish.
+type Waiters = Vec<(Arc<StoreRequest>, usize)>;
+
+#[derive(Debug)]
+enum State {
+    Free,
+    Writing { key: Digest, generation: u64, removed: bool, waiters: Waiters },
+    Live(Digest),
+    Retired { recorded: bool },
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: State,
+    pins: u32,
+    /// Neighbours in the eviction order (live slots only; `NIL` at the ends).
+    older: u32,
+    newer: u32,
+}
+
+const NIL: u32 = u32::MAX;
+
+/// Hashes a digest by its low 64 bits: digests are uniform already, and SipHash over
+/// them would be most of a lookup's time.
+#[derive(Default)]
+pub struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+type DigestMap<V> = HashMap<Digest, V, std::hash::BuildHasherDefault<DigestHasher>>;
+
+/// Where a put of one key goes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PutStart {
+    /// Held already: nothing to write.
+    Present,
+    /// Another put of the key is in flight: this key gets that put's outcome.
+    Joined,
+    /// Write the block to `slot` under `generation`; first write the slot's tombstone
+    /// where `evicted` (its record still names the evicted entry).
+    Slot { slot: u32, generation: u64, evicted: bool },
+    /// Full, and every entry is held by a get, a lease or a put in flight.
+    NoRoom,
+}
+
+/// What a removal found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Removed {
+    Absent,
+    /// The entry is gone from the index; write `slot`'s tombstone, then `recorded(slot)`.
+    Entry(u32),
+    /// A put of the key was in flight: it will not commit.
+    Writing,
+}
+
+#[derive(Debug)]
+pub struct Index {
+    entries: DigestMap<Entry>,
+    /// The least and the most recently used live slots: the ends of the eviction order,
+    /// a list through the slots' `older`/`newer`, so a use moves a slot in O(1).
+    oldest: u32,
+    newest: u32,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Keys being put → their slot.
+    writing: DigestMap<u32>,
+    /// Leased keys → the slot each lease pins (a key removed and put again while leased
+    /// may have leases on two slots).
+    leases: DigestMap<Vec<u32>>,
+    generation: u64,
+    pub evictions: u64,
+    /// Slots found holding a record that no entry uses: their tombstones are written on
+    /// open (then `recorded`), before any put may take them.
+    pub stale: Vec<u32>,
+}
+
+impl Index {
+    /// An index of `capacity` slots holding `found` (slot, record) entries, the most
+    /// recently written (highest generation) last in the eviction order.
+    pub fn new(capacity: u32, mut found: Vec<(u32, Record)>) -> Index {
+        found.sort_by_key(|(_, r)| r.generation);
+        let mut ix = Index {
+            entries: DigestMap::with_capacity_and_hasher(found.len(), Default::default()),
+            oldest: NIL,
+            newest: NIL,
+            slots: (0..capacity).map(|_| Slot { state: State::Free, pins: 0, older: NIL, newer: NIL }).collect(),
+            free: Vec::new(),
+            writing: DigestMap::default(),
+            leases: DigestMap::default(),
+            generation: found.last().map_or(0, |(_, r)| r.generation),
+            evictions: 0,
+            stale: Vec::new(),
+        };
+        for (slot, r) in found {
+            if let Some(old) = ix.entries.get(&r.key).copied() {
+                // Two records of one key (only damage makes this: a key is written again
+                // only after its entry is gone): keep the newest, retire the other.
+                ix.unlink(old.slot);
+                ix.slots[old.slot as usize].state = State::Retired { recorded: false };
+                ix.stale.push(old.slot);
+            }
+            ix.insert(r.key, slot, &r);
+        }
+        ix.free = (0..capacity).rev().filter(|&s| matches!(ix.slots[s as usize].state, State::Free)).collect();
+        ix
+    }
+
+    fn insert(&mut self, key: Digest, slot: u32, r: &Record) {
+        let e = Entry { slot, generation: r.generation, seal: r.seal, key_len: r.key_len };
+        self.entries.insert(key, e);
+        self.slots[slot as usize].state = State::Live(key);
+        self.link_newest(slot);
+    }
+
+    fn link_newest(&mut self, slot: u32) {
+        let newest = self.newest;
+        let s = &mut self.slots[slot as usize];
+        (s.older, s.newer) = (newest, NIL);
+        match newest {
+            NIL => self.oldest = slot,
+            n => self.slots[n as usize].newer = slot,
+        }
+        self.newest = slot;
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let (older, newer) = {
+            let s = &mut self.slots[slot as usize];
+            let links = (s.older, s.newer);
+            (s.older, s.newer) = (NIL, NIL);
+            links
+        };
+        match older {
+            NIL => self.oldest = newer,
+            o => self.slots[o as usize].newer = newer,
+        }
+        match newer {
+            NIL => self.newest = older,
+            n => self.slots[n as usize].older = older,
+        }
+    }
+
+    fn touch(&mut self, key: Digest) -> Option<Entry> {
+        let e = *self.entries.get(&key)?;
+        if self.newest != e.slot {
+            self.unlink(e.slot);
+            self.link_newest(e.slot);
+        }
+        Some(e)
+    }
+
+    /// Marks a held key as just used: whether it is held.
+    pub fn touch_held(&mut self, key: Digest) -> bool {
+        self.touch(key).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn contains(&self, key: Digest) -> bool {
+        self.entries.contains_key(&key)
+    }
+
+    /// Pins a held key's slot until `release_lease` or a get of it: its entry, if held.
+    pub fn lease(&mut self, key: Digest) -> Option<Entry> {
+        let e = self.touch(key)?;
+        self.slots[e.slot as usize].pins += 1;
+        self.leases.entry(key).or_default().push(e.slot);
+        Some(e)
+    }
+
+    /// Gives back one lease of `key`, where it has one: whether it had.
+    pub fn release_lease(&mut self, key: Digest) -> bool {
+        let Some(slots) = self.leases.get_mut(&key) else { return false };
+        let slot = slots.pop().expect("a leased key has a lease");
+        if slots.is_empty() {
+            self.leases.remove(&key);
+        }
+        self.unpin(slot);
+        true
+    }
+
+    /// A slot whose record could not be brought back to a tombstone (an I/O error): out of
+    /// use until the store is opened again, so no put writes under a record naming another key.
+    /// The keys that joined a put of the slot, to be told it failed.
+    pub fn abandon(&mut self, slot: u32) -> Waiters {
+        match std::mem::replace(&mut self.slots[slot as usize].state, State::Retired { recorded: false }) {
+            State::Writing { key, waiters, .. } => {
+                self.writing.remove(&key);
+                waiters
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Pins a held key's slot for a get; its entry, or `None` for a miss.
+    pub fn pin(&mut self, key: Digest) -> Option<Entry> {
+        let e = self.touch(key)?;
+        self.slots[e.slot as usize].pins += 1;
+        Some(e)
+    }
+
+    /// Drops one pin of `slot`.
+    pub fn unpin(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        s.pins -= 1;
+        self.free_if_done(slot);
+    }
+
+    fn free_if_done(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.pins == 0 && matches!(s.state, State::Retired { recorded: true }) {
+            s.state = State::Free;
+            self.free.push(slot);
+        }
+    }
+
+    /// Where a put of `key` goes (see `PutStart`); `waiter` is told the outcome of a put of
+    /// the same key already in flight.
+    pub fn start_put(&mut self, key: Digest, waiter: (&Arc<StoreRequest>, usize)) -> PutStart {
+        if self.touch(key).is_some() {
+            return PutStart::Present;
+        }
+        if let Some(&slot) = self.writing.get(&key) {
+            if let State::Writing { waiters, removed: false, .. } = &mut self.slots[slot as usize].state {
+                waiters.push((waiter.0.clone(), waiter.1));
+                return PutStart::Joined;
+            }
+        }
+        let (slot, evicted) = match self.free.pop() {
+            Some(slot) => (slot, false),
+            None => match self.evict() {
+                Some(slot) => (slot, true),
+                None => return PutStart::NoRoom,
+            },
+        };
+        self.generation += 1;
+        self.slots[slot as usize].state = State::Writing { key, generation: self.generation, removed: false, waiters: Vec::new() };
+        self.writing.insert(key, slot);
+        PutStart::Slot { slot, generation: self.generation, evicted }
+    }
+
+    /// Takes the least recently used entry that nothing pins out of the index.
+    fn evict(&mut self) -> Option<u32> {
+        let mut slot = self.oldest;
+        while slot != NIL && self.slots[slot as usize].pins > 0 {
+            slot = self.slots[slot as usize].newer;
+        }
+        if slot == NIL {
+            return None;
+        }
+        self.unlink(slot);
+        let State::Live(key) = self.slots[slot as usize].state else { unreachable!("the eviction order lists live slots only") };
+        self.entries.remove(&key);
+        self.evictions += 1;
+        Some(slot)
+    }
+
+    /// Whether the put that took `slot` may still commit (no removal of its key came).
+    pub fn may_commit(&self, slot: u32) -> bool {
+        matches!(self.slots[slot as usize].state, State::Writing { removed: false, .. })
+    }
+
+    /// Whether `slot` is being put for `key` under `generation` (a handed-out slot that is
+    /// still reserved for it).
+    pub fn reserved_for(&self, slot: u32, key: Digest, generation: u64) -> bool {
+        matches!(self.slots.get(slot as usize), Some(Slot { state: State::Writing { key: k, generation: g, .. }, .. }) if *k == key && *g == generation)
+    }
+
+    /// Ends the put that took `slot`: its entry is `committed` (its record is written), or
+    /// the slot goes back to the free list (its record is still a tombstone). The keys
+    /// that joined it, to be told the outcome.
+    pub fn finish_put(&mut self, slot: u32, committed: Option<&Record>) -> Waiters {
+        let State::Writing { key, waiters, .. } = std::mem::replace(&mut self.slots[slot as usize].state, State::Free) else {
+            unreachable!("a put finishes once, on the slot it took")
+        };
+        self.writing.remove(&key);
+        match committed {
+            Some(r) => self.insert(key, slot, r),
+            None => self.free.push(slot),
+        }
+        waiters
+    }
+
+    /// Takes `key` out of the index (see `Removed`).
+    pub fn remove(&mut self, key: Digest) -> Removed {
+        if let Some(e) = self.entries.remove(&key) {
+            self.unlink(e.slot);
+            self.slots[e.slot as usize].state = State::Retired { recorded: false };
+            return Removed::Entry(e.slot);
+        }
+        if let Some(&slot) = self.writing.get(&key) {
+            if let State::Writing { removed, .. } = &mut self.slots[slot as usize].state {
+                *removed = true;
+            }
+            return Removed::Writing;
+        }
+        Removed::Absent
+    }
+
+    /// Takes the entry of `key` out if it is still the one at `slot` of `generation` (a
+    /// check failed on it): whether it was.
+    pub fn drop_entry(&mut self, key: Digest, slot: u32, generation: u64) -> bool {
+        match self.entries.get(&key) {
+            Some(e) if e.slot == slot && e.generation == generation => matches!(self.remove(key), Removed::Entry(_)),
+            _ => false,
+        }
+    }
+
+    /// `slot`'s tombstone is written: it is free once nothing pins it.
+    pub fn recorded(&mut self, slot: u32) {
+        if let State::Retired { recorded } = &mut self.slots[slot as usize].state {
+            *recorded = true;
+        }
+        self.free_if_done(slot);
+    }
+
+    /// Slots of every entry with its record, for a verify on open.
+    pub fn entries(&self) -> impl Iterator<Item = (Digest, Entry)> + '_ {
+        self.entries.iter().map(|(k, e)| (*k, *e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(key: Digest, generation: u64) -> Record {
+        Record { namespace: 1, key, generation, seal: 9, key_len: 4 }
+    }
+
+    fn put(ix: &mut Index, key: Digest) -> PutStart {
+        let req = Arc::new(StoreRequest::new(1));
+        let start = ix.start_put(key, (&req, 0));
+        if let PutStart::Slot { slot, generation, .. } = start {
+            ix.finish_put(slot, Some(&rec(key, generation)));
+        }
+        start
+    }
+
+    #[test]
+    fn a_full_index_evicts_the_least_recently_used_entry_that_nothing_pins() {
+        let mut ix = Index::new(3, vec![(0, rec(10, 1)), (2, rec(12, 3)), (1, rec(11, 2))]);
+        assert_eq!(ix.len(), 3);
+        // 10 is oldest, but leased; 11 is next, but pinned by a get.
+        assert!(ix.lease(10).is_some());
+        let e11 = ix.pin(11).unwrap();
+        ix.touch(12);
+        ix.touch(11);
+        assert_eq!(put(&mut ix, 13), PutStart::Slot { slot: 2, generation: 4, evicted: true });
+        assert!(!ix.contains(12) && ix.contains(10) && ix.contains(11));
+        assert_eq!(put(&mut ix, 13), PutStart::Present);
+        // Now 13 is the only one unpinned.
+        assert!(ix.pin(13).is_some());
+        assert_eq!(put(&mut ix, 14), PutStart::NoRoom);
+        ix.unpin(e11.slot);
+        assert_eq!(put(&mut ix, 14), PutStart::Slot { slot: e11.slot, generation: 5, evicted: true });
+        assert_eq!(ix.evictions, 2);
+    }
+
+    #[test]
+    fn a_removed_slot_is_reused_only_once_recorded_and_unpinned() {
+        let mut ix = Index::new(1, vec![(0, rec(10, 1))]);
+        let e = ix.pin(10).unwrap();
+        assert_eq!(ix.remove(10), Removed::Entry(0));
+        assert_eq!(ix.remove(10), Removed::Absent);
+        assert_eq!(put(&mut ix, 11), PutStart::NoRoom, "retired, not yet recorded");
+        ix.recorded(0);
+        assert_eq!(put(&mut ix, 11), PutStart::NoRoom, "still pinned by the get");
+        ix.unpin(e.slot);
+        assert!(matches!(put(&mut ix, 11), PutStart::Slot { slot: 0, evicted: false, .. }));
+    }
+
+    #[test]
+    fn a_put_of_a_key_being_put_joins_it_and_a_remove_stops_its_commit() {
+        let mut ix = Index::new(2, vec![]);
+        let (a, b) = (Arc::new(StoreRequest::new(1)), Arc::new(StoreRequest::new(1)));
+        let PutStart::Slot { slot, .. } = ix.start_put(7, (&a, 0)) else { panic!() };
+        assert_eq!(ix.start_put(7, (&b, 0)), PutStart::Joined);
+        assert_eq!(ix.remove(7), Removed::Writing);
+        assert!(!ix.may_commit(slot));
+        assert_eq!(ix.finish_put(slot, None).len(), 1);
+        assert!(!ix.contains(7));
+        assert_eq!(ix.free.len(), 2);
+    }
+
+    /// Random puts, uses, pins and removals against a plain list kept in use order: the
+    /// index evicts exactly what the list says is the least recently used unpinned key.
+    #[test]
+    fn eviction_follows_use_order_through_random_operations() {
+        let mut ix = Index::new(8, vec![]);
+        let mut order: Vec<Digest> = Vec::new(); // least recently used first
+        let mut pinned: Vec<(Digest, u32)> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % 20) as Digest;
+            match x >> 60 {
+                0..=7 => {
+                    let slot_of = |ix: &Index, k: Digest| ix.entries().find(|e| e.0 == k).unwrap().1.slot;
+                    let is_pinned = |slot: u32| pinned.iter().any(|p| p.1 == slot);
+                    let victim = order.iter().copied().find(|&k| !is_pinned(slot_of(&ix, k)));
+                    // Slots in use: live ones, and removed ones a pin still holds.
+                    let live: Vec<u32> = order.iter().map(|&k| slot_of(&ix, k)).collect();
+                    let mut held: Vec<u32> = pinned.iter().map(|p| p.1).filter(|s| !live.contains(s)).collect();
+                    held.sort();
+                    held.dedup();
+                    let full = order.len() + held.len() == 8;
+                    match put(&mut ix, key) {
+                        PutStart::Present => {
+                            order.retain(|&k| k != key);
+                            order.push(key);
+                        }
+                        PutStart::Slot { evicted, .. } => {
+                            assert_eq!(evicted, full);
+                            if full {
+                                let v = victim.expect("an unpinned key to evict");
+                                assert!(!ix.contains(v), "the least recently used unpinned key goes");
+                                order.retain(|&k| k != v);
+                            }
+                            order.push(key);
+                        }
+                        PutStart::NoRoom => assert!(full && victim.is_none()),
+                        PutStart::Joined => unreachable!("puts finish at once here"),
+                    }
+                }
+                8..=10 => {
+                    if let Some(e) = ix.pin(key) {
+                        pinned.push((key, e.slot));
+                        order.retain(|&k| k != key);
+                        order.push(key);
+                    }
+                }
+                11..=13 => {
+                    if let Some((_, slot)) = pinned.pop() {
+                        ix.unpin(slot);
+                    }
+                }
+                _ => {
+                    if let Removed::Entry(slot) = ix.remove(key) {
+                        ix.recorded(slot);
+                        order.retain(|&k| k != key);
+                    }
+                }
+            }
+            assert_eq!(ix.len(), order.len());
+        }
+    }
+
+    #[test]
+    fn the_newest_record_of_a_key_found_twice_wins() {
+        let mut ix = Index::new(2, vec![(0, rec(5, 8)), (1, rec(5, 3))]);
+        assert_eq!(ix.entries().find(|e| e.0 == 5).unwrap().1.slot, 0);
+        assert_eq!(ix.stale, vec![1]);
+        assert!(ix.free.is_empty(), "not before its tombstone is written");
+        ix.recorded(1);
+        assert_eq!(ix.free, vec![1]);
+    }
+}

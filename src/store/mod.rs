@@ -1,0 +1,620 @@
+//! The store: a tier of KV blocks on disk or tmpfs, keyed by the runtime's block keys,
+//! that never returns bytes not stored under the key asked for and survives crashes.
+//!
+//! ```text
+//! put(src, ids, keys) ─► index: dedup, free slot or evict (tombstone first) ─► engine: src → data-<k>
+//!                                                        store thread ◄─ completion (blocks sealed)
+//!                                        record written (synced) ─► index: entry visible ─► key Ok
+//! get(keys, dst, ids) ─► index: pin hits ─► engine: data-<k> → dst (regions and seal verified)
+//!                         store thread ◄─ completion: record's seal = block's seal? ─► key Ok or a miss
+//! ```
+//!
+//! Data lives in `shards` checksummed disk layouts (`data-<k>`), slot `s` at block
+//! `s / shards` of shard `s % shards`. The engine hashes every region it writes and seals a
+//! block when its write completes; each slot's 64-byte record (`records`) holds the key's
+//! and namespace's digests, a generation and that seal. The records file is the index on
+//! disk: opening reads it alone (no data), and keeps the records whose CRC holds and whose
+//! namespace is the store's. The order of writes is what makes a crash harmless: a slot's
+//! tombstone is written before its data is overwritten, and its record only after the new
+//! data and seal are complete, so a record names either no key or the key whose bytes the
+//! slot holds; a get then checks that the block's current seal is the record's. No journal
+//! is needed beside the records: each slot's record is written in place, one at a time.
+//!
+//! See `docs/store.md` for the contract (words, invariants) and the choices made here.
+
+mod config;
+mod dir;
+mod handle;
+mod index;
+mod record;
+mod request;
+mod worker;
+
+pub use config::{StoreConfig, StoreFlags, MAX_KEY_BYTES, MAX_NAMESPACE_BYTES};
+pub use handle::{Reservation, SlotHandle};
+pub use request::StoreRequest;
+
+use crate::engine::{Engine, TransferOptions};
+use crate::error::{bail, Error, Result, Status};
+use crate::file::DiskFlags;
+use crate::memory::Layout;
+use config::{key_digests, Digest};
+use crossbeam_channel::Sender;
+use index::{Index, PutStart, Removed};
+use record::{Read, Records};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// What a store holds and has done since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub entries: u64,
+    pub capacity: u64,
+    /// Keys a get loaded.
+    pub hits: u64,
+    /// Keys a get did not load: not held, or a failed check.
+    pub misses: u64,
+    pub evictions: u64,
+    /// Failed checks: damaged records found on open, and gets whose block did not match
+    /// its record or its checksums (each also a miss).
+    pub integrity_failures: u64,
+    /// Blocks written by puts.
+    pub puts: u64,
+    /// Keys of puts that were held already.
+    pub dedups: u64,
+    pub removes: u64,
+    /// Bytes of the blocks held (`entries × block bytes`).
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    integrity_failures: AtomicU64,
+    puts: AtomicU64,
+    dedups: AtomicU64,
+    removes: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The state the caller's threads and the store thread share.
+struct Inner {
+    engine: Arc<Engine>,
+    dir: PathBuf,
+    cfg: StoreConfig,
+    namespace: Digest,
+    shards: Vec<Arc<Layout>>,
+    /// Held across every record write and sync (puts' records, tombstones), and taken
+    /// before `index` where both are: a commit decides and writes under it, so a removal
+    /// sees either the committed entry or a put that will not commit.
+    records: Mutex<Records>,
+    index: Mutex<Index>,
+    counters: Counters,
+    /// Engine requests submitted and not yet handled by the store thread.
+    inflight: Mutex<u64>,
+    idle: Condvar,
+    tx: Sender<worker::Msg>,
+    /// Opened `DATA_ONLY`: moves handed-out slots only, writes no record.
+    data_only: bool,
+}
+
+/// A store open as its owner (the process holds the directory's lock until it is closed),
+/// or for data only (`StoreFlags::DATA_ONLY`: no lock, the owner's handed-out slots only).
+pub struct Store {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+    /// The owner's lock (none in a data-only open).
+    _lock: Option<dir::OwnerLock>,
+}
+
+impl Store {
+    /// Opens the store in `dir`, or makes it there (`StoreFlags::CREATE`). Refused with
+    /// `Busy` naming the owner's pid while another process (or another open in this one)
+    /// has it, and with `Incompatible` when it was made with another geometry, capacity,
+    /// shard count or namespace.
+    pub fn open(engine: &Arc<Engine>, dir: &Path, cfg: &StoreConfig) -> Result<Store> {
+        cfg.validate()?;
+        let data_only = cfg.flags.contains(StoreFlags::DATA_ONLY);
+        if !data_only {
+            dir::prepare_dir(dir, cfg.flags)?;
+        }
+        let lock = if data_only { None } else { Some(dir::OwnerLock::take(dir)?) };
+        let want = dir::Meta::of(cfg);
+        let create = match dir::read_meta(dir)? {
+            Some(found) => {
+                found.refuse(&want, dir)?;
+                false
+            }
+            None if cfg.flags.contains(StoreFlags::CREATE) && !data_only => true,
+            None if data_only => bail!(InvalidArg, "{} holds no store; a data-only open needs the owner to have made it", dir.display()),
+            None => bail!(InvalidArg, "{} holds no store; pass CREATE to make one there", dir.display()),
+        };
+        let durable = cfg.flags.contains(StoreFlags::DURABLE);
+        let mut flags = DiskFlags::CHECKSUM | DiskFlags::KEEP;
+        for (on, f) in
+            [(create, DiskFlags::CREATE), (durable, DiskFlags::SYNC), (cfg.flags.contains(StoreFlags::BUFFERED), DiskFlags::BUFFERED)]
+        {
+            if on {
+                flags |= f;
+            }
+        }
+        let geometry = cfg.shard_geometry();
+        let shards = (0..cfg.shards)
+            .map(|k| engine.create_disk_layout(&geometry, &dir.join(format!("data-{k}")), flags))
+            .collect::<Result<Vec<_>>>()?;
+        let records = match data_only {
+            true => Records::open_read_only(dir, cfg.capacity_blocks)?,
+            false => Records::open(dir, cfg.capacity_blocks, create, durable)?,
+        };
+        if create {
+            records.sync_all()?;
+            dir::write_meta(dir, &want)?;
+            log::info!(
+                "store {}: made, {} blocks of {} bytes in {} shards",
+                dir.display(),
+                cfg.capacity_blocks,
+                shards[0].geometry().block_bytes,
+                cfg.shards
+            );
+        }
+        let counters = Counters::default();
+        let (index, stale) = match data_only {
+            true => (Index::new(cfg.capacity_blocks as u32, Vec::new()), Vec::new()),
+            false => Self::scan(&records, cfg, want.namespace, &counters, dir)?,
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let inner = Arc::new(Inner {
+            engine: engine.clone(),
+            dir: dir.to_path_buf(),
+            cfg: cfg.clone(),
+            namespace: want.namespace,
+            shards,
+            records: Mutex::new(records),
+            index: Mutex::new(index),
+            counters,
+            inflight: Mutex::new(0),
+            idle: Condvar::new(),
+            tx,
+            data_only,
+        });
+        inner.clear_stale(&stale)?;
+        if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
+            inner.verify_seals()?;
+        }
+        let worker_inner = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvx-store".into())
+            .spawn(move || worker::run(worker_inner, rx))
+            .map_err(|e| Error::new(Status::NoMemory, format!("starting the store thread: {e}")))?;
+        match data_only {
+            true => log::info!("store {}: open for data only", dir.display()),
+            false => log::info!("store {}: open, {} entries", dir.display(), inner.index.lock().unwrap().len()),
+        }
+        Ok(Store { inner, thread: Some(thread), _lock: lock })
+    }
+
+    /// Reads every record (no data): the index of the valid ones, and the slots whose
+    /// records are damaged or of another namespace, to be made tombstones.
+    fn scan(records: &Records, cfg: &StoreConfig, namespace: Digest, counters: &Counters, dir: &Path) -> Result<(Index, Vec<u32>)> {
+        let mut found = Vec::new();
+        let mut bad = Vec::new();
+        for (slot, r) in records.read_all(cfg.capacity_blocks)?.into_iter().enumerate() {
+            match r {
+                Read::Free => {}
+                Read::Entry(rec) if rec.namespace == namespace => found.push((slot as u32, rec)),
+                Read::Entry(_) | Read::Damaged => bad.push(slot as u32),
+            }
+        }
+        if !bad.is_empty() {
+            log::warn!(
+                "store {}: {} slot records are damaged or of another namespace (first: slot {}); their slots are free",
+                dir.display(),
+                bad.len(),
+                bad[0]
+            );
+            add(&counters.integrity_failures, bad.len() as u64);
+        }
+        let mut index = Index::new(cfg.capacity_blocks as u32, found);
+        bad.append(&mut index.stale);
+        Ok((index, bad))
+    }
+
+    /// Whether each key is held, and how many keys from the first are (the runtime's
+    /// prefix hit). With `lease`, each hit stays loadable (never evicted, its slot never
+    /// reused) until a get of it or `release_leases`.
+    pub fn lookup<K: AsRef<[u8]>>(&self, keys: &[K], lease: bool) -> Result<(Vec<bool>, usize)> {
+        self.inner.owner()?;
+        let digests = key_digests(keys)?;
+        let mut ix = self.inner.index.lock().unwrap();
+        let present: Vec<bool> = digests.iter().map(|&d| if lease { ix.lease(d).is_some() } else { ix.contains(d) }).collect();
+        let leading = present.iter().take_while(|&&p| p).count();
+        Ok((present, leading))
+    }
+
+    /// Gives back one lease of each key (a key without one is skipped).
+    pub fn release_leases<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<()> {
+        self.inner.owner()?;
+        let digests = key_digests(keys)?;
+        let mut ix = self.inner.index.lock().unwrap();
+        for d in digests {
+            ix.release_lease(d);
+        }
+        Ok(())
+    }
+
+    /// Stores block `src_ids[i]` of `src` under `keys[i]`. A key held already succeeds
+    /// without writing; a key that finds no room (every entry held by a get, a lease or a
+    /// put in flight) fails alone with `Busy`. Whole blocks only: a layer range is refused.
+    /// Each key's status is on the request once its block and record are written (and
+    /// synced, in durable mode).
+    pub fn put<K: AsRef<[u8]>>(&self, src: &Arc<Layout>, src_ids: &[u64], keys: &[K], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
+        self.inner.owner()?;
+        let inner = &self.inner;
+        let digests = key_digests(keys)?;
+        if src_ids.len() != keys.len() {
+            bail!(InvalidArg, "{} keys but {} source blocks; give one block per key", keys.len(), src_ids.len());
+        }
+        let layers = inner.cfg.block.num_layers;
+        if opts.layer_begin != 0 || (opts.layer_end != 0 && opts.layer_end as u64 != layers) {
+            bail!(
+                InvalidArg,
+                "a put stores whole blocks: layers [{}, {}) of {layers} asked; put every layer",
+                opts.layer_begin,
+                opts.layer_end
+            );
+        }
+        inner.check_side(src, src_ids, "source")?;
+        let plain = TransferOptions { on_complete: None, ..opts.clone() };
+        inner.engine.check(src, &src_ids[..1], &inner.shards[0], &[0], &plain)?;
+        let req = Arc::new(StoreRequest::new(keys.len()));
+        let mut groups: Vec<Vec<worker::PutKey>> = vec![Vec::new(); inner.shards.len()];
+        let (mut evicted, mut settled) = (Vec::new(), Vec::new());
+        {
+            let mut ix = inner.index.lock().unwrap();
+            // The batch's held keys first become the most recently used, so no key of the
+            // batch is evicted to make room for another.
+            for &key in &digests {
+                ix.touch_held(key);
+            }
+            for (i, &key) in digests.iter().enumerate() {
+                match ix.start_put(key, (&req, i)) {
+                    PutStart::Present => settled.push((i, Status::Ok, String::new())),
+                    PutStart::Joined => {}
+                    PutStart::NoRoom => settled.push((
+                        i,
+                        Status::Busy,
+                        "the store is full and every entry is held by a get, a lease or a put in flight; release leases or retry".into(),
+                    )),
+                    PutStart::Slot { slot, generation, evicted: e } => {
+                        if e {
+                            evicted.push(slot);
+                        }
+                        let k = worker::PutKey { index: i, key, key_len: keys[i].as_ref().len() as u32, slot, generation, src: src_ids[i] };
+                        groups[inner.shard_of(slot)].push(k);
+                    }
+                }
+            }
+        }
+        add(&inner.counters.dedups, settled.iter().filter(|s| s.1 == Status::Ok).count() as u64);
+        for (i, st, m) in settled {
+            req.settle(i, st, m);
+        }
+        // An evicted slot's record still names its old key: make it a tombstone before
+        // anything overwrites the slot's data.
+        if let Err(e) = inner.tombstone(&evicted) {
+            let lost: Vec<u32> = evicted;
+            for g in &mut groups {
+                let (bad, keep): (Vec<_>, Vec<_>) = g.drain(..).partition(|k| lost.contains(&k.slot));
+                *g = keep;
+                inner.abandon_keys(&req, &bad, &e);
+            }
+        }
+        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
+            inner.submit_put(&req, shard, src, keys, &plain);
+        }
+        Ok(req)
+    }
+
+    /// Loads the block of `keys[i]` into block `dst_ids[i]` of `dst`. Each key's status
+    /// says whether it loaded: `NotFound` for a key not held, `Integrity` for a block that
+    /// failed a check (its entry is dropped; the other keys still load).
+    pub fn get<K: AsRef<[u8]>>(&self, keys: &[K], dst: &Arc<Layout>, dst_ids: &[u64], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
+        self.inner.owner()?;
+        let inner = &self.inner;
+        let digests = key_digests(keys)?;
+        if dst_ids.len() != keys.len() {
+            bail!(InvalidArg, "{} keys but {} destination blocks; give one block per key", keys.len(), dst_ids.len());
+        }
+        inner.check_side(dst, dst_ids, "destination")?;
+        let mut seen = std::collections::HashSet::with_capacity(dst_ids.len());
+        if let Some((i, b)) = dst_ids.iter().enumerate().find(|(_, b)| !seen.insert(**b)) {
+            bail!(InvalidArg, "destination block {b} appears twice (index {i}); each destination block may be written once");
+        }
+        let plain = TransferOptions { on_complete: None, ..opts.clone() };
+        inner.engine.check(&inner.shards[0], &[0], dst, &dst_ids[..1], &plain)?;
+        let req = Arc::new(StoreRequest::new(keys.len()));
+        let mut groups: Vec<Vec<worker::GetKey>> = vec![Vec::new(); inner.shards.len()];
+        let mut misses = Vec::new();
+        {
+            let mut ix = inner.index.lock().unwrap();
+            for (i, &key) in digests.iter().enumerate() {
+                match ix.pin(key) {
+                    Some(entry) => {
+                        // The get's own pin holds the slot from here; a lease it had is spent.
+                        ix.release_lease(key);
+                        groups[inner.shard_of(entry.slot)].push(worker::GetKey { index: i, key, entry, dst: dst_ids[i], pinned: true });
+                    }
+                    None => misses.push(i),
+                }
+            }
+        }
+        add(&inner.counters.misses, misses.len() as u64);
+        for i in misses {
+            req.settle(i, Status::NotFound, "the store does not hold this key");
+        }
+        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
+            inner.submit_get(&req, shard, dst, keys, &plain, false);
+        }
+        Ok(req)
+    }
+
+    /// Removes each key: `Ok` once its removal is recorded (synced, in durable mode), so it
+    /// never comes back; `NotFound` for a key not held. A key being put is removed too: that
+    /// put's key ends `Cancelled`. A leased key, or one a get is loading, leaves the index
+    /// at once; its slot is reused only after those leases and gets end.
+    pub fn remove<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Status>> {
+        self.inner.owner()?;
+        let inner = &self.inner;
+        let digests = key_digests(keys)?;
+        let records = inner.records.lock().unwrap();
+        let mut out = Vec::with_capacity(keys.len());
+        let mut retired = Vec::new();
+        {
+            let mut ix = inner.index.lock().unwrap();
+            for d in digests {
+                out.push(match ix.remove(d) {
+                    Removed::Absent => Status::NotFound,
+                    Removed::Writing => Status::Ok,
+                    Removed::Entry(slot) => {
+                        retired.push(slot);
+                        Status::Ok
+                    }
+                });
+            }
+        }
+        let written = retired.iter().try_for_each(|&s| records.tombstone(s)).and_then(|_| records.sync());
+        drop(records);
+        if let Err(e) = written {
+            // Out of the index, but maybe not on disk: the slots stay out of use.
+            let mut ix = inner.index.lock().unwrap();
+            for &s in &retired {
+                ix.abandon(s);
+            }
+            return Err(Error::new(e.status, format!("recording removals: {}", e.message)));
+        }
+        add(&inner.counters.removes, out.iter().filter(|s| **s == Status::Ok).count() as u64);
+        let mut ix = inner.index.lock().unwrap();
+        for s in retired {
+            ix.recorded(s);
+        }
+        Ok(out)
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let inner = &self.inner;
+        let (entries, evictions) = {
+            let ix = inner.index.lock().unwrap();
+            (ix.len() as u64, ix.evictions)
+        };
+        let c = &inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StoreStats {
+            entries,
+            capacity: inner.cfg.capacity_blocks,
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            evictions,
+            integrity_failures: get(&c.integrity_failures),
+            puts: get(&c.puts),
+            dedups: get(&c.dedups),
+            removes: get(&c.removes),
+            bytes: entries * inner.shards[0].geometry().block_bytes,
+        }
+    }
+
+    /// The directory the store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Waits for every put and get in flight, then stops the store thread and gives up
+    /// the directory's lock (also on drop).
+    pub fn close(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        let Some(thread) = self.thread.take() else { return };
+        let mut n = self.inner.inflight.lock().unwrap();
+        while *n > 0 {
+            n = self.inner.idle.wait(n).unwrap();
+        }
+        drop(n);
+        let _ = self.inner.tx.send(worker::Msg::Stop);
+        let _ = thread.join();
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+impl Inner {
+    /// Refuses what only the owner may do (everything touching the index) in a data-only open.
+    fn owner(&self) -> Result<()> {
+        if self.data_only {
+            bail!(
+                InvalidArg,
+                "the store in {} is open DATA_ONLY: it moves the slots its owner hands out (read_slots, write_slots); keys are looked up, put and removed in the owner",
+                self.dir.display()
+            );
+        }
+        Ok(())
+    }
+
+    fn shard_of(&self, slot: u32) -> usize {
+        slot as usize % self.shards.len()
+    }
+
+    fn block_of(&self, slot: u32) -> u64 {
+        slot as u64 / self.shards.len() as u64
+    }
+
+    /// The checksum sidecar of shard `k` (every shard is made with one).
+    fn sidecar(&self, k: usize) -> &crate::file::checksum::Sidecar {
+        self.shards[k].file().and_then(|f| f.checksum.as_ref()).expect("store shards are checksummed")
+    }
+
+    /// Refuses block ids past `layout`'s blocks, naming the first.
+    fn check_side(&self, layout: &Layout, ids: &[u64], side: &str) -> Result<()> {
+        let n = layout.geometry().cfg.num_blocks;
+        if let Some((i, b)) = ids.iter().enumerate().find(|(_, &b)| b >= n) {
+            bail!(OutOfRange, "{side} block id {b} (index {i}) is out of range; the layout has {n} blocks");
+        }
+        Ok(())
+    }
+
+    /// Writes tombstones over `slots` (synced in durable mode).
+    fn tombstone(&self, slots: &[u32]) -> Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let records = self.records.lock().unwrap();
+        slots.iter().try_for_each(|&s| records.tombstone(s))?;
+        records.sync()
+    }
+
+    /// Makes the records of `slots` (found on open, used by no entry) tombstones, then
+    /// frees the slots.
+    fn clear_stale(&self, slots: &[u32]) -> Result<()> {
+        self.tombstone(slots)?;
+        let mut ix = self.index.lock().unwrap();
+        for &s in slots {
+            ix.recorded(s);
+        }
+        Ok(())
+    }
+
+    /// Drops every entry whose record's seal is not its block's current seal.
+    fn verify_seals(&self) -> Result<()> {
+        let entries: Vec<_> = self.index.lock().unwrap().entries().collect();
+        for (key, e) in entries {
+            let seal = self.sidecar(self.shard_of(e.slot)).seal_of_block(self.block_of(e.slot))?;
+            if seal != e.seal {
+                self.integrity_miss(key, &e, "its block is not the one its record was written for");
+            }
+        }
+        Ok(())
+    }
+
+    /// A check failed on `key`'s entry: counted, logged, and the entry dropped (its
+    /// tombstone written) if it is still the one checked.
+    fn integrity_miss(&self, key: Digest, e: &index::Entry, why: &str) {
+        add(&self.counters.integrity_failures, 1);
+        log::warn!("store {}: slot {} failed a check, a miss: {why}", self.dir.display(), e.slot);
+        if !self.index.lock().unwrap().drop_entry(key, e.slot, e.generation) {
+            return;
+        }
+        match self.tombstone(&[e.slot]) {
+            Ok(()) => self.index.lock().unwrap().recorded(e.slot),
+            Err(err) => {
+                log::error!("store {}: {err}; slot {} stays out of use until the store is opened again", self.dir.display(), e.slot);
+                self.index.lock().unwrap().abandon(e.slot);
+            }
+        }
+    }
+
+    /// Fails `keys` of a put whose slots could not be made ready (their records may still
+    /// name other keys): the slots leave use, the keys (and any that joined them) fail.
+    fn abandon_keys(&self, req: &Arc<StoreRequest>, keys: &[worker::PutKey], err: &Error) {
+        let mut waiters = Vec::new();
+        {
+            let mut ix = self.index.lock().unwrap();
+            for k in keys {
+                waiters.extend(ix.abandon(k.slot));
+            }
+        }
+        for k in keys {
+            req.settle(k.index, err.status, err.message.clone());
+        }
+        for (r, i) in waiters {
+            r.settle(i, err.status, err.message.clone());
+        }
+    }
+
+    fn begin(&self) {
+        *self.inflight.lock().unwrap() += 1;
+    }
+
+    fn end(&self) {
+        let mut n = self.inflight.lock().unwrap();
+        *n -= 1;
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// One engine transfer of a put's keys that go to shard `shard`; its completion goes
+    /// to the store thread.
+    fn submit_put(
+        self: &Arc<Self>,
+        req: &Arc<StoreRequest>,
+        shard: usize,
+        src: &Arc<Layout>,
+        keys: Vec<worker::PutKey>,
+        opts: &TransferOptions,
+    ) {
+        let src_ids: Vec<u64> = keys.iter().map(|k| k.src).collect();
+        let dst_ids: Vec<u64> = keys.iter().map(|k| self.block_of(k.slot)).collect();
+        let group = worker::PutGroup { req: req.clone(), keys };
+        self.begin();
+        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Put(group));
+        if let Err(e) = self.engine.submit(src, &src_ids, &self.shards[shard], &dst_ids, &opts) {
+            if let Some(worker::Done::Put(g)) = group.lock().unwrap().take() {
+                self.put_failed(g, e.status, &e.message);
+            }
+            self.end();
+        }
+    }
+
+    /// One engine transfer of a get's keys held in shard `shard`.
+    fn submit_get(
+        self: &Arc<Self>,
+        req: &Arc<StoreRequest>,
+        shard: usize,
+        dst: &Arc<Layout>,
+        keys: Vec<worker::GetKey>,
+        opts: &TransferOptions,
+        alone: bool,
+    ) {
+        let src_ids: Vec<u64> = keys.iter().map(|k| self.block_of(k.entry.slot)).collect();
+        let dst_ids: Vec<u64> = keys.iter().map(|k| k.dst).collect();
+        let group = worker::GetGroup { req: req.clone(), keys, shard, dst: dst.clone(), opts: opts.clone(), alone };
+        self.begin();
+        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Get(group));
+        if let Err(e) = self.engine.submit(&self.shards[shard], &src_ids, dst, &dst_ids, &opts) {
+            if let Some(worker::Done::Get(g)) = group.lock().unwrap().take() {
+                self.get_failed(g, e.status, &e.message);
+            }
+            self.end();
+        }
+    }
+}

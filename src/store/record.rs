@@ -1,0 +1,232 @@
+//! Slot records: the persistent index. The file `records` holds one 64-byte record per
+//! slot, at `slot × 64`:
+//!
+//! ```text
+//!  0..16  namespace digest (xxh3-128)      40..48  seal of the block (its sidecar's)
+//! 16..32  key digest (xxh3-128)            48..52  key length (1..=64)
+//! 32..40  generation                       52..60  zero
+//!                                          60..64  CRC-32 of bytes 0..60
+//! ```
+//! A slot whose record is all zeros is free (never used, or its entry was removed: that
+//! zeroing is the *tombstone*). Any other record whose CRC fails is damaged and counted.
+//! A record is written only after its block's data and seal are complete, and a slot is
+//! reused only after its tombstone is written, so the record of a slot names either no key
+//! or the key whose bytes the slot holds; the seal ties the two together for a reader.
+
+use super::config::Digest;
+use crate::error::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+pub const RECORD_BYTES: u64 = 64;
+const TOMBSTONE: [u8; RECORD_BYTES as usize] = [0; RECORD_BYTES as usize];
+
+/// One slot's record: an entry (key → this slot's bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub namespace: Digest,
+    pub key: Digest,
+    pub generation: u64,
+    pub seal: u64,
+    pub key_len: u32,
+}
+
+/// What a slot's record says when read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    Free,
+    Entry(Record),
+    /// Not a tombstone and its CRC fails: a damaged or torn record.
+    Damaged,
+}
+
+impl Record {
+    pub fn encode(&self) -> [u8; RECORD_BYTES as usize] {
+        let mut r = [0u8; RECORD_BYTES as usize];
+        r[..16].copy_from_slice(&self.namespace.to_le_bytes());
+        r[16..32].copy_from_slice(&self.key.to_le_bytes());
+        r[32..40].copy_from_slice(&self.generation.to_le_bytes());
+        r[40..48].copy_from_slice(&self.seal.to_le_bytes());
+        r[48..52].copy_from_slice(&self.key_len.to_le_bytes());
+        let crc = crc32fast::hash(&r[..60]);
+        r[60..].copy_from_slice(&crc.to_le_bytes());
+        r
+    }
+
+    pub fn decode(r: &[u8]) -> Read {
+        if r.len() != RECORD_BYTES as usize {
+            return Read::Damaged;
+        }
+        if r == TOMBSTONE {
+            return Read::Free;
+        }
+        if u32::from_le_bytes(r[60..64].try_into().unwrap()) != crc32fast::hash(&r[..60]) {
+            return Read::Damaged;
+        }
+        let rec = Record {
+            namespace: u128::from_le_bytes(r[..16].try_into().unwrap()),
+            key: u128::from_le_bytes(r[16..32].try_into().unwrap()),
+            generation: u64::from_le_bytes(r[32..40].try_into().unwrap()),
+            seal: u64::from_le_bytes(r[40..48].try_into().unwrap()),
+            key_len: u32::from_le_bytes(r[48..52].try_into().unwrap()),
+        };
+        match rec.key_len as usize {
+            1..=super::config::MAX_KEY_BYTES if rec.seal != 0 => Read::Entry(rec),
+            _ => Read::Damaged,
+        }
+    }
+}
+
+/// Sizes `file` to `bytes` with its blocks allocated where the file system can (so a
+/// record write never fails for want of space: a full disk fails a put's data write, and
+/// its key, instead of a record after its data), else sparse.
+fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if file.metadata()?.len() > bytes {
+        file.set_len(bytes)?;
+    }
+    // SAFETY: fallocate on a descriptor we own.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(bytes),
+        _ => Err(err),
+    }
+}
+
+/// The records file.
+#[derive(Debug)]
+pub struct Records {
+    file: File,
+    path: PathBuf,
+    durable: bool,
+}
+
+impl Records {
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join("records")
+    }
+
+    /// Opens (or makes, all tombstones, whatever was there) the records file of `slots`
+    /// slots. A file cut short
+    /// (a crash while it grew, or damage) reads as tombstones past its end and is sized
+    /// back to its full length.
+    pub fn open(dir: &Path, slots: u64, create: bool, durable: bool) -> Result<Records> {
+        Self::open_as(dir, slots, create, durable, false)
+    }
+
+    /// Opens the records file to read single records (a data-only open); never resized.
+    pub fn open_read_only(dir: &Path, slots: u64) -> Result<Records> {
+        Self::open_as(dir, slots, false, false, true)
+    }
+
+    fn open_as(dir: &Path, slots: u64, create: bool, durable: bool, read_only: bool) -> Result<Records> {
+        let path = Self::path(dir);
+        let shown = path.display();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .create(create)
+            // Made afresh: records a cut-short making left must not name the new files' blocks.
+            .truncate(create)
+            .open(&path)
+            .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        let want = slots * RECORD_BYTES;
+        let len = file.metadata().map_err(|e| Error::io(format_args!("stat {shown}"), e))?.len();
+        if len != want && !read_only {
+            if !create {
+                log::warn!("{shown} is {len} bytes, not {want}: records past {len} are lost and their slots free");
+            }
+            reserve(&file, want).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
+        }
+        Ok(Records { file, path, durable })
+    }
+
+    /// Every slot's record, in slot order: one sequential read of the whole file.
+    pub fn read_all(&self, slots: u64) -> Result<Vec<Read>> {
+        const CHUNK: u64 = 1 << 20;
+        let mut out = Vec::with_capacity(slots as usize);
+        let mut buf = vec![0u8; (CHUNK * RECORD_BYTES).min(slots * RECORD_BYTES) as usize];
+        let mut slot = 0;
+        while slot < slots {
+            let n = CHUNK.min(slots - slot);
+            let bytes = &mut buf[..(n * RECORD_BYTES) as usize];
+            self.file.read_exact_at(bytes, slot * RECORD_BYTES).map_err(|e| self.err("reading", e))?;
+            out.extend(bytes.chunks_exact(RECORD_BYTES as usize).map(Record::decode));
+            slot += n;
+        }
+        Ok(out)
+    }
+
+    /// `slot`'s record as it is on disk now (past a cut file's end: free).
+    pub fn read(&self, slot: u32) -> Result<Read> {
+        let mut r = [0u8; RECORD_BYTES as usize];
+        match self.file.read_exact_at(&mut r, slot as u64 * RECORD_BYTES) {
+            Ok(()) => Ok(Record::decode(&r)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Read::Free),
+            Err(e) => Err(self.err("reading", e)),
+        }
+    }
+
+    pub fn write(&self, slot: u32, rec: &Record) -> Result<()> {
+        self.file.write_all_at(&rec.encode(), slot as u64 * RECORD_BYTES).map_err(|e| self.err("writing", e))
+    }
+
+    /// Marks `slot` free on disk.
+    pub fn tombstone(&self, slot: u32) -> Result<()> {
+        self.file.write_all_at(&TOMBSTONE, slot as u64 * RECORD_BYTES).map_err(|e| self.err("writing", e))
+    }
+
+    /// In durable mode, makes every record written so far durable.
+    pub fn sync(&self) -> Result<()> {
+        if !self.durable {
+            return Ok(());
+        }
+        self.file.sync_data().map_err(|e| self.err("syncing", e))
+    }
+
+    /// Makes the file durable as made (its size), whatever the mode.
+    pub fn sync_all(&self) -> Result<()> {
+        self.file.sync_all().map_err(|e| self.err("syncing", e))
+    }
+
+    fn err(&self, what: &str, e: std::io::Error) -> Error {
+        Error::io(format_args!("{what} {}", self.path.display()), e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec() -> Record {
+        Record { namespace: 1 << 100 | 5, key: 3 << 90 | 9, generation: 42, seal: 0xfeed, key_len: 17 }
+    }
+
+    #[test]
+    fn a_record_round_trips_and_zeros_are_a_tombstone() {
+        assert_eq!(Record::decode(&rec().encode()), Read::Entry(rec()));
+        assert_eq!(Record::decode(&TOMBSTONE), Read::Free);
+    }
+
+    #[test]
+    fn any_flipped_byte_or_a_cut_record_is_damaged() {
+        let bytes = rec().encode();
+        for i in 0..bytes.len() {
+            let mut b = bytes;
+            b[i] ^= 0x10;
+            assert_eq!(Record::decode(&b), Read::Damaged, "byte {i}");
+        }
+        assert_eq!(Record::decode(&bytes[..40]), Read::Damaged);
+    }
+
+    #[test]
+    fn a_record_without_a_seal_or_with_a_bad_key_length_is_damaged() {
+        for r in [Record { seal: 0, ..rec() }, Record { key_len: 0, ..rec() }, Record { key_len: 65, ..rec() }] {
+            assert_eq!(Record::decode(&r.encode()), Read::Damaged);
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The store thread: what happens when an engine transfer of a put or a get completes.
+//! Engine completion callbacks only send the group here (they run on the engine's
+//! threads, which must not block); this thread reads seals, writes and syncs records,
+//! updates the index, and settles each key.
+
+use super::index::Entry;
+use super::record::Record;
+use super::request::StoreRequest;
+use super::{add, Digest, Inner};
+use crate::engine::{OnComplete, TransferOptions};
+use crate::error::Status;
+use crate::memory::Layout;
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+/// One key of a put, with the slot it took.
+#[derive(Clone, Debug)]
+pub struct PutKey {
+    pub index: usize,
+    pub key: Digest,
+    pub key_len: u32,
+    pub slot: u32,
+    pub generation: u64,
+    /// Its block in the source layout.
+    pub src: u64,
+}
+
+/// The keys of one put that one engine transfer writes (those of one shard).
+pub struct PutGroup {
+    pub req: Arc<StoreRequest>,
+    pub keys: Vec<PutKey>,
+}
+
+/// One key of a get: the entry pinned for it and its destination block.
+#[derive(Clone, Debug)]
+pub struct GetKey {
+    pub index: usize,
+    pub key: Digest,
+    pub entry: Entry,
+    pub dst: u64,
+    /// Pinned in this store's index; otherwise a slot handed out by the owner, whose
+    /// record is read back to check it still names the key.
+    pub pinned: bool,
+}
+
+/// The keys of one get that one engine transfer loads (held in one shard).
+pub struct GetGroup {
+    pub req: Arc<StoreRequest>,
+    pub keys: Vec<GetKey>,
+    pub shard: usize,
+    pub dst: Arc<Layout>,
+    pub opts: TransferOptions,
+    /// Retried key by key after the group failed a check: one key, not to be split again.
+    pub alone: bool,
+}
+
+/// Slots handed out by the owner that one engine transfer writes: the keys' indices.
+pub struct WriteGroup {
+    pub req: Arc<StoreRequest>,
+    pub keys: Vec<usize>,
+}
+
+pub enum Done {
+    Put(PutGroup),
+    Get(GetGroup),
+    Write(WriteGroup),
+}
+
+pub enum Msg {
+    /// A transfer completed with this status and message.
+    Done(Done, Status, String),
+    Stop,
+}
+
+/// `opts` with a completion callback that sends `done` to the store thread; the cell
+/// `done` waits in, from which a failed submit takes it back.
+pub fn on_complete(tx: &Sender<Msg>, opts: &TransferOptions, done: Done) -> (TransferOptions, Arc<Mutex<Option<Done>>>) {
+    let cell = Arc::new(Mutex::new(Some(done)));
+    let (tx, held) = (tx.clone(), cell.clone());
+    let f: OnComplete = Arc::new(move |r, status| {
+        if let Some(done) = held.lock().unwrap().take() {
+            // The store thread lives until every transfer it is waiting for is handled.
+            let _ = tx.send(Msg::Done(done, status, r.error_message().to_string_lossy().into_owned()));
+        }
+    });
+    (TransferOptions { on_complete: Some(f), ..opts.clone() }, cell)
+}
+
+pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
+    while let Ok(msg) = rx.recv() {
+        match msg {
+            Msg::Done(Done::Put(g), status, message) => inner.put_done(g, status, &message),
+            Msg::Done(Done::Get(g), status, message) => inner.get_done(g, status, &message),
+            Msg::Done(Done::Write(g), status, message) => {
+                for i in g.keys {
+                    g.req.settle(i, status, message.as_str());
+                }
+            }
+            Msg::Stop => return,
+        }
+        inner.end();
+    }
+}
+
+impl Inner {
+    /// A put's transfer failed: its slots go back (their records are still tombstones)
+    /// and its keys, and those that joined them, fail with the transfer's status.
+    pub(super) fn put_failed(&self, g: PutGroup, status: Status, message: &str) {
+        let mut waiters = Vec::new();
+        {
+            let mut ix = self.index.lock().unwrap();
+            for k in &g.keys {
+                waiters.extend(ix.finish_put(k.slot, None));
+            }
+        }
+        for k in &g.keys {
+            g.req.settle(k.index, status, message);
+        }
+        for (r, i) in waiters {
+            r.settle(i, status, message);
+        }
+    }
+
+    /// A put's blocks are written and sealed: record them, then make them entries.
+    fn put_done(&self, g: PutGroup, status: Status, message: &str) {
+        if status != Status::Ok {
+            return self.put_failed(g, status, message);
+        }
+        self.commit(g);
+    }
+
+    /// Records the blocks of `g`, written and sealed, then makes them entries.
+    pub(super) fn commit(&self, g: PutGroup) {
+        let mut sealed = Vec::with_capacity(g.keys.len());
+        for k in g.keys {
+            match self.sidecar(self.shard_of(k.slot)).seal_of_block(self.block_of(k.slot)) {
+                Ok(seal) if seal != 0 => sealed.push((k, seal)),
+                Ok(_) => self.put_failed(
+                    PutGroup { req: g.req.clone(), keys: vec![k] },
+                    Status::Integrity,
+                    "the block was not completely written (it has no seal)",
+                ),
+                Err(e) => self.put_failed(PutGroup { req: g.req.clone(), keys: vec![k] }, e.status, &e.message),
+            }
+        }
+        let records = self.records.lock().unwrap();
+        let (commit, removed): (Vec<_>, Vec<_>) = {
+            let ix = self.index.lock().unwrap();
+            sealed.into_iter().partition(|(k, _)| ix.may_commit(k.slot))
+        };
+        let keys = |v: &[(PutKey, u64)]| PutGroup { req: g.req.clone(), keys: v.iter().map(|(k, _)| k.clone()).collect() };
+        self.put_failed(keys(&removed), Status::Cancelled, "the key was removed while it was being put");
+        let record =
+            |k: &PutKey, seal| Record { namespace: self.namespace, key: k.key, generation: k.generation, seal, key_len: k.key_len };
+        let written = commit.iter().try_for_each(|(k, seal)| records.write(k.slot, &record(k, *seal))).and_then(|_| records.sync());
+        if let Err(e) = written {
+            // Records maybe on disk, maybe not: the slots leave use until the next open.
+            drop(records);
+            log::error!("store {}: {e}", self.dir.display());
+            return self.abandon_keys(&g.req, &keys(&commit).keys, &e);
+        }
+        let mut waiters = Vec::new();
+        {
+            let mut ix = self.index.lock().unwrap();
+            for (k, seal) in &commit {
+                waiters.extend(ix.finish_put(k.slot, Some(&record(k, *seal))));
+            }
+        }
+        drop(records);
+        add(&self.counters.puts, commit.len() as u64);
+        for (k, _) in &commit {
+            g.req.settle(k.index, Status::Ok, "");
+        }
+        for (r, i) in waiters {
+            r.settle(i, Status::Ok, "");
+        }
+    }
+
+    fn unpin(&self, keys: &[GetKey]) {
+        let mut ix = self.index.lock().unwrap();
+        for k in keys.iter().filter(|k| k.pinned) {
+            ix.unpin(k.entry.slot);
+        }
+    }
+
+    /// Whether the slot of a handed-out `k` still holds the record it was handed out with.
+    fn record_still_names(&self, k: &GetKey) -> crate::error::Result<bool> {
+        let want =
+            Record { namespace: self.namespace, key: k.key, generation: k.entry.generation, seal: k.entry.seal, key_len: k.entry.key_len };
+        Ok(self.records.lock().unwrap().read(k.entry.slot)? == super::record::Read::Entry(want))
+    }
+
+    /// A get's transfer failed other than by a check: its keys fail with its status.
+    pub(super) fn get_failed(&self, g: GetGroup, status: Status, message: &str) {
+        self.unpin(&g.keys);
+        add(&self.counters.misses, g.keys.len() as u64);
+        for k in &g.keys {
+            g.req.settle(k.index, status, message);
+        }
+    }
+
+    /// A get's blocks are loaded (every region checked against its checksum and its
+    /// block's seal by the engine): each key is a hit if its block's seal is still the one
+    /// its record was written with.
+    fn get_done(self: &Arc<Self>, g: GetGroup, status: Status, message: &str) {
+        if status == Status::Integrity && !g.alone && g.keys.len() > 1 {
+            // One bad block fails the whole transfer: load the keys one by one, so it is
+            // a miss for its key alone.
+            for k in g.keys {
+                self.submit_get(&g.req, g.shard, &g.dst, vec![k], &g.opts, true);
+            }
+            return;
+        }
+        if status == Status::Integrity {
+            for k in &g.keys {
+                self.integrity_miss(k.key, &k.entry, message);
+            }
+            add(&self.counters.misses, g.keys.len() as u64);
+            self.unpin(&g.keys);
+            for k in &g.keys {
+                g.req.settle(k.index, Status::Integrity, message);
+            }
+            return;
+        }
+        if status != Status::Ok {
+            return self.get_failed(g, status, message);
+        }
+        let mut results = Vec::with_capacity(g.keys.len());
+        for k in &g.keys {
+            let slot = k.entry.slot;
+            let seal = self.sidecar(g.shard).seal_of_block(self.block_of(slot));
+            let record = match k.pinned {
+                true => Ok(true),
+                false => self.record_still_names(k),
+            };
+            results.push(match seal.and_then(|s| record.map(|r| (s, r))) {
+                Ok((_, false)) => {
+                    let why = format!("slot {slot} no longer holds the entry it was handed out for");
+                    add(&self.counters.integrity_failures, 1);
+                    (Status::Integrity, why)
+                }
+                Ok((seal, true)) if seal == k.entry.seal => (Status::Ok, String::new()),
+                Ok(_) => {
+                    let why = format!("slot {slot} holds a block other than the one its record was written for");
+                    self.integrity_miss(k.key, &k.entry, &why);
+                    (Status::Integrity, why)
+                }
+                Err(e) => (e.status, e.message),
+            });
+        }
+        self.unpin(&g.keys);
+        let hits = results.iter().filter(|r| r.0 == Status::Ok).count() as u64;
+        add(&self.counters.hits, hits);
+        add(&self.counters.misses, g.keys.len() as u64 - hits);
+        for (k, (st, m)) in g.keys.iter().zip(results) {
+            g.req.settle(k.index, st, m);
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Crash torture of the store: a child process runs random puts, gets and removes of keys
+//! whose bytes derive from the key, on a store kept near capacity, and logs each
+//! acknowledged put, eviction and removal; this process SIGKILLs it at a random instant,
+//! reopens the store and checks that every acknowledged put not since removed or evicted
+//! is found, every hit holds exactly its key's bytes, and no removed or evicted key comes
+//! back. `KVX_STORE_CRASH_ROUNDS` sets the rounds (20 by default), `KVX_STORE_CRASH_SEED`
+//! replays a run (the seed is printed).
+
+mod common;
+use common::*;
+use kvxfer::store::{Store, StoreConfig, StoreFlags};
+use kvxfer::{Engine, Layout, LayoutConfig, LayoutKind, Status, StorageKind};
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KEYS: u64 = 72;
+const CAPACITY: u64 = 24;
+
+fn block(n: u64) -> LayoutConfig {
+    cfg(n, 2, 2, 4, 64, 2)
+}
+
+fn store_cfg(round: u64) -> StoreConfig {
+    let mut flags = StoreFlags::CREATE;
+    if round % 2 == 1 {
+        flags = flags | StoreFlags::DURABLE;
+    }
+    if round % 4 < 2 {
+        flags = flags | StoreFlags::BUFFERED;
+    }
+    StoreConfig { shards: 3, flags, ..StoreConfig::new(block(0), CAPACITY, b"crash torture") }
+}
+
+/// Keys of 6 to 40 bytes.
+fn key(i: u64) -> Vec<u8> {
+    format!("k{i}-{}", "x".repeat((i * 7 % 35) as usize)).into_bytes()
+}
+
+fn key_seed(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+fn fill_block(l: &Layout, b: u64, key: &[u8]) {
+    let g = l.geometry();
+    for layer in 0..g.cfg.num_layers {
+        for o in 0..g.cfg.outer_dim {
+            write_region(l, b, layer, o, &region_pattern(key_seed(key), 0, layer, o, g.region_bytes));
+        }
+    }
+}
+
+fn holds(l: &Layout, b: u64, key: &[u8]) -> bool {
+    let g = l.geometry();
+    (0..g.cfg.num_layers).all(|layer| {
+        (0..g.cfg.outer_dim).all(|o| read_region(l, b, layer, o) == region_pattern(key_seed(key), 0, layer, o, g.region_bytes))
+    })
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+
+    /// 1 to `max` distinct key numbers.
+    fn keys(&mut self, max: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = Vec::new();
+        for _ in 0..1 + self.next(max) {
+            let k = self.next(KEYS);
+            if !v.contains(&k) {
+                v.push(k);
+            }
+        }
+        v
+    }
+}
+
+/// Appends whole lines to the log, one `write` each, so a kill leaves whole lines (and
+/// at most a cut last one, which the reader drops).
+struct Log(std::fs::File);
+
+impl Log {
+    fn line(&mut self, s: String) {
+        self.0.write_all(format!("{s}\n").as_bytes()).unwrap();
+    }
+}
+
+fn join(v: &[u64]) -> String {
+    v.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(" ")
+}
+
+/// The process the torture kills: random operations until it is killed.
+#[test]
+#[ignore = "run by acknowledged_puts_survive_sigkill_and_no_wrong_bytes_are_ever_served in a child process"]
+fn crash_child() {
+    let env = |v: &str| std::env::var(v).unwrap_or_else(|_| panic!("{v}: run by the crash torture"));
+    let dir = PathBuf::from(env("KVX_STORE_CRASH_DIR"));
+    let round: u64 = env("KVX_STORE_CRASH_ROUND").parse().unwrap();
+    let mut rng = Rng(env("KVX_STORE_CRASH_CHILD_SEED").parse::<u64>().unwrap() | 1);
+    let mut log = Log(std::fs::OpenOptions::new().append(true).create(true).open(env("KVX_STORE_CRASH_LOG")).unwrap());
+    let e = Arc::new(engine());
+    let s = Store::open(&e, &dir, &store_cfg(round)).unwrap();
+    let host = e.create_layout(&block(4), LayoutKind::LayerSeparate { block_first: false }, StorageKind::Host).unwrap();
+    let dst = e.create_layout(&block(4), LayoutKind::FullyContiguous, StorageKind::Pinned).unwrap();
+    // What this process knows is held: from the store itself at start, then its own acks.
+    let all: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let mut live: HashSet<u64> = s.lookup(&all, false).unwrap().0.iter().enumerate().filter(|p| *p.1).map(|p| p.0 as u64).collect();
+    log.line("ready".into());
+    loop {
+        match rng.next(20) {
+            0..=8 => {
+                let ks = rng.keys(4);
+                let keys: Vec<Vec<u8>> = ks.iter().map(|&k| key(k)).collect();
+                for (i, k) in keys.iter().enumerate() {
+                    fill_block(&host, i as u64, k);
+                }
+                log.line(format!("B {}", join(&ks)));
+                let ids: Vec<u64> = (0..ks.len() as u64).collect();
+                let r = s.put(&host, &ids, &keys, &Default::default()).unwrap();
+                // Evictions happen inside `put`: whatever it took is gone by now.
+                let before: Vec<u64> = live.iter().copied().collect();
+                let (present, _) = s.lookup(&before.iter().map(|&k| key(k)).collect::<Vec<_>>(), false).unwrap();
+                for (k, p) in before.iter().zip(present) {
+                    if !p {
+                        log.line(format!("E {k}"));
+                        live.remove(k);
+                    }
+                }
+                log.line("D".into());
+                r.wait(None);
+                for (i, &k) in ks.iter().enumerate() {
+                    match r.key_status(i).unwrap() {
+                        Status::Ok => {
+                            log.line(format!("P {k}"));
+                            live.insert(k);
+                        }
+                        Status::Busy => {}
+                        other => panic!("put of key {k}: {other:?}: {}", r.key_message(i)),
+                    }
+                }
+            }
+            9..=15 => {
+                let ks = rng.keys(4);
+                let keys: Vec<Vec<u8>> = ks.iter().map(|&k| key(k)).collect();
+                let ids: Vec<u64> = (0..ks.len() as u64).collect();
+                let r = s.get(&keys, &dst, &ids, &Default::default()).unwrap();
+                r.wait(None);
+                for (i, &k) in ks.iter().enumerate() {
+                    match r.key_status(i).unwrap() {
+                        Status::Ok if holds(&dst, i as u64, &keys[i]) => {}
+                        Status::Ok => log.line(format!("WRONG {k}")),
+                        Status::NotFound if !live.contains(&k) => {}
+                        other => log.line(format!("BAD {k} {other:?} {}", r.key_message(i))),
+                    }
+                }
+            }
+            _ => {
+                let ks = rng.keys(2);
+                log.line(format!("r {}", join(&ks)));
+                let st = s.remove(&ks.iter().map(|&k| key(k)).collect::<Vec<_>>()).unwrap();
+                for (&k, st) in ks.iter().zip(st) {
+                    assert!(st == Status::Ok || st == Status::NotFound, "remove of key {k}: {st:?}");
+                    log.line(format!("R {k}"));
+                    live.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+/// What the log says of a key, so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Must {
+    /// An acknowledged put since its last removal or eviction.
+    Be,
+    /// Removed or evicted (recorded) since its last acknowledged put.
+    NotBe,
+    /// A put or a removal of it was in flight: either is right.
+    Either,
+}
+
+/// Reads the child's log into `model`; how many `Be` keys may be missing because a put's
+/// evictions were under way at the kill.
+fn apply_log(log: &str, model: &mut HashMap<u64, Must>, round: u64, seed: u64) -> usize {
+    let mut lines: Vec<&str> = log.split('\n').collect();
+    lines.pop(); // "" after the last newline, or a line the kill cut
+    let (mut evicting, mut batch) = (0, Vec::new());
+    for l in lines {
+        let (op, rest) = l.split_once(' ').unwrap_or((l, ""));
+        let keys = || rest.split(' ').map(|k| k.parse::<u64>().unwrap());
+        match op {
+            "ready" => {}
+            "B" => {
+                batch = keys().collect();
+                evicting = batch.len();
+                for k in keys() {
+                    let m = model.entry(k).or_insert(Must::NotBe);
+                    if *m != Must::Be {
+                        *m = Must::Either;
+                    }
+                }
+            }
+            "E" => {
+                // Evicted (its tombstone written), unless the put under way writes it again.
+                let k = keys().next().unwrap();
+                model.insert(k, if batch.contains(&k) { Must::Either } else { Must::NotBe });
+            }
+            "D" => evicting = 0,
+            "P" => {
+                model.insert(keys().next().unwrap(), Must::Be);
+            }
+            "r" => {
+                for k in keys() {
+                    model.insert(k, Must::Either);
+                }
+            }
+            "R" => {
+                model.insert(keys().next().unwrap(), Must::NotBe);
+            }
+            _ => panic!("round {round} (seed {seed}): the child reported: {l}"),
+        }
+    }
+    evicting
+}
+
+/// Reopens the store after a kill and checks it against the model; then the model is what
+/// was found.
+fn check_store(e: &Arc<Engine>, dir: &Path, round: u64, model: &mut HashMap<u64, Must>, mut may_miss: usize, seed: u64) -> (u64, u64) {
+    let s = Store::open(e, dir, &store_cfg(round)).unwrap_or_else(|err| panic!("round {round} (seed {seed}): reopen: {err}"));
+    let dst = e.create_layout(&block(KEYS), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let ids: Vec<u64> = (0..KEYS).collect();
+    let r = s.get(&keys, &dst, &ids, &Default::default()).unwrap();
+    r.wait(Some(Duration::from_secs(60)));
+    let (mut found, mut required) = (0, 0);
+    for k in 0..KEYS {
+        let must = model.get(&k).copied().unwrap_or(Must::NotBe);
+        let st = r.key_status(k as usize).unwrap();
+        let what = format!("round {round} (seed {seed}) key {k} ({must:?})");
+        match st {
+            Status::Ok => {
+                assert!(holds(&dst, k, &keys[k as usize]), "{what}: a hit with wrong bytes");
+                assert_ne!(must, Must::NotBe, "{what}: removed or evicted, and back");
+                found += 1;
+            }
+            Status::NotFound if must == Must::Be => {
+                assert!(may_miss > 0, "{what}: an acknowledged put is missing");
+                may_miss -= 1;
+            }
+            Status::NotFound => {}
+            other => panic!("{what}: {other:?}: {}", r.key_message(k as usize)),
+        }
+        if must == Must::Be {
+            required += 1;
+        }
+        model.insert(k, if st == Status::Ok { Must::Be } else { Must::NotBe });
+    }
+    let stats = s.stats();
+    assert!(stats.entries <= CAPACITY, "round {round} (seed {seed}): {stats:?}");
+    assert_eq!(stats.integrity_failures, 0, "round {round} (seed {seed}): a SIGKILL damages nothing");
+    (found, required)
+}
+
+#[test]
+fn acknowledged_puts_survive_sigkill_and_no_wrong_bytes_are_ever_served() {
+    let rounds: u64 = std::env::var("KVX_STORE_CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let seed: u64 = std::env::var("KVX_STORE_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+    let _ = writeln!(std::io::stderr(), "store crash torture: {rounds} rounds, KVX_STORE_CRASH_SEED={seed}");
+    let mut rng = Rng(seed | 1);
+    let dir = temp_path("crash-store");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log_path = dir.join("torture.log");
+    let e = Arc::new(engine());
+    let mut model: HashMap<u64, Must> = HashMap::new();
+    let (mut acks, mut checked) = (0usize, 0u64);
+    for round in 0..rounds {
+        let _ = std::fs::remove_file(&log_path);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "crash_child", "--test-threads", "1"])
+            .env("KVX_STORE_CRASH_DIR", &dir)
+            .env("KVX_STORE_CRASH_ROUND", round.to_string())
+            .env("KVX_STORE_CRASH_CHILD_SEED", rng.next(u64::MAX).to_string())
+            .env("KVX_STORE_CRASH_LOG", &log_path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Hang guard only: the child is ready within milliseconds.
+        let started = Instant::now();
+        while !std::fs::read_to_string(&log_path).is_ok_and(|l| l.starts_with("ready\n")) {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+                panic!("round {round} (seed {seed}): the child exited ({status}) before it was ready:\n{err}");
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "round {round}: the child never got ready");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_micros(rng.next(60_000)));
+        child.kill().unwrap(); // SIGKILL
+        let status = child.wait().unwrap();
+        if status.code().is_some() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("round {round} (seed {seed}): the child stopped before the kill ({status}):\n{err}");
+        }
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        acks += log.lines().filter(|l| l.starts_with("P ")).count();
+        let may_miss = apply_log(&log, &mut model, round, seed);
+        let (found, required) = check_store(&e, &dir, round, &mut model, may_miss, seed);
+        checked += required;
+        if round < 3 || round + 1 == rounds {
+            let _ =
+                writeln!(std::io::stderr(), "round {round}: {} log lines, {found} keys found, {required} required", log.lines().count());
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "store crash torture: {rounds} kills, {acks} acknowledged puts, {checked} required keys checked, 0 wrong bytes"
+    );
+    assert!(acks > 0, "the child never acknowledged a put");
+    let _ = std::fs::remove_dir_all(&dir);
+}
