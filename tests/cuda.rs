@@ -334,7 +334,7 @@ fn every_call_leaves_the_callers_own_context_current() {
 /// layout across the gap starts and ends in pinned memory. Each half on its own is.
 fn a_pinned_layout_over_an_unpinned_page_is_refused() {
     let e = gpu_engine();
-    let c = cfg(4, 2, 2, 16, 128, 2); // 256 KiB
+    let c = cfg(16, 2, 2, 16, 128, 2); // 16 blocks of 16 KiB: 256 KiB
     let (need, page) = (256usize << 10, 4096usize);
     let total = 2 * need + page;
     let prot = libc::PROT_READ | libc::PROT_WRITE;
