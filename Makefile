@@ -157,6 +157,9 @@ examples-test: build python-venv $(EXAMPLES_OUT) $(TEST_DIR)
 	$(CXX) -std=c++17 -Wall -Wextra -Werror -Iinclude examples/cpp/transfer.cpp -o $(EXAMPLES_OUT)/transfer_cpp $(C_TEST_LIBS)
 	cd $(TEST_DIR) && $(CURDIR)/$(EXAMPLES_OUT)/transfer_cpp
 	cd $(TEST_DIR) && $(CURDIR)/$(PYENV)/bin/python $(CURDIR)/examples/python/transfer.py
+	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/store.c -o $(EXAMPLES_OUT)/store_c $(C_TEST_LIBS)
+	cd $(TEST_DIR) && $(CURDIR)/$(EXAMPLES_OUT)/store_c
+	cd $(TEST_DIR) && $(CURDIR)/$(PYENV)/bin/python $(CURDIR)/examples/python/store.py
 
 # kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved. Built against the
 # header only, never linked to the library.

@@ -22,7 +22,9 @@
 // `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
 // 1.2: `KVX_DISK_MAPPED`.
 // 1.3: remote layouts: `kvx_engine_export`, `kvx_blob_*`, `kvx_engine_import`, `KVX_ERR_REMOTE`.
-// 1.4: `kvx_stats.slots_quarantined`.
+// 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
+// `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
+// `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
 #define KVX_ABI_MINOR 4
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -91,6 +93,27 @@
 // truncated while the layout lives.
 #define KVX_DISK_MAPPED 32
 
+// `kvx_store_config.flags` (1.4): make the store in the directory where none is yet.
+// Without it, opening a directory that holds no store is `KVX_ERR_INVALID_ARG`.
+#define KVX_STORE_CREATE 1
+
+// `kvx_store_config.flags` (1.4): survive power loss: every put is synced (data,
+// checksums, record) before its key reports `KVX_OK`, every removal before
+// `kvx_store_remove` returns.
+#define KVX_STORE_DURABLE 2
+
+// `kvx_store_config.flags` (1.4): page-cache I/O for the data files instead of
+// `O_DIRECT` (a tmpfs or page-cache tier).
+#define KVX_STORE_BUFFERED 4
+
+// `kvx_store_config.flags` (1.4): on open, drop every entry whose record does not match
+// its block's seal (one 8-byte read per entry; no block is read).
+#define KVX_STORE_VERIFY_ON_OPEN 8
+
+// `kvx_store_lookup` flag (1.4): lease each hit, so it is neither evicted nor reused
+// until a get of it (which spends the lease) or `kvx_store_release_leases`.
+#define KVX_LOOKUP_LEASE 1
+
 // Bytes an engine exported (`kvx_engine_export`): read them with `kvx_blob_bytes`,
 // free with `kvx_blob_destroy`. (1.3)
 typedef struct kvx_blob kvx_blob;
@@ -105,6 +128,15 @@ typedef struct kvx_layout kvx_layout;
 
 // A submitted transfer. Free with `kvx_request_release` (the transfer still completes).
 typedef struct kvx_request kvx_request;
+
+// A store of KV blocks keyed by the runtime's keys, in one directory (1.4). Open with
+// `kvx_store_open`, close with `kvx_store_close`.
+typedef struct kvx_store kvx_store;
+
+// A store put or get (1.4): one status per key. Not a `kvx_request`: one store call may
+// be several transfers, and a key is settled only once its record is written or checked.
+// Free with `kvx_store_request_release` (the call still completes).
+typedef struct kvx_store_request kvx_store_request;
 
 typedef struct kvx_engine_config {
   uint32_t struct_size;
@@ -207,6 +239,57 @@ typedef struct kvx_transfer_options {
 // not call `kvx_set_logger` (refused); records kvxfer makes during the call are dropped.
 typedef void (*kvx_log_fn)(void *user_data, uint32_t level, const char *target, const char *message);
 
+// How a store is opened (1.4). The block geometry, capacity, shard count and namespace
+// are fixed when the store is made; reopening with others is `KVX_ERR_INCOMPATIBLE`
+// naming which.
+typedef struct kvx_store_config {
+  uint32_t struct_size;
+  // `KVX_STORE_*`; `kvx_store_config_init` sets `KVX_STORE_CREATE`.
+  uint32_t flags;
+  // The geometry of one block (its `kind` and `num_blocks` are ignored: blocks are
+  // stored contiguous, `capacity_blocks` of them). The caller's; read during
+  // `kvx_store_open` only. Must be set.
+  const struct kvx_layout_config *block;
+  // Blocks the store holds at most (1 to 2^32 - 1); must be set.
+  uint64_t capacity_blocks;
+  // Everything that makes two blocks with equal keys differ (model, dtype, layout,
+  // TP/PP rank…), at most 256 bytes; NULL with `namespace_len` 0 is the empty one. The
+  // caller's; read during `kvx_store_open` only.
+  const uint8_t *namespace_bytes;
+  uint32_t namespace_len;
+  // Data files the blocks are spread over (1 to `capacity_blocks`); 1 by default.
+  uint32_t shards;
+} kvx_store_config;
+
+// A store key (1.4): 1 to 64 opaque bytes naming a block's content (the same key always
+// means the same bytes). `bytes` stays the caller's; it is read during the call only.
+typedef struct kvx_key {
+  const uint8_t *bytes;
+  uint32_t len;
+} kvx_key;
+
+// What a store holds and has done since it was opened (1.4).
+typedef struct kvx_store_counters {
+  uint32_t struct_size;
+  uint64_t entries;
+  uint64_t capacity;
+  // Keys gets loaded.
+  uint64_t hits;
+  // Keys gets did not load: not held, or a failed check.
+  uint64_t misses;
+  uint64_t evictions;
+  // Failed checks: damaged records found on open, and gets whose block did not match
+  // its record or its checksums (each also a miss).
+  uint64_t integrity_failures;
+  // Blocks written by puts.
+  uint64_t puts;
+  // Keys of puts that were held already (nothing written).
+  uint64_t dedups;
+  uint64_t removes;
+  // Bytes of the blocks held (`entries` × block bytes).
+  uint64_t bytes;
+} kvx_store_counters;
+
 // Every function of ABI 1: the 1.0 functions, then each minor's additions
 // (`docs/c-api.md#loading-kvxfer-as-a-plugin`). Append-only: new functions go at the end
 // and raise `struct_size`; a caller built against an older table reads only its prefix.
@@ -286,6 +369,56 @@ typedef struct kvx_api {
                               struct kvx_layout**,
                               size_t,
                               size_t*);
+  // ABI 1.4.
+  void (*store_config_init)(struct kvx_store_config*);
+  // ABI 1.4.
+  kvx_status (*store_open)(struct kvx_engine*,
+                           const char*,
+                           const struct kvx_store_config*,
+                           struct kvx_store**);
+  // ABI 1.4.
+  void (*store_close)(struct kvx_store*);
+  // ABI 1.4.
+  kvx_status (*store_lookup)(struct kvx_store*,
+                             const struct kvx_key*,
+                             size_t,
+                             uint32_t,
+                             uint8_t*,
+                             size_t*);
+  // ABI 1.4.
+  kvx_status (*store_release_leases)(struct kvx_store*, const struct kvx_key*, size_t);
+  // ABI 1.4.
+  kvx_status (*store_put)(struct kvx_store*,
+                          const struct kvx_layout*,
+                          const uint64_t*,
+                          const struct kvx_key*,
+                          size_t,
+                          const struct kvx_transfer_options*,
+                          struct kvx_store_request**);
+  // ABI 1.4.
+  kvx_status (*store_get)(struct kvx_store*,
+                          const struct kvx_key*,
+                          size_t,
+                          const struct kvx_layout*,
+                          const uint64_t*,
+                          const struct kvx_transfer_options*,
+                          struct kvx_store_request**);
+  // ABI 1.4.
+  kvx_status (*store_remove)(struct kvx_store*, const struct kvx_key*, size_t, kvx_status*);
+  // ABI 1.4.
+  kvx_status (*store_stats)(struct kvx_store*, struct kvx_store_counters*);
+  // ABI 1.4.
+  kvx_status (*store_request_wait)(struct kvx_store_request*, uint64_t);
+  // ABI 1.4.
+  kvx_status (*store_request_poll)(const struct kvx_store_request*);
+  // ABI 1.4.
+  kvx_status (*store_request_key_status)(const struct kvx_store_request*, size_t, kvx_status*);
+  // ABI 1.4.
+  const char *(*store_request_key_error)(const struct kvx_store_request*, size_t);
+  // ABI 1.4.
+  const char *(*store_request_error)(const struct kvx_store_request*);
+  // ABI 1.4.
+  void (*store_request_release)(struct kvx_store_request*);
 } kvx_api;
 
 #define KVX_OK 0
@@ -336,6 +469,10 @@ typedef struct kvx_api {
 // once it is back. (1.3)
 #define KVX_ERR_REMOTE 17
 
+// A key the store does not hold: a key's status after a get or a remove, never a whole
+// call's. (1.4)
+#define KVX_ERR_NOT_FOUND 18
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -354,6 +491,9 @@ kvx_status kvx_engine_create(const struct kvx_engine_config *cfg, struct kvx_eng
 // except that they may still be destroyed/released. NULL is a no-op. Should not be
 // called from one of this engine's own completion callbacks: there it cannot wait for
 // its threads, so it returns at once and the shutdown finishes in the background.
+// Close the engine's stores first: a store still open keeps the engine's memory until
+// `kvx_store_close`, its puts and gets in flight end (cancelled where they had not
+// started), and every later call on it but `kvx_store_close` is `KVX_ERR_SHUTDOWN`.
 void kvx_engine_destroy(struct kvx_engine *e);
 
 // The device the engine resolved: a CUDA ordinal, or -1 for the emulated device.
@@ -521,6 +661,122 @@ kvx_status kvx_engine_import(struct kvx_engine *e,
                              struct kvx_layout **layouts,
                              size_t capacity,
                              size_t *num_layouts);
+
+// Fills `cfg` with `struct_size` and the defaults: `KVX_STORE_CREATE`, one shard, no
+// namespace; `block` and `capacity_blocks` must then be set. NULL is ignored.
+void kvx_store_config_init(struct kvx_store_config *cfg);
+
+// Opens the store in the directory `dir` (UTF-8 or any bytes, NUL-terminated), or makes
+// it there with `KVX_STORE_CREATE`. The process then owns the store until
+// `kvx_store_close`: a second open of it, here or in another process, is
+// `KVX_ERR_BUSY` naming the owner's pid. A store made with another geometry, capacity,
+// shard count or namespace is `KVX_ERR_INCOMPATIBLE` naming which. The store keeps the
+// engine's memory alive until it is closed (see `kvx_engine_destroy`). `cfg`, `dir` and
+// what they point to are read during the call only. On success `*out` is the store;
+// close it with `kvx_store_close`.
+kvx_status kvx_store_open(struct kvx_engine *e,
+                          const char *dir,
+                          const struct kvx_store_config *cfg,
+                          struct kvx_store **out);
+
+// Waits for the store's puts and gets in flight, stops its thread, gives up the
+// directory and frees the store; its requests may still be polled and released. NULL
+// is a no-op. The store must not be used afterwards, and must not be closed from a
+// completion callback (it waits for transfers that such a thread completes).
+void kvx_store_close(struct kvx_store *s);
+
+// Looks up `keys[i]`, i < `n`: `present_out[i]` is 1 where the store holds the key, else
+// 0, and `*leading_hits_out` the number of leading keys held (a prefix's hits).
+// `flags`: 0 or `KVX_LOOKUP_LEASE`, which leases each hit (released by a get of the key
+// or `kvx_store_release_leases`). Reads no block. `present_out` holds `n` bytes;
+// outputs are written only on `KVX_OK`.
+kvx_status kvx_store_lookup(struct kvx_store *s,
+                            const struct kvx_key *ks,
+                            size_t n,
+                            uint32_t flags,
+                            uint8_t *present_out,
+                            size_t *leading_hits_out);
+
+// Gives back one lease of each of `keys[i]`, i < `n` (a key without one is skipped).
+kvx_status kvx_store_release_leases(struct kvx_store *s, const struct kvx_key *ks, size_t n);
+
+// Stores block `src_ids[i]` of `src` under `keys[i]`, i < `n`, asynchronously. Whole
+// blocks only (a layer range in `opts` is refused); `opts` may be NULL and takes no
+// completion callback. Everything that can be checked is checked before anything starts
+// (key lengths, ids, geometry). Per key (`kvx_store_request_key_status`): `KVX_OK` once
+// its block and record are written (synced with `KVX_STORE_DURABLE`), also for a key
+// held already (nothing written); `KVX_ERR_BUSY` when the store is full of held entries;
+// `KVX_ERR_CANCELLED` when it was removed while its put was in flight; else the
+// transfer's status. `src` must stay valid until the request is done (the store holds a
+// reference to it; caller memory a registered layout wraps must outlive it). On success
+// `*out_request` is the request; free it with `kvx_store_request_release`.
+kvx_status kvx_store_put(struct kvx_store *s,
+                         const struct kvx_layout *src,
+                         const uint64_t *src_ids,
+                         const struct kvx_key *ks,
+                         size_t n,
+                         const struct kvx_transfer_options *opts,
+                         struct kvx_store_request **out_request);
+
+// Loads the block of `keys[i]` into block `dst_ids[i]` of `dst`, i < `n`,
+// asynchronously; `opts` may be NULL and takes no completion callback. Per key:
+// `KVX_OK` once its bytes are in `dst` and checked against the record they were stored
+// with; `KVX_ERR_NOT_FOUND` for a key not held; `KVX_ERR_INTEGRITY` for a block that
+// failed a check (a miss: the entry is dropped, the other keys still load); else the
+// transfer's status. A destination block of a key that did not load holds unspecified
+// bytes. `dst` as `src` of `kvx_store_put`. On success `*out_request` is the request;
+// free it with `kvx_store_request_release`.
+kvx_status kvx_store_get(struct kvx_store *s,
+                         const struct kvx_key *ks,
+                         size_t n,
+                         const struct kvx_layout *dst,
+                         const uint64_t *dst_ids,
+                         const struct kvx_transfer_options *opts,
+                         struct kvx_store_request **out_request);
+
+// Removes `keys[i]`, i < `n`: `statuses_out[i]` is `KVX_OK` once its removal is recorded
+// (synced with `KVX_STORE_DURABLE`), so it never comes back, or `KVX_ERR_NOT_FOUND` for
+// a key not held. A leased key, or one a get is loading, leaves the index at once; its
+// slot is reused only after those leases and gets end. `statuses_out` holds `n`
+// statuses, written only on `KVX_OK`.
+kvx_status kvx_store_remove(struct kvx_store *s,
+                            const struct kvx_key *ks,
+                            size_t n,
+                            kvx_status *statuses_out);
+
+// Copies the store's counters into `*out`. Set `out->struct_size` first (to
+// `sizeof(kvx_store_counters)`); fields beyond it are not written.
+kvx_status kvx_store_stats(struct kvx_store *s, struct kvx_store_counters *out);
+
+// Waits up to `timeout_ns` (`UINT64_MAX`: forever; 0 polls) until every key has its
+// status, and returns the request's: `KVX_OK` when every key is `KVX_OK`, else the status
+// of the first key (by index) that is not, its message (naming the key) as the last
+// error; `KVX_ERR_TIMEOUT` while keys are still pending.
+kvx_status kvx_store_request_wait(struct kvx_store_request *r, uint64_t timeout_ns);
+
+// `KVX_PENDING` until every key has its status, then the request's status (as
+// `kvx_store_request_wait`).
+kvx_status kvx_store_request_poll(const struct kvx_store_request *r);
+
+// Key `i`'s status into `*status_out`: `KVX_PENDING` until its part is done, then
+// `KVX_OK` or why it alone failed. `KVX_ERR_OUT_OF_RANGE` for `i` past the request's keys.
+kvx_status kvx_store_request_key_status(const struct kvx_store_request *r,
+                                        size_t i,
+                                        kvx_status *status_out);
+
+// Why key `i` failed, once the whole request is done; "" before, for a key that
+// succeeded, or for `i` past the keys (never NULL). Valid until
+// `kvx_store_request_release`.
+const char *kvx_store_request_key_error(const struct kvx_store_request *r, size_t i);
+
+// The first failed key's message, naming its index, once the request is done; ""
+// before or when every key succeeded (never NULL). Valid until
+// `kvx_store_request_release`.
+const char *kvx_store_request_error(const struct kvx_store_request *r);
+
+// Frees the handle; the put or get still completes (a store close waits for it). NULL is
+// a no-op.
+void kvx_store_request_release(struct kvx_store_request *r);
 
 // `(KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR` of the loaded library.
 uint32_t kvx_abi_version(void);

@@ -1,17 +1,19 @@
 //! The fuzzing logic shared by the `abi` and `checks` targets: the C ABI's argument
-//! space — struct sizes, configs, flags, block id lists, layer ranges, option structs —
-//! and the layout math, against one long-lived engine. Any panic, abort or sanitizer
+//! space — struct sizes, configs, flags, block id lists, layer ranges, option structs,
+//! store keys and counts — and the layout math, against one long-lived engine and store. Any panic, abort or sanitizer
 //! report is a bug; every call must return a status. `real` lets one op in 256 create
 //! layouts and engines and run transfers for real (slow: threads); without it every op
 //! goes through the same checks only (fast).
 
-use kvxfer::ffi::{api::*, engine::*, layout::*, transfer::*, types::*};
+use kvxfer::ffi::{api::*, engine::*, layout::*, store::*, transfer::*, types::*};
 use kvxfer::layout::{segments, LayoutConfig, LayoutKind, Placement};
 use std::sync::LazyLock;
 
 struct Fixture {
     engine: usize,
     layouts: Vec<usize>,
+    /// A store of the first geometry (on tmpfs, buffered), 8 blocks.
+    store: usize,
 }
 
 /// Small valid layouts of two geometries, in every storage, on one emulated engine.
@@ -46,7 +48,18 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| unsafe {
         assert_eq!(kvx_layout_create_disk(e, &c, path.as_ptr() as *const _, KVX_DISK_CREATE | KVX_DISK_MAPPED, &mut l), KVX_OK);
         layouts.push(l as usize);
     }
-    Fixture { engine: e as usize, layouts }
+    let mut c = std::mem::zeroed::<kvx_layout_config>();
+    kvx_layout_config_init(&mut c);
+    (c.num_blocks, c.num_layers, c.outer_dim, c.page_size, c.inner_dim, c.dtype_bytes) = (8, 3, 2, 4, 40, 2);
+    let mut sc = std::mem::zeroed::<kvx_store_config>();
+    kvx_store_config_init(&mut sc);
+    sc.flags |= KVX_STORE_BUFFERED;
+    sc.block = &c;
+    sc.capacity_blocks = 8;
+    let dir = format!("/dev/shm/kvx-fuzz-{}-store\0", std::process::id());
+    let mut store = std::ptr::null_mut();
+    assert_eq!(kvx_store_open(e, dir.as_ptr() as *const _, &sc, &mut store), KVX_OK);
+    Fixture { engine: e as usize, layouts, store: store as usize }
 });
 
 struct Input<'a>(&'a [u8]);
@@ -78,7 +91,7 @@ pub unsafe fn run(data: &[u8], real: bool) {
     let e = f.engine as *mut kvx_engine;
     let mut inp = Input(data);
     while !inp.0.is_empty() {
-        match inp.u8() % 5 {
+        match inp.u8() % 6 {
             0 => {
                 // A layout config: validation only for anything large, so nothing huge is allocated.
                 let mut c = std::mem::zeroed::<kvx_layout_config>();
@@ -204,6 +217,68 @@ pub unsafe fn run(data: &[u8], real: bool) {
                 let mut l = std::ptr::null_mut();
                 let s = kvx_layout_register_host(e, &c, bases.as_ptr(), huge, 0, &mut l);
                 assert!(s == KVX_ERR_INVALID_ARG && l.is_null(), "num_bases {huge}: {s}");
+            }
+            5 => {
+                // Store keys of any length (NULL bytes too) and counts past any array,
+                // through lookup, release and remove (index only, no data moved); a put
+                // and a get of them for real in one op of 256. A refused call writes
+                // nothing and leaves a message.
+                let st = f.store as *mut kvx_store;
+                let bytes = [0x5au8; 80];
+                let keys: Vec<kvx_key> = (0..inp.u8() % 6)
+                    .map(|_| {
+                        let len = match inp.u8() % 8 {
+                            0 => inp.u32(),
+                            1 => 0,
+                            _ => 1 + inp.u8() as u32 % 66,
+                        };
+                        let p = if inp.u8() % 16 == 0 { std::ptr::null() } else { bytes[..].as_ptr().wrapping_add(inp.u8() as usize % 8) };
+                        kvx_key { bytes: p, len }
+                    })
+                    .collect();
+                let n = match inp.u8() % 8 {
+                    0 => usize::MAX - inp.u8() as usize,
+                    1 => isize::MAX as usize / 16 + 1,
+                    _ => keys.len(),
+                };
+                let valid = n == keys.len() && !keys.is_empty() && keys.iter().all(|k| (1..=64).contains(&k.len) && !k.bytes.is_null());
+                let mut present = [7u8; 8];
+                let mut leading = usize::MAX;
+                let flags = if inp.u8() % 8 == 0 { inp.u32() } else { inp.u8() as u32 % 2 };
+                let s = kvx_store_lookup(st, keys.as_ptr(), n, flags, present.as_mut_ptr(), &mut leading);
+                if s == KVX_OK {
+                    assert!(valid && leading <= keys.len());
+                } else {
+                    assert!(!valid || flags > 1, "lookup refused valid keys: {s}");
+                    assert!(present == [7u8; 8] && leading == usize::MAX, "lookup wrote its outputs on failure");
+                    assert!(*std::ffi::CStr::from_ptr(kvx_last_error()).to_bytes() != *b"");
+                }
+                assert_eq!(kvx_store_release_leases(st, keys.as_ptr(), n) == KVX_OK, valid);
+                if real && inp.u8() == 0xEE {
+                    let host = f.layouts[1] as *const kvx_layout;
+                    let ids: Vec<u64> = (0..keys.len()).map(|i| i as u64).collect();
+                    let mut r = std::ptr::null_mut();
+                    let s = kvx_store_put(st, host, ids.as_ptr(), keys.as_ptr(), n, std::ptr::null(), &mut r);
+                    assert_eq!(s == KVX_OK, valid, "put: {s}");
+                    if s == KVX_OK {
+                        kvx_store_request_wait(r, u64::MAX);
+                        kvx_store_request_release(r);
+                        let s = kvx_store_get(st, keys.as_ptr(), n, host, ids.as_ptr(), std::ptr::null(), &mut r);
+                        // The same key twice in one batch reads into two blocks: allowed.
+                        if s == KVX_OK {
+                            kvx_store_request_wait(r, u64::MAX);
+                            kvx_store_request_release(r);
+                        }
+                    } else {
+                        assert!(r.is_null(), "request written on failure");
+                    }
+                }
+                let mut statuses = [99u32; 8];
+                let s = kvx_store_remove(st, keys.as_ptr(), n, statuses.as_mut_ptr());
+                assert_eq!(s == KVX_OK, valid, "remove: {s}");
+                if s != KVX_OK {
+                    assert!(statuses == [99u32; 8], "remove wrote its output on failure");
+                }
             }
             _ => {
                 // Layout math on its own: validation, region placement and coalescing.

@@ -9,6 +9,8 @@ A binding over kvxfer's C ABI (the bundled `libkvxfer.so`, or `KVX_LIBRARY`)::
         host = e.host_layout(cfg)
         disk = e.disk_layout(cfg, "/tmp/kv.bin")
         e.submit(host, [0, 1], disk, [5, 6]).wait()
+        with kvxfer.Store(e, "/tmp/kv-store", cfg, capacity_blocks=1024, namespace=b"model tp0") as s:
+            s.put(host, [0, 1], [b"hash-a", b"hash-b"]).wait()
 """
 
 from . import _native
@@ -25,6 +27,7 @@ from .errors import (
     IOError,
     NoDevice,
     NoMemory,
+    NotFound,
     OutOfRange,
     RemoteError,
     Shutdown,
@@ -32,6 +35,7 @@ from .errors import (
     Unsupported,
     VersionError,
 )
+from .store import Store, StoreRequest, StoreStats
 
 # The crate's version, as the loaded library reports it ("kvxfer 1.4.0 abi 1.4 ...").
 __version__ = _native.lib.kvx_version_string().decode().split()[1]
@@ -47,5 +51,5 @@ __all__ = [
     "Engine", "EngineConfig", "Layout", "LayoutConfig", "Request", "Stats", "version", "library_path",
     "Error", "InvalidArgument", "OutOfRange", "Incompatible", "Unsupported", "NoDevice", "CudaError", "IOError",
     "NoMemory", "Timeout", "Cancelled", "Shutdown", "Busy", "IntegrityError", "VersionError", "InternalError",
-    "RemoteError",
+    "RemoteError", "NotFound", "Store", "StoreRequest", "StoreStats",
 ]

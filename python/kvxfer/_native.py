@@ -23,6 +23,9 @@ IO_BACKENDS = {"auto": 0, "posix": 1, "uring": 2, "nixl": 3, "gds": 4}
 LAYOUT_KINDS = {"contiguous": 0, "layer_block_first": 1, "layer_outer_first": 2}
 HOST_PINNED = 1
 DISK_CREATE, DISK_KEEP, DISK_BUFFERED, DISK_SYNC, DISK_CHECKSUM, DISK_MAPPED = 1, 2, 4, 8, 16, 32
+# The store (ABI 1.4).
+STORE_CREATE, STORE_DURABLE, STORE_BUFFERED, STORE_VERIFY_ON_OPEN = 1, 2, 4, 8
+LOOKUP_LEASE = 1
 
 
 class EngineConfigC(ctypes.Structure):
@@ -83,6 +86,31 @@ class StatsC(ctypes.Structure):
             "device_copy_ns",
             "slot_wait_ns",
             "slots_quarantined",
+        )
+    ]
+
+
+class KeyC(ctypes.Structure):
+    _fields_ = [("bytes", c_void_p), ("len", c_uint32)]
+
+
+class StoreConfigC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("block", POINTER(LayoutConfigC)),
+        ("capacity_blocks", c_uint64),
+        ("namespace_bytes", c_void_p),
+        ("namespace_len", c_uint32),
+        ("shards", c_uint32),
+    ]
+
+
+class StoreCountersC(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32)] + [
+        (name, c_uint64)
+        for name in (
+            "entries", "capacity", "hits", "misses", "evictions", "integrity_failures", "puts", "dedups", "removes", "bytes",
         )
     ]
 
@@ -153,6 +181,33 @@ def _load() -> ctypes.CDLL:
         "kvx_request_error": (c_char_p, [request_p]),
         "kvx_request_release": (None, [request_p]),
     }
+    store_p, store_request_p = c_void_p, c_void_p
+    # ABI 1.4: `Store` says so where the library is older.
+    store_protos = {
+        "kvx_store_config_init": (None, [POINTER(StoreConfigC)]),
+        "kvx_store_open": (c_uint32, [engine_p, c_char_p, POINTER(StoreConfigC), POINTER(store_p)]),
+        "kvx_store_close": (None, [store_p]),
+        "kvx_store_lookup": (c_uint32, [store_p, POINTER(KeyC), c_size_t, c_uint32, c_void_p, POINTER(c_size_t)]),
+        "kvx_store_release_leases": (c_uint32, [store_p, POINTER(KeyC), c_size_t]),
+        "kvx_store_put": (
+            c_uint32,
+            [store_p, layout_p, c_void_p, POINTER(KeyC), c_size_t, POINTER(TransferOptionsC), POINTER(store_request_p)],
+        ),
+        "kvx_store_get": (
+            c_uint32,
+            [store_p, POINTER(KeyC), c_size_t, layout_p, c_void_p, POINTER(TransferOptionsC), POINTER(store_request_p)],
+        ),
+        "kvx_store_remove": (c_uint32, [store_p, POINTER(KeyC), c_size_t, POINTER(c_uint32)]),
+        "kvx_store_stats": (c_uint32, [store_p, POINTER(StoreCountersC)]),
+        "kvx_store_request_wait": (c_uint32, [store_request_p, c_uint64]),
+        "kvx_store_request_poll": (c_uint32, [store_request_p]),
+        "kvx_store_request_key_status": (c_uint32, [store_request_p, c_size_t, POINTER(c_uint32)]),
+        "kvx_store_request_key_error": (c_char_p, [store_request_p, c_size_t]),
+        "kvx_store_request_error": (c_char_p, [store_request_p]),
+        "kvx_store_request_release": (None, [store_request_p]),
+    }
+    if minor >= 4:
+        protos.update(store_protos)
     for name, (res, args) in protos.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args

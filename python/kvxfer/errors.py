@@ -41,12 +41,15 @@ RemoteError = _status(
     17, "RemoteError",
     "A remote peer failed a transfer, did not answer in time or exited; re-import its blob once it is back (KVX_ERR_REMOTE).",
 )
+NotFound = _status(
+    18, "NotFound", "A key the store does not hold: a get's or a remove's miss (KVX_ERR_NOT_FOUND).", LookupError,
+)
 
 _BY_STATUS = {
     c.status: c
     for c in (
         InvalidArgument, OutOfRange, Incompatible, Unsupported, NoDevice, CudaError, IOError, NoMemory,
-        Timeout, Cancelled, Shutdown, Busy, IntegrityError, VersionError, InternalError, RemoteError,
+        Timeout, Cancelled, Shutdown, Busy, IntegrityError, VersionError, InternalError, RemoteError, NotFound,
     )
 }
 

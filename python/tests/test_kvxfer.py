@@ -319,7 +319,7 @@ def test_bad_transfers_and_settings_raise_their_status(engine):
 def test_every_status_has_its_exception_class():
     from kvxfer.errors import error_for
 
-    for code in range(2, 18):
+    for code in range(2, 19):
         e = error_for(code, "why")
         assert type(e) is not kvxfer.Error and isinstance(e, kvxfer.Error) and e.status == code, code
         assert getattr(kvxfer, type(e).__name__) is type(e) and type(e).__name__ in kvxfer.__all__, code

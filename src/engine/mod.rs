@@ -331,6 +331,11 @@ impl Engine {
         })
     }
 
+    /// Whether `shutdown` has begun: the engine takes no more requests.
+    pub fn is_shut_down(&self) -> bool {
+        !self.intake.read().unwrap().accepting
+    }
+
     /// Cancels queued requests, waits for chunks in flight, then joins every thread.
     /// Called by `Drop`; safe to call twice. From a completion callback on this engine's
     /// own thread the joining is handed to a helper thread instead of deadlocking.

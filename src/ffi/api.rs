@@ -6,6 +6,7 @@ use super::engine::*;
 use super::layout::*;
 use super::logger::*;
 use super::remote::*;
+use super::store::*;
 use super::transfer::*;
 use super::types::*;
 use crate::error::Status;
@@ -104,6 +105,52 @@ pub struct kvx_api {
     pub blob_destroy: unsafe extern "C" fn(*mut kvx_blob),
     /// ABI 1.3.
     pub engine_import: unsafe extern "C" fn(*mut kvx_engine, *const u8, usize, u32, *mut *mut kvx_layout, usize, *mut usize) -> kvx_status,
+    /// ABI 1.4.
+    pub store_config_init: unsafe extern "C" fn(*mut kvx_store_config),
+    /// ABI 1.4.
+    pub store_open: unsafe extern "C" fn(*mut kvx_engine, *const c_char, *const kvx_store_config, *mut *mut kvx_store) -> kvx_status,
+    /// ABI 1.4.
+    pub store_close: unsafe extern "C" fn(*mut kvx_store),
+    /// ABI 1.4.
+    pub store_lookup: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, u32, *mut u8, *mut usize) -> kvx_status,
+    /// ABI 1.4.
+    pub store_release_leases: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize) -> kvx_status,
+    /// ABI 1.4.
+    pub store_put: unsafe extern "C" fn(
+        *mut kvx_store,
+        *const kvx_layout,
+        *const u64,
+        *const kvx_key,
+        usize,
+        *const kvx_transfer_options,
+        *mut *mut kvx_store_request,
+    ) -> kvx_status,
+    /// ABI 1.4.
+    pub store_get: unsafe extern "C" fn(
+        *mut kvx_store,
+        *const kvx_key,
+        usize,
+        *const kvx_layout,
+        *const u64,
+        *const kvx_transfer_options,
+        *mut *mut kvx_store_request,
+    ) -> kvx_status,
+    /// ABI 1.4.
+    pub store_remove: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, *mut kvx_status) -> kvx_status,
+    /// ABI 1.4.
+    pub store_stats: unsafe extern "C" fn(*mut kvx_store, *mut kvx_store_counters) -> kvx_status,
+    /// ABI 1.4.
+    pub store_request_wait: unsafe extern "C" fn(*mut kvx_store_request, u64) -> kvx_status,
+    /// ABI 1.4.
+    pub store_request_poll: unsafe extern "C" fn(*const kvx_store_request) -> kvx_status,
+    /// ABI 1.4.
+    pub store_request_key_status: unsafe extern "C" fn(*const kvx_store_request, usize, *mut kvx_status) -> kvx_status,
+    /// ABI 1.4.
+    pub store_request_key_error: unsafe extern "C" fn(*const kvx_store_request, usize) -> *const c_char,
+    /// ABI 1.4.
+    pub store_request_error: unsafe extern "C" fn(*const kvx_store_request) -> *const c_char,
+    /// ABI 1.4.
+    pub store_request_release: unsafe extern "C" fn(*mut kvx_store_request),
 }
 
 static API: kvx_api = kvx_api {
@@ -142,6 +189,21 @@ static API: kvx_api = kvx_api {
     blob_bytes: kvx_blob_bytes,
     blob_destroy: kvx_blob_destroy,
     engine_import: kvx_engine_import,
+    store_config_init: kvx_store_config_init,
+    store_open: kvx_store_open,
+    store_close: kvx_store_close,
+    store_lookup: kvx_store_lookup,
+    store_release_leases: kvx_store_release_leases,
+    store_put: kvx_store_put,
+    store_get: kvx_store_get,
+    store_remove: kvx_store_remove,
+    store_stats: kvx_store_stats,
+    store_request_wait: kvx_store_request_wait,
+    store_request_poll: kvx_store_request_poll,
+    store_request_key_status: kvx_store_request_key_status,
+    store_request_key_error: kvx_store_request_key_error,
+    store_request_error: kvx_store_request_error,
+    store_request_release: kvx_store_request_release,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

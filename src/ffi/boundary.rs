@@ -119,7 +119,8 @@ pub unsafe fn slice<'a, T>(p: *const T, len: usize, name: &str) -> Result<&'a [T
 pub trait Versioned: Copy {
     /// Name in messages.
     const NAME: &'static str;
-    /// `sizeof` at ABI 1.0: callers may pass this or more, never less.
+    /// `sizeof` in the ABI minor that added the struct: callers may pass this or more,
+    /// never less.
     const V1_SIZE: usize;
     /// The `_init` defaults; fields the caller's older struct lacks keep these values.
     fn defaults() -> Self;
@@ -138,7 +139,7 @@ unsafe fn struct_size<T: Versioned>(p: *const T) -> Result<usize> {
     if size < T::V1_SIZE {
         crate::error::bail!(
             InvalidArg,
-            "{}.struct_size is {size}, smaller than the {} bytes of ABI 1.0; call {}_init first",
+            "{}.struct_size is {size}, smaller than the {} bytes of its first ABI version; call {}_init first",
             T::NAME,
             T::V1_SIZE,
             T::NAME

@@ -2,9 +2,10 @@
 
 use super::boundary::*;
 use super::convert;
-use super::handle::{BoxHandle, Handle};
+use super::handle::{ArcHandle, Handle};
 use super::types::*;
 use crate::engine::Engine;
+use std::sync::Arc;
 
 impl Versioned for kvx_engine_config {
     const NAME: &'static str = "kvx_engine_config";
@@ -76,7 +77,7 @@ pub unsafe extern "C" fn kvx_engine_create(cfg: *const kvx_engine_config, out: *
             let engine = Engine::new(&convert::engine_config(&c)?)?;
             Ok((out, engine))
         },
-        |(out, engine)| out.write(kvx_engine::into_c(engine)),
+        |(out, engine)| out.write(kvx_engine::into_c(Arc::new(engine))),
     )
 }
 
@@ -85,10 +86,18 @@ pub unsafe extern "C" fn kvx_engine_create(cfg: *const kvx_engine_config, out: *
 /// except that they may still be destroyed/released. NULL is a no-op. Should not be
 /// called from one of this engine's own completion callbacks: there it cannot wait for
 /// its threads, so it returns at once and the shutdown finishes in the background.
+/// Close the engine's stores first: a store still open keeps the engine's memory until
+/// `kvx_store_close`, its puts and gets in flight end (cancelled where they had not
+/// started), and every later call on it but `kvx_store_close` is `KVX_ERR_SHUTDOWN`.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_engine_destroy(e: *mut kvx_engine) {
     if !e.is_null() {
-        infallible((), || kvx_engine::free(e));
+        infallible((), || {
+            if let Ok(engine) = kvx_engine::borrow(e, "engine") {
+                engine.shutdown();
+            }
+            kvx_engine::free(e)
+        });
     }
 }
 

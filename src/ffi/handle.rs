@@ -2,12 +2,16 @@
 //! between a `kvx_*` pointer and its object goes through these traits, so ownership is
 //! written once per handle type instead of once per function.
 //!
-//! - `kvx_engine` is a `Box<Engine>`: the caller owns it outright.
+//! - `kvx_engine` is an `Arc::into_raw` pointer: the caller holds one reference and each
+//!   open store another, so a store's engine lives until the store is closed;
+//!   `kvx_engine_destroy` shuts the engine down at once all the same.
 //! - `kvx_layout` and `kvx_request` are `Arc::into_raw` pointers: the caller holds one
 //!   reference, requests in flight hold others, and the object lives until the last one.
+//! - `kvx_store` and `kvx_store_request` are `Box`es: the caller owns them outright.
 
 use super::boundary::null;
-use super::types::{kvx_blob, kvx_engine, kvx_layout, kvx_request};
+use super::store::{StoreCall, StoreHandle};
+use super::types::{kvx_blob, kvx_engine, kvx_layout, kvx_request, kvx_store, kvx_store_request};
 use crate::engine::{Engine, Request};
 use crate::error::Result;
 use crate::memory::Layout;
@@ -81,7 +85,7 @@ pub trait ArcHandle: Handle {
 impl Handle for kvx_engine {
     type Object = Engine;
 }
-impl BoxHandle for kvx_engine {}
+impl ArcHandle for kvx_engine {}
 
 impl Handle for kvx_layout {
     type Object = Layout;
@@ -97,3 +101,13 @@ impl Handle for kvx_blob {
     type Object = Vec<u8>;
 }
 impl BoxHandle for kvx_blob {}
+
+impl Handle for kvx_store {
+    type Object = StoreHandle;
+}
+impl BoxHandle for kvx_store {}
+
+impl Handle for kvx_store_request {
+    type Object = StoreCall;
+}
+impl BoxHandle for kvx_store_request {}

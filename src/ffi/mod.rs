@@ -17,6 +17,7 @@ pub mod handle;
 pub mod layout;
 pub mod logger;
 pub mod remote;
+pub mod store;
 pub mod transfer;
 pub mod types;
 
@@ -65,7 +66,9 @@ mod tests {
             KVX_ERR_VERSION,
             KVX_ERR_INTERNAL,
             KVX_ERR_REMOTE,
+            KVX_ERR_NOT_FOUND,
         ];
+        assert_eq!(c.len(), Status::ALL.len(), "every status has its KVX_ constant");
         for (s, code) in Status::ALL.iter().zip(c) {
             assert_eq!(s.code(), code, "{}", s.name());
         }

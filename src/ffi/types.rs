@@ -36,13 +36,18 @@ pub const KVX_ERR_INTERNAL: kvx_status = 16;
 /// for a remote ↔ disk chunk to take one. Local work is unaffected. Re-import its blob
 /// once it is back. (1.3)
 pub const KVX_ERR_REMOTE: kvx_status = 17;
+/// A key the store does not hold: a key's status after a get or a remove, never a whole
+/// call's. (1.4)
+pub const KVX_ERR_NOT_FOUND: kvx_status = 18;
 
 pub const KVX_ABI_MAJOR: u32 = 1;
 /// 1.1: `kvx_transfer_options.wait_event`, the stage timers of `kvx_stats`,
 /// `KVX_DISK_CHECKSUM`, `kvx_engine_io_backend`, `kvx_engine_config_get`.
 /// 1.2: `KVX_DISK_MAPPED`.
 /// 1.3: remote layouts: `kvx_engine_export`, `kvx_blob_*`, `kvx_engine_import`, `KVX_ERR_REMOTE`.
-/// 1.4: `kvx_stats.slots_quarantined`.
+/// 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
+/// `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
+/// `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
 pub const KVX_ABI_MINOR: u32 = 4;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -99,6 +104,24 @@ pub const KVX_DISK_CHECKSUM: u32 = 16;
 /// truncated while the layout lives.
 pub const KVX_DISK_MAPPED: u32 = 32;
 
+/// `kvx_store_config.flags` (1.4): make the store in the directory where none is yet.
+/// Without it, opening a directory that holds no store is `KVX_ERR_INVALID_ARG`.
+pub const KVX_STORE_CREATE: u32 = 1;
+/// `kvx_store_config.flags` (1.4): survive power loss: every put is synced (data,
+/// checksums, record) before its key reports `KVX_OK`, every removal before
+/// `kvx_store_remove` returns.
+pub const KVX_STORE_DURABLE: u32 = 2;
+/// `kvx_store_config.flags` (1.4): page-cache I/O for the data files instead of
+/// `O_DIRECT` (a tmpfs or page-cache tier).
+pub const KVX_STORE_BUFFERED: u32 = 4;
+/// `kvx_store_config.flags` (1.4): on open, drop every entry whose record does not match
+/// its block's seal (one 8-byte read per entry; no block is read).
+pub const KVX_STORE_VERIFY_ON_OPEN: u32 = 8;
+
+/// `kvx_store_lookup` flag (1.4): lease each hit, so it is neither evicted nor reused
+/// until a get of it (which spends the lease) or `kvx_store_release_leases`.
+pub const KVX_LOOKUP_LEASE: u32 = 1;
+
 /// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 /// free with `kvx_engine_destroy`.
 pub struct kvx_engine {
@@ -119,6 +142,19 @@ pub struct kvx_request {
 /// Bytes an engine exported (`kvx_engine_export`): read them with `kvx_blob_bytes`,
 /// free with `kvx_blob_destroy`. (1.3)
 pub struct kvx_blob {
+    _opaque: [u8; 0],
+}
+
+/// A store of KV blocks keyed by the runtime's keys, in one directory (1.4). Open with
+/// `kvx_store_open`, close with `kvx_store_close`.
+pub struct kvx_store {
+    _opaque: [u8; 0],
+}
+
+/// A store put or get (1.4): one status per key. Not a `kvx_request`: one store call may
+/// be several transfers, and a key is settled only once its record is written or checked.
+/// Free with `kvx_store_request_release` (the call still completes).
+pub struct kvx_store_request {
     _opaque: [u8; 0],
 }
 
@@ -227,3 +263,60 @@ pub struct kvx_stats {
 /// `message` are valid only during the call. Runs on any thread; must not block and must
 /// not call `kvx_set_logger` (refused); records kvxfer makes during the call are dropped.
 pub type kvx_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: u32, target: *const c_char, message: *const c_char)>;
+
+/// A store key (1.4): 1 to 64 opaque bytes naming a block's content (the same key always
+/// means the same bytes). `bytes` stays the caller's; it is read during the call only.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_key {
+    pub bytes: *const u8,
+    pub len: u32,
+}
+
+/// How a store is opened (1.4). The block geometry, capacity, shard count and namespace
+/// are fixed when the store is made; reopening with others is `KVX_ERR_INCOMPATIBLE`
+/// naming which.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_store_config {
+    pub struct_size: u32,
+    /// `KVX_STORE_*`; `kvx_store_config_init` sets `KVX_STORE_CREATE`.
+    pub flags: u32,
+    /// The geometry of one block (its `kind` and `num_blocks` are ignored: blocks are
+    /// stored contiguous, `capacity_blocks` of them). The caller's; read during
+    /// `kvx_store_open` only. Must be set.
+    pub block: *const kvx_layout_config,
+    /// Blocks the store holds at most (1 to 2^32 - 1); must be set.
+    pub capacity_blocks: u64,
+    /// Everything that makes two blocks with equal keys differ (model, dtype, layout,
+    /// TP/PP rank…), at most 256 bytes; NULL with `namespace_len` 0 is the empty one. The
+    /// caller's; read during `kvx_store_open` only.
+    pub namespace_bytes: *const u8,
+    pub namespace_len: u32,
+    /// Data files the blocks are spread over (1 to `capacity_blocks`); 1 by default.
+    pub shards: u32,
+}
+
+/// What a store holds and has done since it was opened (1.4).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_store_counters {
+    pub struct_size: u32,
+    pub entries: u64,
+    pub capacity: u64,
+    /// Keys gets loaded.
+    pub hits: u64,
+    /// Keys gets did not load: not held, or a failed check.
+    pub misses: u64,
+    pub evictions: u64,
+    /// Failed checks: damaged records found on open, and gets whose block did not match
+    /// its record or its checksums (each also a miss).
+    pub integrity_failures: u64,
+    /// Blocks written by puts.
+    pub puts: u64,
+    /// Keys of puts that were held already (nothing written).
+    pub dedups: u64,
+    pub removes: u64,
+    /// Bytes of the blocks held (`entries` × block bytes).
+    pub bytes: u64,
+}

@@ -22,6 +22,9 @@ int main(void) {
   CHECK_kvx_transfer_options();
   CHECK_kvx_stats();
   CHECK_kvx_api();
+  CHECK_kvx_key();
+  CHECK_kvx_store_config();
+  CHECK_kvx_store_counters();
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
 }

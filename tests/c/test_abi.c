@@ -1,5 +1,5 @@
-/* The C ABI from C: a disk -> device -> disk round trip, the version macros against the
- * library, the dlopen table, and bad calls, each checked for its exact status, a
+/* The C ABI from C: a disk -> device -> disk round trip, a store round trip, the version
+ * macros against the library, the dlopen table, and bad calls, each checked for its exact status, a
  * non-empty kvx_last_error() and untouched outputs. Built with -Wall -Wextra -Werror. */
 #include "kvxfer.h"
 
@@ -290,6 +290,309 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   kvx_layout_destroy(disk);
 }
 
+/* The files a store makes in its directory (docs/store.md), removed after a test. */
+static void remove_store_dir(const char *dir) {
+  const char *names[] = {"lock", "meta", "records", "data-0", "data-0.kvxsum", "data-1", "data-1.kvxsum"};
+  char p[600];
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+    unlink(p);
+  }
+  rmdir(dir);
+}
+
+/* Four keys "block-0".."block-3", as kvx_keys over `bytes`. */
+static void make_keys(char bytes[4][16], kvx_key keys[4]) {
+  for (int i = 0; i < 4; i++) {
+    snprintf(bytes[i], 16, "block-%d", i);
+    keys[i].bytes = (const uint8_t *)bytes[i];
+    keys[i].len = (uint32_t)strlen(bytes[i]);
+  }
+}
+
+/* A store made in KVX_TEST_DIR: 4 blocks put from one host layout, looked up, got into
+ * another and compared byte for byte, a miss, removed, counted. */
+static void store_round_trip(kvx_engine *e, const char *dir) {
+  char sdir[512];
+  snprintf(sdir, sizeof sdir, "%s/kvx-c-store-%d", dir, (int)getpid());
+  remove_store_dir(sdir);
+  kvx_layout_config block = geometry(8);
+  kvx_store_config sc;
+  kvx_store_config_init(&sc);
+  EXPECT(sc.struct_size == sizeof sc && sc.flags == KVX_STORE_CREATE && sc.shards == 1, "kvx_store_config_init defaults");
+  const char ns[] = "c-test model bf16 tp0/1";
+  sc.block = &block;
+  sc.capacity_blocks = 16;
+  sc.namespace_bytes = (const uint8_t *)ns;
+  sc.namespace_len = (uint32_t)strlen(ns);
+  sc.shards = 2;
+  kvx_store *st = NULL;
+  OK(kvx_store_open(e, sdir, &sc, &st));
+
+  kvx_layout *src = NULL, *dst = NULL;
+  OK(kvx_layout_create_host(e, &block, 0, &src));
+  OK(kvx_layout_create_host(e, &block, KVX_HOST_PINNED, &dst));
+  uint64_t block_bytes = 0, sa = 0, da = 0;
+  OK(kvx_layout_block_bytes(src, &block_bytes));
+  OK(kvx_layout_base(src, 0, &sa));
+  OK(kvx_layout_base(dst, 0, &da));
+  unsigned char *sp = (unsigned char *)(uintptr_t)sa, *dp = (unsigned char *)(uintptr_t)da;
+  for (uint64_t i = 0; i < 8 * block_bytes; i++) sp[i] = (unsigned char)(i * 37 + 11);
+  memset(dp, 0, 8 * block_bytes);
+
+  char kb[4][16];
+  kvx_key keys[4];
+  make_keys(kb, keys);
+  uint64_t src_ids[4] = {1, 3, 5, 7}, dst_ids[4] = {0, 2, 4, 6};
+  kvx_store_request *put = NULL;
+  OK(kvx_store_put(st, src, src_ids, keys, 4, NULL, &put));
+  OK(kvx_store_request_wait(put, UINT64_MAX));
+  for (size_t i = 0; i < 4; i++) {
+    kvx_status ks = 99;
+    OK(kvx_store_request_key_status(put, i, &ks));
+    EXPECT(ks == KVX_OK, "put key %zu: %s", i, kvx_status_str(ks));
+  }
+  EXPECT(strcmp(kvx_store_request_error(put), "") == 0, "a put that succeeded has no message");
+  kvx_store_request_release(put);
+
+  /* A lookup of the four and one more, with a lease. */
+  kvx_key five[5];
+  memcpy(five, keys, sizeof keys);
+  five[4].bytes = (const uint8_t *)"never put";
+  five[4].len = 9;
+  uint8_t present[5] = {7, 7, 7, 7, 7};
+  size_t leading = 99;
+  OK(kvx_store_lookup(st, five, 5, KVX_LOOKUP_LEASE, present, &leading));
+  EXPECT(present[0] == 1 && present[1] == 1 && present[2] == 1 && present[3] == 1 && present[4] == 0 && leading == 4,
+         "lookup: %u %u %u %u %u, leading %zu", present[0], present[1], present[2], present[3], present[4], leading);
+  OK(kvx_store_release_leases(st, five, 5));
+
+  kvx_store_request *get = NULL;
+  OK(kvx_store_get(st, keys, 4, dst, dst_ids, NULL, &get));
+  OK(kvx_store_request_wait(get, UINT64_MAX));
+  kvx_store_request_release(get);
+  for (int i = 0; i < 4; i++) {
+    EXPECT(memcmp(sp + src_ids[i] * block_bytes, dp + dst_ids[i] * block_bytes, block_bytes) == 0, "key %d: got other bytes", i);
+  }
+
+  /* A get of a key never put: that key alone is NOT_FOUND, the request says so. */
+  kvx_key two[2] = {keys[0], five[4]};
+  uint64_t two_ids[2] = {1, 3};
+  OK(kvx_store_get(st, two, 2, dst, two_ids, NULL, &get));
+  expect_fail(kvx_store_request_wait(get, UINT64_MAX), KVX_ERR_NOT_FOUND, "get of a key never put");
+  EXPECT(strstr(kvx_store_request_error(get), "key 1") != NULL, "request error names the key: %s", kvx_store_request_error(get));
+  kvx_status k0 = 99, k1 = 99;
+  OK(kvx_store_request_key_status(get, 0, &k0));
+  OK(kvx_store_request_key_status(get, 1, &k1));
+  EXPECT(k0 == KVX_OK && k1 == KVX_ERR_NOT_FOUND, "per key: %s, %s", kvx_status_str(k0), kvx_status_str(k1));
+  EXPECT(kvx_store_request_key_error(get, 1)[0] != '\0' && kvx_store_request_key_error(get, 0)[0] == '\0', "per-key messages");
+  EXPECT(kvx_store_request_poll(get) == KVX_ERR_NOT_FOUND, "poll after the end");
+  kvx_status untouched = 77;
+  expect_fail(kvx_store_request_key_status(get, 2, &untouched), KVX_ERR_OUT_OF_RANGE, "key_status past the keys");
+  EXPECT(untouched == 77, "key_status past the keys wrote its output");
+  kvx_store_request_release(get);
+  EXPECT(memcmp(sp + 1 * block_bytes, dp + 1 * block_bytes, block_bytes) == 0, "the hit of a batch with a miss loaded");
+
+  kvx_status removed[5] = {99, 99, 99, 99, 99};
+  OK(kvx_store_remove(st, five, 5, removed));
+  EXPECT(removed[0] == KVX_OK && removed[3] == KVX_OK && removed[4] == KVX_ERR_NOT_FOUND, "remove: %s %s",
+         kvx_status_str(removed[0]), kvx_status_str(removed[4]));
+  OK(kvx_store_lookup(st, keys, 4, 0, present, &leading));
+  EXPECT(leading == 0 && present[0] == 0, "a removed key is not found");
+
+  kvx_store_counters c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  OK(kvx_store_stats(st, &c));
+  EXPECT(c.struct_size == sizeof c && c.entries == 0 && c.capacity == 16 && c.puts == 4 && c.hits == 5 && c.misses == 1 &&
+             c.removes == 4 && c.bytes == 0,
+         "stats: entries %llu puts %llu hits %llu misses %llu removes %llu", (unsigned long long)c.entries,
+         (unsigned long long)c.puts, (unsigned long long)c.hits, (unsigned long long)c.misses, (unsigned long long)c.removes);
+  EXPECT(strcmp(kvx_status_str(KVX_ERR_NOT_FOUND), "KVX_ERR_NOT_FOUND") == 0, "status_str NOT_FOUND");
+  const kvx_api *api = kvx_get_api(KVX_ABI_MAJOR);
+  EXPECT(api->store_open == kvx_store_open && api->store_put == kvx_store_put && api->store_request_release == kvx_store_request_release,
+         "table entries for the store");
+
+  /* A second open of the store this process owns is refused, naming the pid. */
+  kvx_store *again = NULL;
+  expect_fail(kvx_store_open(e, sdir, &sc, &again), KVX_ERR_BUSY, "second open of an owned store");
+  EXPECT(again == NULL, "a refused open wrote its output");
+  kvx_store_close(st);
+  kvx_store_close(NULL);
+  kvx_layout_destroy(dst);
+  kvx_layout_destroy(src);
+  remove_store_dir(sdir);
+}
+
+/* Bad store calls: each its exact status, a message, outputs untouched. */
+static void store_bad_calls(kvx_engine *e, const char *dir) {
+  char sdir[512];
+  snprintf(sdir, sizeof sdir, "%s/kvx-c-store-bad-%d", dir, (int)getpid());
+  remove_store_dir(sdir);
+  kvx_layout_config block = geometry(4);
+  kvx_store_config sc;
+  kvx_store_config_init(&sc);
+  sc.block = &block;
+  sc.capacity_blocks = 4;
+  kvx_store *st = (kvx_store *)(uintptr_t)0x1;
+  expect_fail(kvx_store_open(e, NULL, &sc, &st), KVX_ERR_INVALID_ARG, "store_open NULL dir");
+  expect_fail(kvx_store_open(e, sdir, NULL, &st), KVX_ERR_INVALID_ARG, "store_open NULL config");
+  expect_fail(kvx_store_open(NULL, sdir, &sc, &st), KVX_ERR_INVALID_ARG, "store_open NULL engine");
+  kvx_store_config small = sc;
+  small.struct_size = 8;
+  expect_fail(kvx_store_open(e, sdir, &small, &st), KVX_ERR_INVALID_ARG, "store_open small struct_size");
+  kvx_store_config nob = sc;
+  nob.block = NULL;
+  expect_fail(kvx_store_open(e, sdir, &nob, &st), KVX_ERR_INVALID_ARG, "store_open NULL block");
+  kvx_store_config flags = sc;
+  flags.flags |= 0x100;
+  expect_fail(kvx_store_open(e, sdir, &flags, &st), KVX_ERR_INVALID_ARG, "store_open unknown flag");
+  kvx_store_config zero = sc;
+  zero.capacity_blocks = 0;
+  expect_fail(kvx_store_open(e, sdir, &zero, &st), KVX_ERR_INVALID_ARG, "store_open capacity 0");
+  uint8_t longns[300] = {0};
+  kvx_store_config ns = sc;
+  ns.namespace_bytes = longns;
+  ns.namespace_len = sizeof longns;
+  expect_fail(kvx_store_open(e, sdir, &ns, &st), KVX_ERR_INVALID_ARG, "store_open namespace of 300 bytes");
+  kvx_store_config nocreate = sc;
+  nocreate.flags = 0;
+  expect_fail(kvx_store_open(e, sdir, &nocreate, &st), KVX_ERR_INVALID_ARG, "store_open without CREATE where no store is");
+  EXPECT(st == (kvx_store *)(uintptr_t)0x1, "failed opens wrote their output");
+  OK(kvx_store_open(e, sdir, &sc, &st));
+
+  kvx_layout *host = NULL;
+  OK(kvx_layout_create_host(e, &block, 0, &host));
+  char kb[4][16];
+  kvx_key keys[4];
+  make_keys(kb, keys);
+  uint8_t longkey[65];
+  memset(longkey, 'k', sizeof longkey);
+  kvx_key empty = {(const uint8_t *)"x", 0}, too_long = {longkey, 65}, null_bytes = {NULL, 3};
+  uint8_t present[4] = {7, 7, 7, 7};
+  size_t leading = 99;
+  expect_fail(kvx_store_lookup(NULL, keys, 4, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup NULL store");
+  expect_fail(kvx_store_lookup(st, NULL, 4, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup NULL keys, n 4");
+  expect_fail(kvx_store_lookup(st, keys, 0, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup of no keys");
+  expect_fail(kvx_store_lookup(st, &empty, 1, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup key of 0 bytes");
+  expect_fail(kvx_store_lookup(st, &too_long, 1, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup key of 65 bytes");
+  expect_fail(kvx_store_lookup(st, &null_bytes, 1, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup key with NULL bytes");
+  expect_fail(kvx_store_lookup(st, keys, SIZE_MAX, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup n SIZE_MAX");
+  expect_fail(kvx_store_lookup(st, keys, 4, 2, present, &leading), KVX_ERR_INVALID_ARG, "lookup unknown flag");
+  expect_fail(kvx_store_lookup(st, keys, 4, 0, NULL, &leading), KVX_ERR_INVALID_ARG, "lookup NULL present_out");
+  expect_fail(kvx_store_lookup(st, keys, 4, 0, present, NULL), KVX_ERR_INVALID_ARG, "lookup NULL leading_hits_out");
+  EXPECT(present[0] == 7 && present[3] == 7 && leading == 99, "failed lookups wrote their outputs");
+  expect_fail(kvx_store_release_leases(st, &too_long, 1), KVX_ERR_INVALID_ARG, "release_leases key of 65 bytes");
+
+  uint64_t ids[4] = {0, 1, 2, 3}, bad_ids[4] = {0, 1, 2, 9};
+  kvx_store_request *req = (kvx_store_request *)(uintptr_t)0x1;
+  expect_fail(kvx_store_put(NULL, host, ids, keys, 4, NULL, &req), KVX_ERR_INVALID_ARG, "put NULL store");
+  expect_fail(kvx_store_put(st, NULL, ids, keys, 4, NULL, &req), KVX_ERR_INVALID_ARG, "put NULL src");
+  expect_fail(kvx_store_put(st, host, NULL, keys, 4, NULL, &req), KVX_ERR_INVALID_ARG, "put NULL src_ids");
+  expect_fail(kvx_store_put(st, host, ids, NULL, 4, NULL, &req), KVX_ERR_INVALID_ARG, "put NULL keys, n 4");
+  expect_fail(kvx_store_put(st, host, ids, keys, SIZE_MAX, NULL, &req), KVX_ERR_INVALID_ARG, "put n SIZE_MAX");
+  expect_fail(kvx_store_put(st, host, ids, &too_long, 1, NULL, &req), KVX_ERR_INVALID_ARG, "put key of 65 bytes");
+  expect_fail(kvx_store_put(st, host, bad_ids, keys, 4, NULL, &req), KVX_ERR_OUT_OF_RANGE, "put block id past the layout");
+  expect_fail(kvx_store_put(st, host, ids, keys, 4, NULL, NULL), KVX_ERR_INVALID_ARG, "put NULL out_request");
+  kvx_transfer_options o;
+  kvx_transfer_options_init(&o);
+  o.layer_begin = 1;
+  expect_fail(kvx_store_put(st, host, ids, keys, 4, &o, &req), KVX_ERR_INVALID_ARG, "put of a layer range");
+  kvx_transfer_options_init(&o);
+  o.on_complete = look;
+  expect_fail(kvx_store_put(st, host, ids, keys, 4, &o, &req), KVX_ERR_INVALID_ARG, "put with a completion callback");
+  kvx_transfer_options_init(&o);
+  o.struct_size = 4;
+  expect_fail(kvx_store_put(st, host, ids, keys, 4, &o, &req), KVX_ERR_INVALID_ARG, "put options of a small struct_size");
+  kvx_layout_config other = geometry(4);
+  other.page_size = 6;
+  kvx_layout *wrong = NULL;
+  OK(kvx_layout_create_host(e, &other, 0, &wrong));
+  expect_fail(kvx_store_put(st, wrong, ids, keys, 4, NULL, &req), KVX_ERR_INCOMPATIBLE, "put from a layout of another geometry");
+  expect_fail(kvx_store_get(st, keys, 4, wrong, ids, NULL, &req), KVX_ERR_INCOMPATIBLE, "get into a layout of another geometry");
+  kvx_layout_destroy(wrong);
+  expect_fail(kvx_store_get(NULL, keys, 4, host, ids, NULL, &req), KVX_ERR_INVALID_ARG, "get NULL store");
+  expect_fail(kvx_store_get(st, NULL, 4, host, ids, NULL, &req), KVX_ERR_INVALID_ARG, "get NULL keys, n 4");
+  expect_fail(kvx_store_get(st, &empty, 1, host, ids, NULL, &req), KVX_ERR_INVALID_ARG, "get key of 0 bytes");
+  expect_fail(kvx_store_get(st, keys, 4, host, bad_ids, NULL, &req), KVX_ERR_OUT_OF_RANGE, "get block id past the layout");
+  uint64_t twice[4] = {0, 1, 1, 2};
+  expect_fail(kvx_store_get(st, keys, 4, host, twice, NULL, &req), KVX_ERR_INVALID_ARG, "get into one block twice");
+  EXPECT(req == (kvx_store_request *)(uintptr_t)0x1, "failed puts and gets wrote their output");
+
+  kvx_status statuses[4] = {99, 99, 99, 99};
+  expect_fail(kvx_store_remove(NULL, keys, 4, statuses), KVX_ERR_INVALID_ARG, "remove NULL store");
+  expect_fail(kvx_store_remove(st, NULL, 4, statuses), KVX_ERR_INVALID_ARG, "remove NULL keys, n 4");
+  expect_fail(kvx_store_remove(st, keys, 4, NULL), KVX_ERR_INVALID_ARG, "remove NULL statuses_out");
+  expect_fail(kvx_store_remove(st, &too_long, 1, statuses), KVX_ERR_INVALID_ARG, "remove key of 65 bytes");
+  EXPECT(statuses[0] == 99, "failed removes wrote their output");
+
+  kvx_store_counters c;
+  memset(&c, 0xab, sizeof c);
+  c.struct_size = 4;
+  expect_fail(kvx_store_stats(st, &c), KVX_ERR_INVALID_ARG, "stats small struct_size");
+  expect_fail(kvx_store_stats(st, NULL), KVX_ERR_INVALID_ARG, "stats NULL");
+  expect_fail(kvx_store_stats(NULL, &c), KVX_ERR_INVALID_ARG, "stats NULL store");
+  EXPECT(c.entries == 0xababababababababULL, "failed stats wrote their output");
+
+  kvx_status ks = 77;
+  expect_fail(kvx_store_request_wait(NULL, 0), KVX_ERR_INVALID_ARG, "store request wait NULL");
+  expect_fail(kvx_store_request_poll(NULL), KVX_ERR_INVALID_ARG, "store request poll NULL");
+  expect_fail(kvx_store_request_key_status(NULL, 0, &ks), KVX_ERR_INVALID_ARG, "store request key_status NULL");
+  EXPECT(ks == 77, "key_status of NULL wrote its output");
+  EXPECT(strcmp(kvx_store_request_error(NULL), "") == 0 && strcmp(kvx_store_request_key_error(NULL, 0), "") == 0,
+         "messages of NULL are empty");
+  kvx_store_request_release(NULL);
+
+  kvx_store_close(st);
+  kvx_layout_destroy(host);
+  remove_store_dir(sdir);
+}
+
+/* A store whose engine is destroyed first: its calls are KVX_ERR_SHUTDOWN, its close
+ * still works, nothing leaks. */
+static void store_outlives_engine(const char *dir) {
+  char sdir[512];
+  snprintf(sdir, sizeof sdir, "%s/kvx-c-store-orphan-%d", dir, (int)getpid());
+  remove_store_dir(sdir);
+  kvx_engine_config ec;
+  kvx_engine_config_init(&ec);
+  ec.device = KVX_DEVICE_EMULATED;
+  ec.bounce_bytes = 1 << 20;
+  ec.slot_bytes = 64 << 10;
+  kvx_engine *e = NULL;
+  OK(kvx_engine_create(&ec, &e));
+  kvx_layout_config block = geometry(4);
+  kvx_store_config sc;
+  kvx_store_config_init(&sc);
+  sc.block = &block;
+  sc.capacity_blocks = 4;
+  kvx_store *st = NULL;
+  OK(kvx_store_open(e, sdir, &sc, &st));
+  kvx_layout *host = NULL;
+  OK(kvx_layout_create_host(e, &block, 0, &host));
+  char kb[4][16];
+  kvx_key keys[4];
+  make_keys(kb, keys);
+  uint64_t ids[4] = {0, 1, 2, 3};
+  kvx_store_request *put = NULL;
+  OK(kvx_store_put(st, host, ids, keys, 4, NULL, &put));
+  kvx_engine_destroy(e);
+  /* The put ends with the engine (its keys stored or cancelled); the minute is a hang guard. */
+  kvx_status ended = kvx_store_request_wait(put, 60ull * 1000 * 1000 * 1000);
+  EXPECT(ended == KVX_OK || ended == KVX_ERR_CANCELLED || ended == KVX_ERR_SHUTDOWN, "a put whose engine was destroyed: %s",
+         kvx_status_str(ended));
+  kvx_store_request_release(put);
+  uint8_t present[4] = {7, 7, 7, 7};
+  size_t leading = 99;
+  expect_fail(kvx_store_lookup(st, keys, 4, 0, present, &leading), KVX_ERR_SHUTDOWN, "lookup after the engine was destroyed");
+  kvx_store_request *get = NULL;
+  expect_fail(kvx_store_get(st, keys, 4, host, ids, NULL, &get), KVX_ERR_SHUTDOWN, "get after the engine was destroyed");
+  EXPECT(present[0] == 7 && leading == 99 && get == NULL, "refused calls wrote their outputs");
+  kvx_store_close(st);
+  kvx_layout_destroy(host);
+  remove_store_dir(sdir);
+}
+
 static void versions_and_table(void) {
   EXPECT(kvx_abi_version() == ((KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR), "kvx_abi_version %#x", kvx_abi_version());
   char abi[32];
@@ -395,7 +698,10 @@ int main(void) {
   waits_in_callbacks(e);
   bad_calls_suite(e, dir);
   remote_calls(e);
+  store_round_trip(e, dir);
+  store_bad_calls(e, dir);
   kvx_engine_destroy(e);
+  store_outlives_engine(dir);
   EXPECT(bad_calls >= 15, "only %d bad calls", bad_calls);
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;

@@ -27,5 +27,12 @@ fn main() {
         engine_config_init, engine_create, engine_destroy, engine_device, layout_config_init, layout_create_device,
         layout_create_host, layout_create_disk, layout_register_device, layout_register_host, layout_block_bytes,
         layout_base, layout_destroy, transfer_options_init, transfer_submit, request_wait, request_poll,
-        request_cancel, request_error, request_release, engine_stats, set_logger, engine_io_backend, engine_config_get);
+        request_cancel, request_error, request_release, engine_stats, set_logger, engine_io_backend, engine_config_get,
+        engine_export, blob_bytes, blob_destroy, engine_import, store_config_init, store_open, store_close, store_lookup,
+        store_release_leases, store_put, store_get, store_remove, store_stats, store_request_wait, store_request_poll,
+        store_request_key_status, store_request_key_error, store_request_error, store_request_release);
+    layout!(kvx_key; bytes, len);
+    layout!(kvx_store_config; struct_size, flags, block, capacity_blocks, namespace_bytes, namespace_len, shards);
+    layout!(kvx_store_counters; struct_size, entries, capacity, hits, misses, evictions, integrity_failures, puts, dedups,
+        removes, bytes);
 }

@@ -1,0 +1,389 @@
+"""The store: KV blocks on disk or tmpfs under the runtime's keys (`kvx_store_*`, ABI
+1.4), as `Store` and the `StoreRequest` its puts and gets return. A get never loads
+bytes that were not put under the key asked for: a key loads exactly, or is a miss with
+its reason. Handles follow the engine's rules: any thread may use them and any thread may
+close them, and a request keeps the layout it moves from or into alive until it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _native as n
+from .buffers import block_ids
+from .engine import Engine, Layout, LayoutConfig, _check, _layer_range
+from .errors import Error, InvalidArgument, Shutdown, Timeout, Unsupported, error_for
+from .handles import Handle, in_callback
+
+Key = Union[bytes, bytearray, memoryview, str]
+
+#: The longest single C wait of `StoreRequest.wait`: how long a release on another
+#: thread may wait for it. Completion still ends the wait at once.
+_WAIT_STEP = 0.05
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """A store's counters (`kvx_store_counters`): what it holds and has done since it was
+    opened."""
+
+    entries: int
+    capacity: int
+    hits: int
+    misses: int
+    evictions: int
+    integrity_failures: int
+    puts: int
+    dedups: int
+    removes: int
+    bytes: int
+
+
+class _Keys:
+    """A call's keys as a `kvx_key` array over their bytes, kept alive for the call. A str
+    key is its UTF-8 bytes; their lengths are checked by the library (1 to 64 bytes)."""
+
+    def __init__(self, keys: Iterable[Key]):
+        if isinstance(keys, (bytes, bytearray, memoryview, str)):
+            raise InvalidArgument("keys must be a sequence of keys, not one key; wrap a single key in a list")
+        self._bytes: List[bytes] = []
+        for i, k in enumerate(keys):
+            if isinstance(k, str):
+                k = k.encode()
+            elif isinstance(k, (bytearray, memoryview)):
+                k = bytes(k)
+            elif not isinstance(k, bytes):
+                raise InvalidArgument(f"keys[{i}] is a {type(k).__name__}; a key is bytes (or a str, as UTF-8)")
+            self._bytes.append(k)
+        self.n = len(self._bytes)
+        self.array = (n.KeyC * max(self.n, 1))()
+        for i, b in enumerate(self._bytes):
+            # c_char_p points into the bytes object itself, which self._bytes keeps.
+            self.array[i].bytes = ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value
+            # A length past uint32 would wrap: saturated, so the library refuses it.
+            self.array[i].len = min(len(b), 0xFFFFFFFF)
+
+
+def _store_closed() -> Error:
+    return Shutdown("the store is closed", 12)
+
+
+def _request_released() -> Error:
+    return InvalidArgument("the store request is released", 2)
+
+
+def _close_store(h: int) -> None:
+    n.lib.kvx_store_close(h)
+
+
+def _release_request(h: int) -> None:
+    n.lib.kvx_store_request_release(h)
+
+
+def _options(layers: Any, num_layers: int) -> n.TransferOptionsC:
+    o = n.TransferOptionsC()
+    n.lib.kvx_transfer_options_init(ctypes.byref(o))
+    o.layer_begin, o.layer_end = _layer_range(layers, num_layers)
+    return o
+
+
+class Store:
+    """A store in `directory`, opened (or made, with `create`) on `engine` for blocks of
+    `config`'s geometry (its `kind` and `num_blocks` are ignored), holding at most
+    `capacity_blocks` blocks in `shards` data files. `namespace` (at most 256 bytes)
+    fingerprints what makes equal keys differ (model, dtype, layout, rank…). `durable`
+    syncs every put and removal before it reports success; `buffered` uses the page
+    cache (a tmpfs tier); `verify_on_open` checks every entry's seal on open. Reopening
+    with another geometry, capacity, shard count or namespace raises `Incompatible`; a
+    store another process (or this one) has open raises `Busy` naming its pid. Close it
+    with `close()` or a `with` block; close it before its engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        directory: Union[str, "os.PathLike[str]"],
+        config: LayoutConfig,
+        capacity_blocks: int,
+        namespace: Union[bytes, str] = b"",
+        create: bool = True,
+        durable: bool = False,
+        buffered: bool = False,
+        verify_on_open: bool = False,
+        shards: int = 1,
+    ):
+        if n.lib.kvx_abi_version() & 0xFFFF < 4:
+            raise Unsupported(f"{n.library_path} predates the store (ABI 1.4); use the library this package ships", 5)
+        if isinstance(namespace, str):
+            namespace = namespace.encode()
+        if not isinstance(namespace, (bytes, bytearray)):
+            raise InvalidArgument(f"namespace is a {type(namespace).__name__}; expected bytes or str")
+        for name, v in (("capacity_blocks", capacity_blocks), ("shards", shards)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InvalidArgument(f"{name}={v!r}; expected a non-negative int")
+        if shards > 0xFFFFFFFF:
+            raise InvalidArgument(f"shards={shards}; at most capacity_blocks data files")
+        self.engine = engine
+        self.config = config
+        self.namespace = bytes(namespace)
+        block = config._c()
+        c = n.StoreConfigC()
+        n.lib.kvx_store_config_init(ctypes.byref(c))
+        c.flags = (
+            (n.STORE_CREATE if create else 0)
+            | (n.STORE_DURABLE if durable else 0)
+            | (n.STORE_BUFFERED if buffered else 0)
+            | (n.STORE_VERIFY_ON_OPEN if verify_on_open else 0)
+        )
+        c.block = ctypes.pointer(block)
+        c.capacity_blocks = capacity_blocks
+        ns = ctypes.create_string_buffer(self.namespace, len(self.namespace))
+        c.namespace_bytes = ctypes.cast(ns, ctypes.c_void_p).value if self.namespace else None
+        c.namespace_len = min(len(self.namespace), 0xFFFFFFFF)
+        c.shards = shards
+        out = ctypes.c_void_p()
+        with engine._gate as eh:
+            _check(n.lib.kvx_store_open(eh, os.fsencode(directory), ctypes.byref(c), ctypes.byref(out)))
+        self._gate = Handle(out.value, _close_store, _store_closed)
+        #: Requests released before they were seen to end, with the layout each moves:
+        #: kept until they end (looked at on each put and get) or the store is closed.
+        self._unfinished: List[Tuple[Handle, Layout]] = []
+        # Reentrant: a collection during a sweep may release another request here.
+        self._unfinished_lock = threading.RLock()
+        #: Set (under `_unfinished_lock`) once the close has waited for every request.
+        self._closed = False
+
+    # -- lifetime ---------------------------------------------------------------
+    def close(self) -> None:
+        """Waits for the puts and gets in flight and closes the store (the directory is
+        free for the next open). Idempotent and safe from any thread: calls other
+        threads are making return first, later ones raise `Shutdown`. From a completion
+        callback it returns at once and a thread of the binding closes it."""
+        if not in_callback():
+            self._close()
+        elif self._gate.shut():
+            threading.Thread(target=self._close, name="kvxfer-store-close").start()
+
+    def _close(self) -> None:
+        self._gate.close()
+        # The close waited for every put and get: the layouts they kept may go.
+        with self._unfinished_lock:
+            self._closed = True
+            ended, self._unfinished = self._unfinished, []
+        for gate, _ in ended:
+            gate.close_deferred()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if hasattr(self, "_gate"):
+                self.close()
+        except Exception:
+            pass
+
+    # -- index ------------------------------------------------------------------
+    def lookup(self, keys: Sequence[Key], lease: bool = False) -> Tuple[List[bool], int]:
+        """Which keys the store holds, and how many leading keys it holds (a prefix's
+        hits). Reads no block. `lease=True` leases each hit, so it is neither evicted nor
+        reused until a get of it or `release_leases`."""
+        k = _Keys(keys)
+        present = (ctypes.c_uint8 * max(k.n, 1))()
+        leading = ctypes.c_size_t()
+        flags = n.LOOKUP_LEASE if lease else 0
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_lookup(h, k.array, k.n, flags, present, ctypes.byref(leading)))
+        return [bool(present[i]) for i in range(k.n)], leading.value
+
+    def release_leases(self, keys: Sequence[Key]) -> None:
+        """Gives back one lease of each key (a key without one is skipped)."""
+        k = _Keys(keys)
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_release_leases(h, k.array, k.n))
+
+    def remove(self, keys: Sequence[Key]) -> List[Optional[Error]]:
+        """Removes each key: None once its removal is recorded (it never comes back), or
+        `NotFound` for a key not held. A leased key, or one a get is loading, leaves the
+        index at once; its slot is reused only after those end."""
+        k = _Keys(keys)
+        statuses = (ctypes.c_uint32 * max(k.n, 1))()
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_remove(h, k.array, k.n, statuses))
+        return [None if statuses[i] == n.OK else error_for(statuses[i], "the store does not hold this key") for i in range(k.n)]
+
+    def stats(self) -> StoreStats:
+        c = n.StoreCountersC()
+        c.struct_size = ctypes.sizeof(c)
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_stats(h, ctypes.byref(c)))
+        return StoreStats(*(getattr(c, f.name) for f in fields(StoreStats)))
+
+    # -- data -------------------------------------------------------------------
+    def put(self, src: Layout, src_ids: Any, keys: Sequence[Key]) -> "StoreRequest":
+        """Stores block `src_ids[i]` of `src` under `keys[i]`, asynchronously; whole
+        blocks only. Per key (`results()`): None once stored (also for a key held
+        already: nothing is written), `Busy` when the store is full of held entries,
+        `Cancelled` when it was removed meanwhile, else the transfer's error."""
+        k = _Keys(keys)
+        p, count, owner = block_ids(src_ids, "src_ids")
+        if count != k.n:
+            raise InvalidArgument(f"{k.n} keys but {count} source ids; give one block per key")
+        o = _options(None, src.config.num_layers)
+        return self._submit(src, k, lambda h, lh, out: n.lib.kvx_store_put(h, lh, p, k.array, k.n, ctypes.byref(o), out), owner)
+
+    def get(self, keys: Sequence[Key], dst: Layout, dst_ids: Any, layers: Any = None) -> "StoreRequest":
+        """Loads the block of `keys[i]` into block `dst_ids[i]` of `dst`, asynchronously
+        (`layers` as `Engine.submit`'s). Per key (`results()`): None once loaded and
+        checked, `NotFound` for a key not held, `IntegrityError` for a block that failed
+        a check (a miss: its entry is dropped, the other keys still load), else the
+        transfer's error. `wait()` raises the first key's failure."""
+        k = _Keys(keys)
+        p, count, owner = block_ids(dst_ids, "dst_ids")
+        if count != k.n:
+            raise InvalidArgument(f"{k.n} keys but {count} destination ids; give one block per key")
+        o = _options(layers, dst.config.num_layers)
+        return self._submit(dst, k, lambda h, lh, out: n.lib.kvx_store_get(h, k.array, k.n, lh, p, ctypes.byref(o), out), owner)
+
+    def _submit(self, layout: Layout, keys: _Keys, call: Any, owner: Any) -> "StoreRequest":
+        out = ctypes.c_void_p()
+        with self.engine._gate, self._gate as h, layout._gate as lh:
+            self._sweep()
+            _check(call(h, lh, ctypes.byref(out)))
+        del owner
+        return StoreRequest(self, out.value, keys.n, layout)
+
+    def _sweep(self) -> None:
+        """Releases the released requests that ended (in order, up to one still running)."""
+        ended = []
+        with self._unfinished_lock:
+            while self._unfinished:
+                gate = self._unfinished[0][0]
+                with gate as rh:
+                    status = n.lib.kvx_store_request_poll(rh)
+                if status == n.PENDING:
+                    break
+                ended.append(self._unfinished.pop(0))
+        for gate, _ in ended:
+            gate.close_deferred()
+
+
+class StoreRequest:
+    """A store put or get: one result per key. `wait()` raises the failure of the first
+    key (by index) that failed, so a caller that only waits never counts a miss as
+    loaded; `results()` gives each key's. `await request` waits on the loop's executor.
+    It keeps the layout it moves from or into (and the arrays behind it) alive until it
+    ends, also once released."""
+
+    def __init__(self, store: Store, handle: int, num_keys: int, layout: Layout):
+        self.store = store
+        self._gate = Handle(handle, _release_request, _request_released)
+        self._n = num_keys
+        self._keep: Optional[Layout] = layout
+        self._released = False
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Waits up to `timeout` seconds (None: forever) for every key; raises `Timeout`
+        if keys are still pending, else the first failed key's error (its message names
+        the key)."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = _WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
+            with self._gate as h:
+                st = n.lib.kvx_store_request_wait(h, int(min(left, _WAIT_STEP) * 1e9))
+                if st != 10:  # KVX_ERR_TIMEOUT: this step's
+                    self._ended()
+                    if st == n.OK:
+                        return
+                    m = n.lib.kvx_store_request_error(h)
+                    raise error_for(st, m.decode("utf-8", "replace") if m else n.last_error())
+            if deadline is not None and left <= _WAIT_STEP:
+                raise Timeout(f"the store request did not complete within {timeout} s", 10)
+
+    def done(self) -> bool:
+        """Whether every key has its result; never raises for a failed key."""
+        with self._gate as h:
+            status = n.lib.kvx_store_request_poll(h)
+        if status == n.PENDING:
+            return False
+        self._ended()
+        return True
+
+    def key_status(self, i: int) -> int:
+        """Key `i`'s C status: 0 (`KVX_OK`), 1 (`KVX_PENDING`) or its `KVX_ERR_*` code."""
+        st = ctypes.c_uint32()
+        with self._gate as h:
+            _check(n.lib.kvx_store_request_key_status(h, i, ctypes.byref(st)))
+        return st.value
+
+    def results(self, timeout: Optional[float] = None) -> List[Optional[Error]]:
+        """Waits (as `wait`, without raising a key's failure) and returns each key's
+        result: None where it succeeded, else its error (`NotFound`, `IntegrityError`,
+        `Busy`…) with the reason."""
+        try:
+            self.wait(timeout)
+        except Timeout:
+            raise
+        except Error:
+            pass
+        out: List[Optional[Error]] = []
+        with self._gate as h:
+            for i in range(self._n):
+                st = ctypes.c_uint32()
+                _check(n.lib.kvx_store_request_key_status(h, i, ctypes.byref(st)))
+                if st.value == n.OK:
+                    out.append(None)
+                else:
+                    m = n.lib.kvx_store_request_key_error(h, i)
+                    out.append(error_for(st.value, f"key {i}: {m.decode('utf-8', 'replace') if m else ''}"))
+        return out
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+
+    def _ended(self) -> None:
+        """Seen to end: the layout may go."""
+        with self._lock:
+            self._keep = None
+
+    def release(self) -> None:
+        """Drops the handle; the put or get still completes (the store keeps the layout
+        until it does). Safe from any thread: a call another thread is making on the
+        request returns first, later ones raise `InvalidArgument`."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            keep, self._keep = self._keep, None
+        if keep is not None:
+            with self.store._unfinished_lock:
+                # Unless the store is closed: its close waited for every request.
+                if not self.store._closed:
+                    self.store._unfinished.append((self._gate, keep))
+                    return
+        self._gate.close_deferred()
+
+    close = release
+
+    def __enter__(self) -> "StoreRequest":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass

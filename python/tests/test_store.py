@@ -1,0 +1,205 @@
+"""kvxfer.Store on the emulated device (or on `KVX_TEST_DEVICE=<ordinal>`) with NumPy
+arrays: round trips, misses, namespaces, reopening, per-key results, and the errors a
+caller gets for bad input and closed handles."""
+
+import asyncio
+import ctypes
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import kvxfer
+from kvxfer import _native as n
+
+from test_kvxfer import DEVICE, geometry
+
+
+@pytest.fixture
+def engine():
+    with kvxfer.Engine(device=DEVICE, io_threads=2, bounce_bytes=1 << 20, slot_bytes=64 << 10) as e:
+        yield e
+
+
+def host_pool(engine, cfg, seed):
+    """A registered host layout over a NumPy array filled with a pattern (and the array)."""
+    a = np.random.default_rng(seed).integers(0, 255, size=cfg.num_blocks * cfg.block_bytes, dtype=np.uint8)
+    a = a.view(np.uint16)
+    return engine.register(a, cfg), a
+
+
+def block(a, cfg, b):
+    return a.view(np.uint8)[b * cfg.block_bytes : (b + 1) * cfg.block_bytes].tobytes()
+
+
+KEYS = [b"prefix-hash-0", b"prefix-hash-1", "prefix-hash-2", bytearray(b"prefix-hash-3")]
+
+
+def test_put_lookup_get_remove_round_trip(engine, tmp_path):
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 1)
+    dst, b = host_pool(engine, cfg, 2)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=16, namespace=b"model bf16 tp0/1", shards=2) as s:
+        put = s.put(src, [1, 3, 5, 7], KEYS)
+        put.wait()
+        assert len(put) == 4 and put.results() == [None] * 4 and put.key_status(2) == n.OK
+        assert s.lookup(KEYS + [b"never put"]) == ([True, True, True, True, False], 4)
+        assert s.lookup([b"never put"] + KEYS) == ([False, True, True, True, True], 0)
+        s.get(KEYS, dst, [0, 2, 4, 6]).wait()
+        for i, (sb, db) in enumerate(zip([1, 3, 5, 7], [0, 2, 4, 6])):
+            assert block(b, cfg, db) == block(a, cfg, sb), f"key {i}: other bytes"
+        # A key put again is held already: nothing written.
+        s.put(src, [0], KEYS[:1]).wait()
+        removed = s.remove(KEYS[:2] + [b"never put"])
+        assert removed[:2] == [None, None] and isinstance(removed[2], kvxfer.NotFound)
+        assert s.lookup(KEYS) == ([False, False, True, True], 0)
+        st = s.stats()
+        assert (st.entries, st.capacity, st.puts, st.dedups, st.hits, st.removes) == (2, 16, 4, 1, 4, 2), st
+        assert st.bytes == 2 * cfg.block_bytes
+
+
+def test_a_miss_fails_its_key_alone_and_wait_raises_it(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    src, a = host_pool(engine, cfg, 3)
+    dst, b = host_pool(engine, cfg, 4)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=4) as s:
+        s.put(src, [2], [b"held"]).wait()
+        s.put(src, [3], [b"nul\x00key"]).wait()  # a key is its bytes, NUL included
+        assert s.lookup([b"nul\x00key", b"nul\x00kez", b"nul"]) == ([True, False, False], 1)
+        r = s.get([b"held", b"missing"], dst, [0, 1])
+        with pytest.raises(kvxfer.NotFound, match="key 1"):
+            r.wait()
+        assert r.done()
+        res = r.results()
+        assert res[0] is None and isinstance(res[1], kvxfer.NotFound) and isinstance(res[1], LookupError)
+        assert r.key_status(1) == kvxfer.NotFound.status
+        assert block(b, cfg, 0) == block(a, cfg, 2), "the hit of a batch with a miss loaded"
+        with pytest.raises(kvxfer.OutOfRange):
+            r.key_status(2)
+        r.release()
+        r.release()  # idempotent
+        assert s.stats().misses == 1
+
+
+def test_namespaces_never_mix(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    one, a = host_pool(engine, cfg, 5)
+    two, b = host_pool(engine, cfg, 6)
+    out, c = host_pool(engine, cfg, 7)
+    with kvxfer.Store(engine, tmp_path / "a", cfg, 4, namespace=b"model A") as sa, kvxfer.Store(
+        engine, tmp_path / "b", cfg, 4, namespace="model B"
+    ) as sb:
+        sa.put(one, [0], [b"k"]).wait()
+        sb.put(two, [1], [b"k"]).wait()
+        sa.get([b"k"], out, [0]).wait()
+        sb.get([b"k"], out, [1]).wait()
+        assert block(c, cfg, 0) == block(a, cfg, 0) and block(c, cfg, 1) == block(b, cfg, 1)
+    with pytest.raises(kvxfer.Incompatible, match="namespace"):
+        kvxfer.Store(engine, tmp_path / "a", cfg, 4, namespace=b"model B", create=False)
+
+
+def test_a_reopened_store_finds_its_entries(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    src, a = host_pool(engine, cfg, 8)
+    dst, b = host_pool(engine, cfg, 9)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 8, namespace=b"ns", durable=True) as s:
+        s.put(src, [0, 1, 2], [b"x", b"y", b"z"]).wait()
+        s.remove([b"y"])
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 8, namespace=b"ns", create=False, verify_on_open=True) as s:
+        assert s.lookup([b"x", b"y", b"z"]) == ([True, False, True], 1)
+        s.get([b"x", b"z"], dst, [3, 1]).wait()
+        assert block(b, cfg, 3) == block(a, cfg, 0) and block(b, cfg, 1) == block(a, cfg, 2)
+        assert s.stats().entries == 2
+    with pytest.raises(kvxfer.Incompatible, match="capacity"):
+        kvxfer.Store(engine, tmp_path / "s", cfg, 9, namespace=b"ns", create=False)
+
+
+def test_leases_and_await(engine, tmp_path):
+    cfg = geometry(blocks=2)
+    src, a = host_pool(engine, cfg, 10)
+    dst, b = host_pool(engine, cfg, 11)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 2) as s:
+
+        async def go():
+            await s.put(src, [0, 1], [b"a", b"b"])
+            assert s.lookup([b"a", b"b"], lease=True) == ([True, True], 2)
+            s.release_leases([b"b"])
+            await s.get([b"a"], dst, [1])
+
+        asyncio.run(go())
+        assert block(b, cfg, 1) == block(a, cfg, 0)
+
+
+def test_bad_input_raises_its_status_and_changes_nothing(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    src, _ = host_pool(engine, cfg, 12)
+    other = engine.host_layout(geometry(blocks=4, layers=2))
+    with pytest.raises(kvxfer.InvalidArgument, match="CREATE"):
+        kvxfer.Store(engine, tmp_path / "none", cfg, 4, create=False)
+    with pytest.raises(kvxfer.InvalidArgument, match="at most 256"):
+        kvxfer.Store(engine, tmp_path / "ns", cfg, 4, namespace=b"n" * 257)
+    with pytest.raises(kvxfer.InvalidArgument, match="capacity_blocks"):
+        kvxfer.Store(engine, tmp_path / "zero", cfg, 0)
+    s = kvxfer.Store(engine, tmp_path / "s", cfg, 4)
+    with pytest.raises(kvxfer.Busy, match=f"process {os.getpid()}"):
+        kvxfer.Store(engine, tmp_path / "s", cfg, 4)
+    for keys, match in (([b""], "0 bytes"), ([b"k" * 65], "65 bytes"), ([], "no keys"), (b"one key", "sequence"), ([3], "int")):
+        with pytest.raises(kvxfer.InvalidArgument, match=match):
+            s.lookup(keys)
+    with pytest.raises(kvxfer.InvalidArgument, match="65 bytes"):
+        s.remove([b"k" * 65])
+    with pytest.raises(kvxfer.InvalidArgument, match="2 keys but 1"):
+        s.put(src, [0], [b"a", b"b"])
+    with pytest.raises(kvxfer.OutOfRange):
+        s.put(src, [9], [b"a"])
+    with pytest.raises(kvxfer.Incompatible):
+        s.put(other, [0], [b"a"])
+    with pytest.raises(kvxfer.InvalidArgument, match="twice"):
+        s.get([b"a", b"b"], src, [1, 1])
+    assert s.stats().puts == 0 and s.lookup([b"a"]) == ([False], 0)
+    s.close()
+    s.close()  # idempotent
+    for call in (lambda: s.lookup([b"a"]), s.stats, lambda: s.put(src, [0], [b"a"])):
+        with pytest.raises(kvxfer.Shutdown, match="store is closed"):
+            call()
+    other.close()
+
+
+def test_a_store_whose_engine_closed_says_so_and_still_closes(tmp_path):
+    cfg = geometry(blocks=2)
+    e = kvxfer.Engine(device=DEVICE, io_threads=2, bounce_bytes=1 << 20, slot_bytes=64 << 10)
+    src, _ = host_pool(e, cfg, 13)
+    s = kvxfer.Store(e, tmp_path / "s", cfg, 2)
+    r = s.put(src, [0, 1], [b"a", b"b"])
+    e.close()
+    with pytest.raises(kvxfer.Shutdown, match="engine is closed"):
+        s.lookup([b"a"])
+    r.results()  # every key ends, whatever its result
+    s.close()
+    r.release()
+
+
+def test_a_released_get_still_lands_its_blocks(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    dst, b = host_pool(engine, cfg, 14)
+    src, a = host_pool(engine, cfg, 15)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 4) as s:
+        s.put(src, [0, 1, 2, 3], [b"a", b"b", b"c", b"d"]).wait()
+        expect = [block(a, cfg, i) for i in range(4)]
+        r = s.get([b"a", b"b", b"c", b"d"], dst, [3, 2, 1, 0])
+        r.release()
+        view = b.view(np.uint8)
+        del r, dst, b
+        gc.collect()
+        s.put(src, [0], [b"e"]).wait()  # sweeps the released get once it ended
+    # The close waited for the get: its destination holds the blocks.
+    assert [view[(3 - i) * cfg.block_bytes : (4 - i) * cfg.block_bytes].tobytes() for i in range(4)] == expect
+
+
+def test_store_structs_match_the_library():
+    c = n.StoreConfigC()
+    n.lib.kvx_store_config_init(ctypes.byref(c))
+    assert c.struct_size == ctypes.sizeof(n.StoreConfigC)
+    assert c.flags == n.STORE_CREATE and c.shards == 1
+    assert ctypes.sizeof(n.KeyC) == 16 and ctypes.sizeof(n.StoreCountersC) == 88
