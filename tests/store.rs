@@ -34,27 +34,6 @@ fn engine_arc() -> Arc<Engine> {
     Arc::new(engine())
 }
 
-/// The bytes of the block stored under `key`: derived from the key alone.
-fn key_seed(key: &[u8]) -> u64 {
-    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
-}
-
-fn fill_block(l: &Layout, b: u64, key: &[u8]) {
-    let g = l.geometry();
-    for layer in 0..g.cfg.num_layers {
-        for o in 0..g.cfg.outer_dim {
-            write_region(l, b, layer, o, &region_pattern(key_seed(key), 0, layer, o, g.region_bytes));
-        }
-    }
-}
-
-fn holds(l: &Layout, b: u64, key: &[u8]) -> bool {
-    let g = l.geometry();
-    (0..g.cfg.num_layers).all(|layer| {
-        (0..g.cfg.outer_dim).all(|o| read_region(l, b, layer, o) == region_pattern(key_seed(key), 0, layer, o, g.region_bytes))
-    })
-}
-
 fn key(i: u64) -> Vec<u8> {
     format!("key-{i}").into_bytes()
 }
@@ -71,7 +50,7 @@ fn statuses(r: &StoreRequest) -> Vec<Status> {
 fn put_keys(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
     let src = e.create_layout(&block(keys.len() as u64), FC, StorageKind::Host).unwrap();
     for (i, k) in keys.iter().enumerate() {
-        fill_block(&src, i as u64, k);
+        fill_block_for_key(&src, i as u64, k);
     }
     let ids: Vec<u64> = (0..keys.len() as u64).collect();
     let r = s.put(&src, &ids, keys, &Default::default()).unwrap();
@@ -94,7 +73,7 @@ fn exact_hits(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
     let (st, dst) = get_keys(e, s, keys);
     for (i, k) in keys.iter().enumerate() {
         if st[i] == Status::Ok {
-            assert!(holds(&dst, i as u64, k), "key {} loaded with bytes that are not its own", String::from_utf8_lossy(k));
+            assert!(holds_key(&dst, i as u64, k), "key {} loaded with bytes that are not its own", String::from_utf8_lossy(k));
         }
     }
     st
@@ -124,8 +103,8 @@ fn blocks_put_from_host_and_device_layouts_in_vllms_per_layer_layout_come_back_e
     let dev = e.create_layout(&block(6), VLLM, StorageKind::Device).unwrap();
     let host = e.create_layout(&block(6), VLLM, StorageKind::Host).unwrap();
     for i in 0..4 {
-        fill_block(&dev, 5 - i as u64, &keys[i]);
-        fill_block(&host, i as u64, &keys[4 + i]);
+        fill_block_for_key(&dev, 5 - i as u64, &keys[i]);
+        fill_block_for_key(&host, i as u64, &keys[4 + i]);
     }
     let r = s.put(&dev, &[5, 4, 3, 2], &keys[..4], &Default::default()).unwrap();
     assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
@@ -139,7 +118,7 @@ fn blocks_put_from_host_and_device_layouts_in_vllms_per_layer_layout_come_back_e
     let r = s.get(&keys, &back, &ids, &Default::default()).unwrap();
     assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
     for (i, k) in keys.iter().enumerate() {
-        assert!(holds(&back, ids[i], k), "key {i} into the device layout");
+        assert!(holds_key(&back, ids[i], k), "key {i} into the device layout");
     }
     assert!(exact_hits(&e, &s, &keys).iter().all(|&st| st == Status::Ok));
     // Dedup: a key held already succeeds without writing.
@@ -164,7 +143,7 @@ fn a_get_of_keys_not_held_is_a_miss_for_those_keys_alone() {
     let r = s.get(&keys, &dst, &[0, 1, 2], &Default::default()).unwrap();
     assert_eq!(wait(&r), Status::NotFound, "the request says a key is missing");
     assert_eq!(statuses(&r), vec![Status::Ok, Status::NotFound, Status::Ok]);
-    assert!(holds(&dst, 0, &keys[0]) && holds(&dst, 2, &keys[2]));
+    assert!(holds_key(&dst, 0, &keys[0]) && holds_key(&dst, 2, &keys[2]));
     let (present, leading) = s.lookup(&keys, false).unwrap();
     assert_eq!((present, leading), (vec![true, false, true], 1));
     let st = s.stats();
@@ -234,15 +213,15 @@ fn stores_of_two_namespaces_with_equal_keys_never_see_each_others_bytes() {
     put_keys(&e, &a, &keys);
     let src = e.create_layout(&block(4), FC, StorageKind::Host).unwrap();
     for i in 0..4 {
-        fill_block(&src, i, &key(100 + i));
+        fill_block_for_key(&src, i, &key(100 + i));
     }
     assert_eq!(wait(&b.put(&src, &[0, 1, 2, 3], &keys, &Default::default()).unwrap()), Status::Ok);
     let (st, dst) = get_keys(&e, &a, &keys);
     assert!(st.iter().all(|&s| s == Status::Ok));
-    assert!((0..4).all(|i| holds(&dst, i, &keys[i as usize])));
+    assert!((0..4).all(|i| holds_key(&dst, i, &keys[i as usize])));
     let (st, dst) = get_keys(&e, &b, &keys);
     assert!(st.iter().all(|&s| s == Status::Ok));
-    assert!((0..4).all(|i| holds(&dst, i, &key(100 + i))));
+    assert!((0..4).all(|i| holds_key(&dst, i, &key(100 + i))));
     drop((a, b));
     // b's records copied into a's directory are of another namespace: not entries.
     std::fs::copy(db.join("records"), da.join("records")).unwrap();
@@ -354,7 +333,7 @@ fn sixteen_threads_of_mixed_operations_never_overfill_and_every_hit_is_exact() {
                             let (st, dst) = get_keys(&e, &s, &keys);
                             for (i, k) in keys.iter().enumerate() {
                                 match st[i] {
-                                    Status::Ok if holds(&dst, i as u64, k) => hits += 1,
+                                    Status::Ok if holds_key(&dst, i as u64, k) => hits += 1,
                                     Status::Ok => wrong += 1,
                                     Status::NotFound => {}
                                     other => panic!("get: {other:?}"),
@@ -587,7 +566,7 @@ fn store_data_mover() {
     let r = s.read_slots(&handles, &dst, &ids, &Default::default()).unwrap();
     assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
     for (i, (k, _)) in reads.iter().enumerate() {
-        assert!(holds(&dst, i as u64, &key(*k)), "slot of key {k}");
+        assert!(holds_key(&dst, i as u64, &key(*k)), "slot of key {k}");
     }
     // A handle that no longer names the slot's entry is a miss, not another key's bytes.
     let stale = SlotHandle { generation: handles[0].generation + 100, ..handles[0] };
@@ -599,7 +578,7 @@ fn store_data_mover() {
     // The reserved slots are written from a device layout.
     let src = e.create_layout(&block(8), VLLM, StorageKind::Device).unwrap();
     for (i, (k, _)) in writes.iter().enumerate() {
-        fill_block(&src, i as u64, &key(*k));
+        fill_block_for_key(&src, i as u64, &key(*k));
     }
     let handles: Vec<SlotHandle> = writes.iter().map(|w| w.1).collect();
     let ids: Vec<u64> = (0..handles.len() as u64).collect();

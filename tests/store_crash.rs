@@ -9,7 +9,7 @@
 mod common;
 use common::*;
 use kvxfer::store::{Store, StoreConfig, StoreFlags};
-use kvxfer::{Engine, Layout, LayoutConfig, LayoutKind, Status, StorageKind};
+use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind};
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -37,26 +37,6 @@ fn store_cfg(round: u64) -> StoreConfig {
 /// Keys of 6 to 40 bytes.
 fn key(i: u64) -> Vec<u8> {
     format!("k{i}-{}", "x".repeat((i * 7 % 35) as usize)).into_bytes()
-}
-
-fn key_seed(key: &[u8]) -> u64 {
-    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
-}
-
-fn fill_block(l: &Layout, b: u64, key: &[u8]) {
-    let g = l.geometry();
-    for layer in 0..g.cfg.num_layers {
-        for o in 0..g.cfg.outer_dim {
-            write_region(l, b, layer, o, &region_pattern(key_seed(key), 0, layer, o, g.region_bytes));
-        }
-    }
-}
-
-fn holds(l: &Layout, b: u64, key: &[u8]) -> bool {
-    let g = l.geometry();
-    (0..g.cfg.num_layers).all(|layer| {
-        (0..g.cfg.outer_dim).all(|o| read_region(l, b, layer, o) == region_pattern(key_seed(key), 0, layer, o, g.region_bytes))
-    })
 }
 
 struct Rng(u64);
@@ -119,7 +99,7 @@ fn crash_child() {
                 let ks = rng.keys(4);
                 let keys: Vec<Vec<u8>> = ks.iter().map(|&k| key(k)).collect();
                 for (i, k) in keys.iter().enumerate() {
-                    fill_block(&host, i as u64, k);
+                    fill_block_for_key(&host, i as u64, k);
                 }
                 log.line(format!("B {}", join(&ks)));
                 let ids: Vec<u64> = (0..ks.len() as u64).collect();
@@ -154,7 +134,7 @@ fn crash_child() {
                 r.wait(None);
                 for (i, &k) in ks.iter().enumerate() {
                     match r.key_status(i).unwrap() {
-                        Status::Ok if holds(&dst, i as u64, &keys[i]) => {}
+                        Status::Ok if holds_key(&dst, i as u64, &keys[i]) => {}
                         Status::Ok => log.line(format!("WRONG {k}")),
                         Status::NotFound if !live.contains(&k) => {}
                         other => log.line(format!("BAD {k} {other:?} {}", r.key_message(i))),
@@ -246,7 +226,7 @@ fn check_store(e: &Arc<Engine>, dir: &Path, round: u64, model: &mut HashMap<u64,
         let what = format!("round {round} (seed {seed}) key {k} ({must:?})");
         match st {
             Status::Ok => {
-                assert!(holds(&dst, k, &keys[k as usize]), "{what}: a hit with wrong bytes");
+                assert!(holds_key(&dst, k, &keys[k as usize]), "{what}: a hit with wrong bytes");
                 assert_ne!(must, Must::NotBe, "{what}: removed or evicted, and back");
                 found += 1;
             }

@@ -217,3 +217,26 @@ pub mod cuda {
         assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
     }
 }
+
+/// A seed derived from a store key alone (FNV-1a), so a block's bytes say which key it holds.
+pub fn key_seed(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Writes block `b` of `l` with the bytes of `key` (`key_seed`).
+pub fn fill_block_for_key(l: &Layout, b: u64, key: &[u8]) {
+    let g = l.geometry();
+    for layer in 0..g.cfg.num_layers {
+        for o in 0..g.cfg.outer_dim {
+            write_region(l, b, layer, o, &region_pattern(key_seed(key), 0, layer, o, g.region_bytes));
+        }
+    }
+}
+
+/// Whether block `b` of `l` holds exactly the bytes of `key`.
+pub fn holds_key(l: &Layout, b: u64, key: &[u8]) -> bool {
+    let g = l.geometry();
+    (0..g.cfg.num_layers).all(|layer| {
+        (0..g.cfg.outer_dim).all(|o| read_region(l, b, layer, o) == region_pattern(key_seed(key), 0, layer, o, g.region_bytes))
+    })
+}
