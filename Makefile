@@ -159,6 +159,8 @@ examples-test: build python-venv $(EXAMPLES_OUT) $(TEST_DIR)
 	cd $(TEST_DIR) && $(CURDIR)/$(PYENV)/bin/python $(CURDIR)/examples/python/transfer.py
 	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/store.c -o $(EXAMPLES_OUT)/store_c $(C_TEST_LIBS)
 	cd $(TEST_DIR) && $(CURDIR)/$(EXAMPLES_OUT)/store_c
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -Iinclude examples/cpp/store.cpp -o $(EXAMPLES_OUT)/store_cpp $(C_TEST_LIBS)
+	cd $(TEST_DIR) && $(CURDIR)/$(EXAMPLES_OUT)/store_cpp
 	cd $(TEST_DIR) && $(CURDIR)/$(PYENV)/bin/python $(CURDIR)/examples/python/store.py
 
 # kvxfer loaded as a plugin: dlopen by path, only kvx_get_api resolved. Built against the

@@ -1,11 +1,12 @@
 // kvxfer.hpp — header-only C++17 wrapper over the C ABI in kvxfer.h.
 //
-// Ownership: kvx::Engine, kvx::Layout and kvx::Request own their handle (std::unique_ptr
-// with the C destroy/release function) and are move-only.
+// Ownership: kvx::Engine, kvx::Layout, kvx::Request, kvx::Store and kvx::StoreRequest own
+// their handle (std::unique_ptr with the C destroy/close/release function) and are
+// move-only.
 // Errors: every failing call throws kvx::Error, which carries the kvx_status and the
-// library's message (kvx_last_error() or the request's own). The one exception to
-// throwing is Request::wait_for(), which returns the status so callers can poll and
-// handle KVX_ERR_TIMEOUT without exceptions.
+// library's message (kvx_last_error() or the request's own). The exceptions to throwing
+// are Request::wait_for() and StoreRequest::wait_for(), which return the status so
+// callers can poll and handle KVX_ERR_TIMEOUT without exceptions.
 // Threads: as in C, every call is thread-safe; a Request may be waited on from any thread.
 #ifndef KVXFER_HPP
 #define KVXFER_HPP
@@ -39,6 +40,8 @@ namespace detail {
 struct EngineDelete { void operator()(kvx_engine *e) const noexcept { kvx_engine_destroy(e); } };
 struct LayoutDelete { void operator()(kvx_layout *l) const noexcept { kvx_layout_destroy(l); } };
 struct RequestDelete { void operator()(kvx_request *r) const noexcept { kvx_request_release(r); } };
+struct StoreDelete { void operator()(kvx_store *s) const noexcept { kvx_store_close(s); } };
+struct StoreRequestDelete { void operator()(kvx_store_request *r) const noexcept { kvx_store_request_release(r); } };
 }  // namespace detail
 
 // A kvx_layout_config filled by field name, member by member or chained:
@@ -204,6 +207,111 @@ class Engine {
     return Layout(l);
   }
   std::unique_ptr<kvx_engine, detail::EngineDelete> h_;
+};
+
+// A kvx_store_config with the defaults of kvx_store_config_init (KVX_STORE_CREATE, one
+// shard, no namespace); `block` and `capacity_blocks` must then be set. It is a
+// kvx_store_config (public base), so it goes wherever one is taken.
+struct store_config : kvx_store_config {
+  store_config() noexcept : kvx_store_config() { kvx_store_config_init(this); }
+};
+
+// Keys viewing `bytes` (each 1 to 64 bytes); they are valid while `bytes` is unchanged.
+inline std::vector<kvx_key> keys_of(const std::vector<std::string> &bytes) {
+  std::vector<kvx_key> out;
+  out.reserve(bytes.size());
+  for (const std::string &b : bytes) out.push_back({reinterpret_cast<const uint8_t *>(b.data()), (uint32_t)b.size()});
+  return out;
+}
+
+// A store put or get: every key gets a status of its own.
+class StoreRequest {
+ public:
+  explicit StoreRequest(kvx_store_request *r) : h_(r) {}
+  kvx_store_request *get() const noexcept { return h_.get(); }
+  // Waits until every key has its status; throws kvx::Error (the first failed key's
+  // status and message) unless every key is KVX_OK.
+  void wait() const {
+    kvx_status s = kvx_store_request_wait(h_.get(), UINT64_MAX);
+    if (s != KVX_OK) throw Error(s, kvx_store_request_error(h_.get()));
+  }
+  // Waits up to `timeout_ns`; the request's status, or KVX_ERR_TIMEOUT. Never throws.
+  kvx_status wait_for(uint64_t timeout_ns) const noexcept { return kvx_store_request_wait(h_.get(), timeout_ns); }
+  // KVX_PENDING until every key has its status, then the request's status.
+  kvx_status poll() const noexcept { return kvx_store_request_poll(h_.get()); }
+  // Key `i`'s status: KVX_PENDING, KVX_OK or why it alone failed (a get's key not held:
+  // KVX_ERR_NOT_FOUND). Throws kvx::Error for `i` past the request's keys.
+  kvx_status key_status(size_t i) const {
+    kvx_status v = KVX_PENDING;
+    check(kvx_store_request_key_status(h_.get(), i, &v));
+    return v;
+  }
+  // Why key `i` failed, once the request is done; "" otherwise.
+  std::string key_error(size_t i) const { return kvx_store_request_key_error(h_.get(), i); }
+  // The first failed key's message, once the request is done; "" otherwise.
+  std::string error() const { return kvx_store_request_error(h_.get()); }
+
+ private:
+  std::unique_ptr<kvx_store_request, detail::StoreRequestDelete> h_;
+};
+
+// The store in a directory, opened (or made, with KVX_STORE_CREATE) through an engine;
+// closed when the object goes (its puts and gets in flight end first). Close it before
+// the layouts its requests move; it keeps the engine's memory alive itself.
+class Store {
+ public:
+  struct Lookup {
+    std::vector<uint8_t> present;  // 1 where the store holds the key
+    size_t leading_hits = 0;       // the leading keys held (a prefix's hits)
+  };
+
+  Store(const Engine &e, const std::string &dir, const kvx_store_config &cfg) {
+    kvx_store *s = nullptr;
+    check(kvx_store_open(e.get(), dir.c_str(), &cfg, &s));
+    h_.reset(s);
+  }
+  kvx_store *get() const noexcept { return h_.get(); }
+  // `flags`: 0 or KVX_LOOKUP_LEASE (each hit leased until a get of it or release_leases).
+  Lookup lookup(const std::vector<kvx_key> &keys, uint32_t flags = 0) {
+    Lookup l;
+    l.present.resize(keys.size());
+    check(kvx_store_lookup(h_.get(), keys.data(), keys.size(), flags, l.present.data(), &l.leading_hits));
+    return l;
+  }
+  void release_leases(const std::vector<kvx_key> &keys) {
+    check(kvx_store_release_leases(h_.get(), keys.data(), keys.size()));
+  }
+  // Stores block src_ids[i] of `src` under keys[i]; `src` must outlive the request.
+  StoreRequest put(const Layout &src, const std::vector<uint64_t> &src_ids, const std::vector<kvx_key> &keys,
+                   const kvx_transfer_options *opts = nullptr) {
+    if (src_ids.size() != keys.size()) throw Error(KVX_ERR_INVALID_ARG, "src_ids and keys differ in length");
+    kvx_store_request *r = nullptr;
+    check(kvx_store_put(h_.get(), src.get(), src_ids.data(), keys.data(), keys.size(), opts, &r));
+    return StoreRequest(r);
+  }
+  // Loads keys[i]'s block into block dst_ids[i] of `dst`; `dst` must outlive the request.
+  StoreRequest get(const std::vector<kvx_key> &keys, const Layout &dst, const std::vector<uint64_t> &dst_ids,
+                   const kvx_transfer_options *opts = nullptr) {
+    if (dst_ids.size() != keys.size()) throw Error(KVX_ERR_INVALID_ARG, "keys and dst_ids differ in length");
+    kvx_store_request *r = nullptr;
+    check(kvx_store_get(h_.get(), keys.data(), keys.size(), dst.get(), dst_ids.data(), opts, &r));
+    return StoreRequest(r);
+  }
+  // Each key's status: KVX_OK once its removal is recorded, KVX_ERR_NOT_FOUND if not held.
+  std::vector<kvx_status> remove(const std::vector<kvx_key> &keys) {
+    std::vector<kvx_status> out(keys.size(), KVX_OK);
+    check(kvx_store_remove(h_.get(), keys.data(), keys.size(), out.data()));
+    return out;
+  }
+  kvx_store_counters stats() const {
+    kvx_store_counters c{};
+    c.struct_size = sizeof c;
+    check(kvx_store_stats(h_.get(), &c));
+    return c;
+  }
+
+ private:
+  std::unique_ptr<kvx_store, detail::StoreDelete> h_;
 };
 
 }  // namespace kvx

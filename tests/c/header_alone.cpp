@@ -15,6 +15,29 @@ static kvx_layout_config named() {
 static kvx_layout_config positional() { return kvx::layout_config(KVX_LAYOUT_FULLY_CONTIGUOUS, 4, 2, 2, 8, 64, 2); }
 #pragma GCC diagnostic pop
 
+// The store's classes compile with every method named (never run: no store is opened).
+[[maybe_unused]] static kvx_store_counters store_calls(const kvx::Engine &e, const kvx::Layout &l) {
+  auto c = kvx::store_config();
+  const kvx_layout_config block = kvx::layout_config();
+  c.block = &block;
+  c.capacity_blocks = 4;
+  kvx::Store s(e, "dir", c);
+  const std::vector<std::string> bytes = {"a", "b"};
+  const std::vector<kvx_key> keys = kvx::keys_of(bytes);
+  kvx::Store::Lookup found = s.lookup(keys, KVX_LOOKUP_LEASE);
+  s.release_leases(keys);
+  kvx::StoreRequest put = s.put(l, {0, 1}, keys);
+  put.wait();
+  kvx_status polled = put.poll(), waited = put.wait_for(0), first = put.key_status(0);
+  kvx::StoreRequest got = s.get(keys, l, {2, 3});
+  std::string why = got.key_error(0) + got.error();
+  std::vector<kvx_status> removed = s.remove(keys);
+  kvx_store_counters k = s.stats();
+  k.entries += found.leading_hits + found.present.size() + (uint64_t)polled + (uint64_t)waited + (uint64_t)first + why.size() +
+               removed.size() + (s.get() != nullptr) + (got.get() != nullptr);
+  return k;
+}
+
 int main(void) {
   kvx_layout_config a = named(), b = positional();
   return kvx_abi_version() == 0 || a.num_blocks != b.num_blocks || a.dtype_bytes != b.dtype_bytes;
