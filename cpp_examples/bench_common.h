@@ -1,7 +1,7 @@
 // What every mode of the bench shares: its options, the timed pass, the statistics, the
 // layouts' configs and the raw-copy baseline. Each mode is a translation unit of its own
 // (bench.cpp: the batch table and main; bench_runtime.cpp: the runtime-shaped modes;
-// bench_remote.cpp: --remote); this header is all they share.
+// bench_remote.cpp: --remote; bench_store.cpp: --store); this header is all they share.
 #pragma once
 
 #include <chrono>
@@ -25,7 +25,8 @@ struct Options {
   uint32_t io_threads = 0, io_backend = KVX_IO_AUTO;
   uint64_t bounce_bytes = 0, slot_bytes = 0;
   bool buffered = false, verify = true, random_blocks = false, json = false, cold = false, checksum = false, mapped = false;
-  bool latency = false, layerwise = false, remote = false;
+  bool latency = false, layerwise = false, remote = false, store = false;
+  uint32_t shards = 1;  // --store's data files (and the plain files beside them)
   unsigned submitters = 0;
   uint64_t requests = 0;  // --remote's one-at-a-time requests (0: 100 per iteration)
   std::string trace;

@@ -1,0 +1,377 @@
+// --store (bench_store.h): the store's put, get, durable put, lookup and open, each beside
+// plain transfers of the same blocks in the same run. The plain files are laid out as the
+// store's shards are (block b in file b % shards, at b / shards), so the two move the same
+// bytes between the same memory and as many files; what differs is the store's own work:
+// keys, records, checksums, its thread.
+#include "bench_store.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+namespace {
+
+// Keys per lookup call.
+constexpr size_t LOOKUP_KEYS = 1000;
+
+// A 32-byte key (a runtime's prefix hash stands here) for block `b` of generation `gen`.
+// Every timed put uses a new generation, so it writes every block rather than finding
+// them held already; generation 0 is never put (the lookup's misses).
+std::string key_of(uint64_t gen, uint64_t b) {
+  char k[33];
+  std::snprintf(k, sizeof k, "%016" PRIx64 "%016" PRIx64, (uint64_t)(gen * 0x9E3779B97F4A7C15ull), (uint64_t)(b ^ (gen << 40)));
+  return std::string(k, 32);
+}
+
+// Key bytes and the kvx_key views of them, one batch each (moving it moves no string, so
+// the views stay valid).
+struct Batches {
+  std::vector<std::vector<uint64_t>> ids;
+  std::vector<std::vector<std::string>> bytes;
+  std::vector<std::vector<kvx_key>> keys;
+};
+
+// What one operation's timed passes measured, summed over the passes.
+struct Timed {
+  double seconds = 0, cpu_s = 0;
+  std::vector<double> batch_ms;
+};
+
+class StoreRun {
+ public:
+  explicit StoreRun(const Options &o)
+      : o_(o), ec_(engine_config(o)), e_(&ec_), dev_(e_.device()), lc_(layout_configs(o).first), hc_(layout_configs(o).second) {
+    device_ = e_.create_device_layout(lc_);
+    host_ = e_.create_host_layout(hc_, KVX_HOST_PINNED);
+    check_host_ = e_.create_host_layout(hc_, KVX_HOST_PINNED);
+    block_bytes_ = device_.block_bytes();
+    const std::string stem = o.dir + "/kvx-bench-" + std::to_string(::getpid());
+    dir_ = stem + ".store";
+    durable_dir_ = stem + ".store-durable";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::remove_all(durable_dir_);
+    kvx_layout_config fc = lc_;
+    fc.kind = KVX_LAYOUT_FULLY_CONTIGUOUS;
+    fc.num_blocks = (o.num_blocks + o.shards - 1) / o.shards;
+    const uint32_t flags = (o.buffered ? KVX_DISK_BUFFERED : 0) | (o.checksum ? KVX_DISK_CHECKSUM : 0);
+    for (uint32_t k = 0; k < o.shards; k++) {
+      paths_.push_back(stem + ".shard" + std::to_string(k) + ".kv");
+      files_.push_back(e_.create_disk_layout(fc, paths_.back(), KVX_DISK_CREATE | flags));
+    }
+    // The same files, every write synced: the durable put's plain counterpart.
+    for (uint32_t k = 0; k < o.shards; k++) sync_files_.push_back(e_.create_disk_layout(fc, paths_[k], KVX_DISK_SYNC | flags));
+    file_config_ = fc;
+    file_flags_ = flags;
+  }
+  ~StoreRun() {
+    store_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    std::filesystem::remove_all(durable_dir_, ec);
+  }
+  StoreRun(const StoreRun &) = delete;
+  StoreRun &operator=(const StoreRun &) = delete;
+
+  int run();
+
+ private:
+  kvx_store_config store_config(bool durable) const;
+  Batches batches(uint64_t gen) const;
+  Timed plain_pass(const kvx::Layout &mem, bool to_files, const std::vector<kvx::Layout> &files);
+  Timed put_pass(kvx::Store &s, const kvx::Layout &src, uint64_t &gen) const;
+  Timed get_pass(kvx::Store &s, const kvx::Layout &dst, uint64_t gen) const;
+  void transfer_row(const char *op, const char *direction, const Timed &st, const Timed &pl, bool durable) const;
+  void lookup_row(kvx::Store &s, uint64_t gen);
+  void open_row();
+  void measure(const char *op, const char *direction, bool durable, const std::function<Timed()> &store_pass,
+               const std::function<Timed()> &plain);
+
+  const Options &o_;
+  const kvx_engine_config ec_;
+  kvx::Engine e_;
+  const int32_t dev_;
+  const kvx_layout_config lc_, hc_;
+  kvx::Layout device_{nullptr}, host_{nullptr}, check_host_{nullptr};
+  uint64_t block_bytes_ = 0;
+  std::string dir_, durable_dir_;
+  std::vector<std::string> paths_;
+  std::vector<kvx::Layout> files_, sync_files_;
+  kvx_layout_config file_config_{};
+  uint32_t file_flags_ = 0;
+  std::unique_ptr<kvx::Store> store_;
+};
+
+kvx_store_config StoreRun::store_config(bool durable) const {
+  kvx::store_config c;
+  c.flags = KVX_STORE_CREATE | (durable ? KVX_STORE_DURABLE : 0) | (o_.buffered ? KVX_STORE_BUFFERED : 0);
+  c.block = &lc_;
+  c.capacity_blocks = o_.num_blocks;
+  c.shards = o_.shards;
+  return c;
+}
+
+// The blocks in batches of --blocks-per-batch (shuffled with --random-blocks), with the
+// keys of generation `gen`.
+Batches StoreRun::batches(uint64_t gen) const {
+  Batches b;
+  std::vector<uint64_t> order(o_.num_blocks);
+  for (uint64_t i = 0; i < o_.num_blocks; i++) order[i] = i;
+  if (o_.random_blocks) shuffle_fixed(order);
+  for (uint64_t i = 0; i < o_.num_blocks; i += o_.blocks_per_batch)
+    b.ids.emplace_back(order.begin() + i, order.begin() + std::min(o_.num_blocks, i + o_.blocks_per_batch));
+  for (const auto &v : b.ids) {
+    b.bytes.emplace_back();
+    for (uint64_t id : v) b.bytes.back().push_back(key_of(gen, id));
+  }
+  for (const auto &v : b.bytes) b.keys.push_back(kvx::keys_of(v));
+  return b;
+}
+
+// One plain pass: each batch's blocks as one request per file they fall in, every
+// request submitted at once, then all waited for (a batch is done with its last).
+Timed StoreRun::plain_pass(const kvx::Layout &mem, bool to_files, const std::vector<kvx::Layout> &files) {
+  const Batches b = batches(0);
+  struct Part {
+    std::vector<kvx::Request> reqs;
+    Clock::time_point submitted;
+  };
+  std::vector<Part> parts;
+  Timed t;
+  const double cpu0 = cpu_seconds();
+  const auto t0 = Clock::now();
+  for (const auto &ids : b.ids) {
+    Part p{{}, Clock::now()};
+    for (uint32_t k = 0; k < o_.shards; k++) {
+      std::vector<uint64_t> mem_ids, file_ids;
+      for (uint64_t id : ids)
+        if (id % o_.shards == k) mem_ids.push_back(id), file_ids.push_back(id / o_.shards);
+      if (mem_ids.empty()) continue;
+      p.reqs.push_back(to_files ? e_.submit(mem, mem_ids, files[k], file_ids) : e_.submit(files[k], file_ids, mem, mem_ids));
+    }
+    parts.push_back(std::move(p));
+  }
+  for (auto &p : parts) {
+    for (auto &r : p.reqs) r.wait();
+    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - p.submitted).count());
+  }
+  t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  t.cpu_s = cpu_seconds() - cpu0;
+  return t;
+}
+
+// One put pass: the blocks of `src` under a new generation's keys, the previous one's
+// removed first (not timed) so every block is written to a free slot.
+Timed StoreRun::put_pass(kvx::Store &s, const kvx::Layout &src, uint64_t &gen) const {
+  if (gen)
+    for (const auto &k : batches(gen).keys) s.remove(k);
+  const Batches b = batches(++gen);
+  std::vector<std::pair<kvx::StoreRequest, Clock::time_point>> reqs;
+  Timed t;
+  const double cpu0 = cpu_seconds();
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < b.ids.size(); i++) {
+    const auto ts = Clock::now();
+    reqs.emplace_back(s.put(src, b.ids[i], b.keys[i]), ts);
+  }
+  for (auto &[r, ts] : reqs) {
+    r.wait();
+    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - ts).count());
+  }
+  t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  t.cpu_s = cpu_seconds() - cpu0;
+  return t;
+}
+
+// One get pass: every block of generation `gen` into the same block of `dst`.
+Timed StoreRun::get_pass(kvx::Store &s, const kvx::Layout &dst, uint64_t gen) const {
+  const Batches b = batches(gen);
+  std::vector<std::pair<kvx::StoreRequest, Clock::time_point>> reqs;
+  Timed t;
+  const double cpu0 = cpu_seconds();
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < b.ids.size(); i++) {
+    const auto ts = Clock::now();
+    reqs.emplace_back(s.get(b.keys[i], dst, b.ids[i]), ts);
+  }
+  for (auto &[r, ts] : reqs) {
+    r.wait();
+    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - ts).count());
+  }
+  t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  t.cpu_s = cpu_seconds() - cpu0;
+  return t;
+}
+
+void StoreRun::transfer_row(const char *op, const char *direction, const Timed &st, const Timed &pl, bool durable) const {
+  const uint64_t bytes = block_bytes_ * o_.num_blocks * o_.iterations;
+  const double g = gbps(bytes, st.seconds), pg = gbps(bytes, pl.seconds);
+  const double cpu = st.cpu_s / (bytes / 1e9), pcpu = pl.cpu_s / (bytes / 1e9);
+  std::printf("%-12s %-16s %9.2f %9.3f %9.3f %11.2f %8.2f %9.3f %10.3f\n", op, direction, g, percentile(st.batch_ms, 0.5),
+              percentile(st.batch_ms, 0.99), pg, pg > 0 ? g / pg : 0.0, cpu, pcpu);
+  if (o_.json)
+    std::printf("{\"system\": \"kvxfer\", \"mode\": \"store\", \"op\": \"%s\", \"direction\": \"%s\", \"durable\": %s, "
+                "\"shards\": %u, \"num_blocks\": %llu, \"block_bytes\": %llu, \"blocks_per_batch\": %llu, \"gbps\": %.3f, "
+                "\"p50_ms\": %.3f, \"p99_ms\": %.3f, \"plain_gbps\": %.3f, \"plain_p50_ms\": %.3f, \"ratio\": %.4f, "
+                "\"cpu_s_per_gb\": %.4f, \"plain_cpu_s_per_gb\": %.4f, \"buffered\": %s, \"io_backend\": \"%s\"}\n",
+                op, direction, durable ? "true" : "false", o_.shards, (unsigned long long)o_.num_blocks,
+                (unsigned long long)block_bytes_, (unsigned long long)o_.blocks_per_batch, g, percentile(st.batch_ms, 0.5),
+                percentile(st.batch_ms, 0.99), pg, percentile(pl.batch_ms, 0.5), pg > 0 ? g / pg : 0.0, cpu, pcpu,
+                o_.buffered ? "true" : "false", io_backend_name(e_.io_backend()));
+}
+
+// --warmup untimed passes of each, then --iterations timed ones, store and plain taking
+// turns, and the row.
+void StoreRun::measure(const char *op, const char *direction, bool durable, const std::function<Timed()> &store_pass,
+                       const std::function<Timed()> &plain) {
+  for (int i = 0; i < o_.warmup; i++) store_pass(), plain();
+  Timed st, pl;
+  auto add = [](Timed &into, const Timed &t) {
+    into.seconds += t.seconds, into.cpu_s += t.cpu_s;
+    into.batch_ms.insert(into.batch_ms.end(), t.batch_ms.begin(), t.batch_ms.end());
+  };
+  for (int i = 0; i < o_.iterations; i++) {
+    add(st, store_pass());
+    add(pl, plain());
+  }
+  transfer_row(op, direction, st, pl, durable);
+}
+
+// 1,000 keys per call: the held ones first (up to --num-blocks of them), then keys never
+// put; 1,000 calls per iteration, each timed alone.
+void StoreRun::lookup_row(kvx::Store &s, uint64_t gen) {
+  std::vector<std::string> bytes;
+  for (size_t i = 0; i < LOOKUP_KEYS; i++) bytes.push_back(key_of(i < o_.num_blocks ? gen : 0, i));
+  const std::vector<kvx_key> keys = kvx::keys_of(bytes);
+  std::vector<uint8_t> present(keys.size());
+  size_t leading = 0;
+  auto call = [&]() { kvx::check(kvx_store_lookup(s.get(), keys.data(), keys.size(), 0, present.data(), &leading)); };
+  for (int i = 0; i < 100 * o_.warmup; i++) call();
+  const size_t calls = 1000 * (size_t)o_.iterations;
+  std::vector<double> us;
+  us.reserve(calls);
+  const double cpu0 = cpu_seconds();
+  for (size_t i = 0; i < calls; i++) {
+    const auto t0 = Clock::now();
+    call();
+    us.push_back(us_since(t0));
+  }
+  const double cpu_us = 1e6 * (cpu_seconds() - cpu0) / (double)calls;
+  const size_t hits = (size_t)std::count(present.begin(), present.end(), 1);
+  const Percentiles p = percentiles_us(us);
+  std::printf("lookup: %zu keys in one call (%zu held), %zu calls: p50 %.1f us, p99 %.1f us, p99.9 %.1f us; "
+              "CPU %.1f us per call (no bytes move: CPU s/GB does not apply)\n",
+              keys.size(), hits, calls, p.p50, p.p99, p.p999, cpu_us);
+  if (o_.json)
+    std::printf("{\"system\": \"kvxfer\", \"mode\": \"store\", \"op\": \"lookup\", \"keys\": %zu, \"held\": %zu, \"calls\": %zu, "
+                "\"p50_us\": %.3f, \"p99_us\": %.3f, \"p999_us\": %.3f, \"cpu_us_per_call\": %.3f}\n",
+                keys.size(), hits, calls, p.p50, p.p99, p.p999, cpu_us);
+}
+
+// The store closed and opened again, --iterations times, holding --num-blocks entries,
+// beside opening the plain disk layouts on as many existing files.
+void StoreRun::open_row() {
+  const kvx_store_config c = store_config(false);
+  const uint64_t entries = store_->stats().entries;
+  std::vector<double> ms, plain_ms;
+  double cpu = 0, plain_cpu = 0;
+  for (int i = 0; i < o_.warmup + o_.iterations; i++) {
+    store_.reset();
+    double cpu0 = cpu_seconds();
+    auto t0 = Clock::now();
+    store_ = std::make_unique<kvx::Store>(e_, dir_, c);
+    const double t = us_since(t0) / 1e3, tc = cpu_seconds() - cpu0;
+    std::vector<kvx::Layout> opened;
+    cpu0 = cpu_seconds();
+    t0 = Clock::now();
+    for (const std::string &p : paths_) opened.push_back(e_.create_disk_layout(file_config_, p, file_flags_));
+    const double pt = us_since(t0) / 1e3, ptc = cpu_seconds() - cpu0;
+    opened.clear();
+    if (i < o_.warmup) continue;
+    ms.push_back(t), plain_ms.push_back(pt), cpu += tc, plain_cpu += ptc;
+  }
+  const double p50 = percentile(ms, 0.5), plain_p50 = percentile(plain_ms, 0.5);
+  const double cpu_ms = 1e3 * cpu / o_.iterations, plain_cpu_ms = 1e3 * plain_cpu / o_.iterations;
+  std::printf("open: a store holding %llu entries on %u shard(s): p50 %.3f ms; plain: %u disk layout(s) opened on the files "
+              "p50 %.3f ms; store / plain %.2f; CPU %.3f ms per open, plain %.3f ms (no bytes move: CPU s/GB "
+              "does not apply)\n",
+              (unsigned long long)entries, o_.shards, p50, o_.shards, plain_p50, plain_p50 > 0 ? p50 / plain_p50 : 0.0, cpu_ms,
+              plain_cpu_ms);
+  if (o_.json)
+    std::printf("{\"system\": \"kvxfer\", \"mode\": \"store\", \"op\": \"open\", \"entries\": %llu, \"shards\": %u, "
+                "\"p50_ms\": %.4f, \"plain_p50_ms\": %.4f, \"ratio\": %.4f, \"cpu_ms_per_open\": %.4f, \"plain_cpu_ms_per_open\": %.4f}\n",
+                (unsigned long long)entries, o_.shards, p50, plain_p50, plain_p50 > 0 ? p50 / plain_p50 : 0.0, cpu_ms, plain_cpu_ms);
+}
+
+int StoreRun::run() {
+  const uint32_t nbases = hc_.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o_.num_layers;
+  const uint64_t base_bytes = block_bytes_ * o_.num_blocks / nbases;
+  fill_pattern(host_, nbases, base_bytes, 0);
+  run_pass(e_, host_, device_, o_);
+  std::printf("%s\n", kvx_version_string());
+  std::printf("store: device %s, layout %s (host %s), %llu blocks x %.2f MB, %llu blocks/batch, %d iterations, %u shard%s "
+              "in %s (%s), disk I/O by %s; plain: the same blocks to and from %u disk layout%s%s\n",
+              dev_ < 0 ? "emulated" : std::to_string(dev_).c_str(), o_.layout.c_str(), o_.host_layout.c_str(),
+              (unsigned long long)o_.num_blocks, block_bytes_ / 1e6, (unsigned long long)o_.blocks_per_batch, o_.iterations,
+              o_.shards, o_.shards == 1 ? "" : "s", dir_.c_str(), o_.buffered ? "buffered" : "O_DIRECT",
+              io_backend_name(e_.io_backend()), o_.shards, o_.shards == 1 ? "" : "s",
+              o_.checksum ? " (checksummed, as the store's are)" : " (not checksummed; the store's are: --checksum for both)");
+  std::printf("%-12s %-16s %9s %9s %9s %11s %8s %9s %10s\n", "op", "direction", "GB/s", "p50 ms", "p99 ms", "plain GB/s",
+              "/ plain", "CPU s/GB", "plain s/GB");
+
+  const kvx_store_config c = store_config(false);
+  store_ = std::make_unique<kvx::Store>(e_, dir_, c);
+  uint64_t gen = 0;
+  kvx::Store &s = *store_;
+  measure("put", "device-to-store", false, [&] { return put_pass(s, device_, gen); },
+          [&] { return plain_pass(device_, true, files_); });
+  measure("get", "store-to-device", false, [&] { return get_pass(s, device_, gen); },
+          [&] { return plain_pass(device_, false, files_); });
+  measure("put", "host-to-store", false, [&] { return put_pass(s, host_, gen); },
+          [&] { return plain_pass(host_, true, files_); });
+  measure("get", "store-to-host", false, [&] { return get_pass(s, check_host_, gen); },
+          [&] { return plain_pass(check_host_, false, files_); });
+  {
+    kvx::Store durable(e_, durable_dir_, store_config(true));
+    uint64_t dgen = 0;
+    measure("durable put", "device-to-store", true, [&] { return put_pass(durable, device_, dgen); },
+            [&] { return plain_pass(device_, true, sync_files_); });
+  }
+  std::printf("GB/s = 1e9 B/s of payload; / plain = the store's GB/s over the plain transfers'; plain s/GB = their CPU s/GB\n");
+
+  // Every byte the store gave back must be what was put: the last get was of host_'s
+  // blocks, into check_host_ (after the plain reads into it, which hold the same bytes).
+  get_pass(s, check_host_, gen);
+  for (uint32_t l = 0; l < nbases; l++)
+    if (std::memcmp(reinterpret_cast<void *>(host_.base(l)), reinterpret_cast<void *>(check_host_.base(l)), base_bytes) != 0) {
+      std::fprintf(stderr, "bench: VERIFY FAILED: bytes got from the store differ from those put (base %u)\n", l);
+      return 1;
+    }
+  lookup_row(s, gen);
+  open_row();
+  const kvx_store_counters k = store_->stats();
+  std::printf("store since the last open: %llu entries, %llu puts, %llu dedups, %llu evictions, %llu integrity failures\n",
+              (unsigned long long)k.entries, (unsigned long long)k.puts, (unsigned long long)k.dedups,
+              (unsigned long long)k.evictions, (unsigned long long)k.integrity_failures);
+  std::printf("verify: every byte got from the store matches what was put\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int run_store(const Options &o) {
+  StoreRun r(o);
+  return r.run();
+}
+
+}  // namespace bench
