@@ -256,8 +256,9 @@ class StoreRequest {
 };
 
 // The store in a directory, opened (or made, with KVX_STORE_CREATE) through an engine;
-// closed when the object goes (its puts and gets in flight end first). Close it before
-// the layouts its requests move; it keeps the engine's memory alive itself.
+// closed when the object goes (its puts and gets in flight end first). Declare it after
+// its engine so it is closed first. A layout a put or get moves is held until the request
+// is done; caller memory behind a registered layout must outlive it.
 class Store {
  public:
   struct Lookup {
