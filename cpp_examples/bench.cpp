@@ -8,8 +8,8 @@
 //   ./cpp_examples/bench --help
 //
 // This file is the batch table (the default mode) and main; the runtime-shaped modes are
-// in bench_runtime.cpp, --remote in bench_remote.cpp, --store in bench_store.cpp, what they
-// share in bench_common.h.
+// in bench_runtime.cpp, --remote in bench_remote.cpp, --store in bench_store.cpp, --mix in
+// bench_mix.cpp, what they share in bench_common.h.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_mix.h"
 #include "bench_remote.h"
 #include "bench_runtime.h"
 #include "bench_store.h"
@@ -397,6 +398,7 @@ int main(int argc, char **argv) {
     // Forks its serving peer before this process touches CUDA or NIXL.
     if (o.remote) return bench::run_remote(o);
     if (o.store) return bench::run_store(o);
+    if (o.mix) return bench::run_mix(o);
     return bench::run(o);
   } catch (const kvx::Error &err) {
     std::fprintf(stderr, "bench: %s\n", err.what());

@@ -60,7 +60,14 @@ struct Pending {
       "                  layouts on --shards files: put and get (device and pinned host), durable put, lookup\n"
       "                  of 1,000 keys in one call (p50/p99/p99.9 us), open of a store holding --num-blocks\n"
       "                  entries; --buffered (both), --checksum (the plain files; the store's always are)\n"
-      "  --shards N (1)  the store's data files, and the plain files it is measured against\n");
+      "  --shards N (1)  the store's data files, and the plain files it is measured against\n"
+      "  --mix           one submitter onboards --onboard-sizes blocks at a time from a hot buffered file, --onboards\n"
+      "                  of each, alone and while offloads of --blocks-per-batch blocks to a second file (O_DIRECT\n"
+      "                  unless --buffered) run open-loop at each of --background-shares of the rate they reach alone\n"
+      "                  with --background-depth requests in flight: onboard p50/p99/p99.9 us, p99 over alone, and the\n"
+      "                  background's achieved rate against its target\n"
+      "  --onboard-sizes N,N,.. (4,32,256)  --onboards N (200)  --background-shares F,F,.. (0.5,0.9)\n"
+      "  --background-depth N (4)\n");
   std::exit(code);
 }
 
@@ -80,6 +87,27 @@ uint32_t layout_kind(const std::string &s) {
   if (s == "layer-outer-first") return KVX_LAYOUT_LAYER_SEPARATE_OUTER_FIRST;
   std::fprintf(stderr, "bench: unknown --layout %s\n", s.c_str());
   std::exit(2);
+}
+
+// A comma-separated list of positive numbers ("4,32,256"); exits naming `flag` otherwise.
+template <typename T>
+std::vector<T> list_of(const char *flag, const char *v) {
+  std::vector<T> out;
+  for (const char *p = v; *p;) {
+    char *end = nullptr;
+    double x = std::strtod(p, &end);
+    if (end == p || !(x > 0) || (*end && *end != ',')) {
+      std::fprintf(stderr, "bench: %s wants a comma-separated list of positive numbers, got %s\n", flag, v);
+      std::exit(2);
+    }
+    out.push_back((T)x);
+    p = *end ? end + 1 : end;
+  }
+  if (out.empty()) {
+    std::fprintf(stderr, "bench: %s wants at least one value\n", flag);
+    std::exit(2);
+  }
+  return out;
 }
 
 int32_t device_of(const std::string &s) {
@@ -125,6 +153,10 @@ Options parse(int argc, char **argv) {
       {"--trace", [&](const char *v) { o.trace = v; }},
       {"--requests", [&](const char *v) { o.requests = std::strtoull(v, nullptr, 0); }},
       {"--shards", [&](const char *v) { o.shards = (uint32_t)std::strtoul(v, nullptr, 0); }},
+      {"--onboard-sizes", [&](const char *v) { o.onboard_sizes = list_of<uint64_t>("--onboard-sizes", v); }},
+      {"--background-shares", [&](const char *v) { o.background_shares = list_of<double>("--background-shares", v); }},
+      {"--onboards", [&](const char *v) { o.onboards = std::strtoull(v, nullptr, 0); }},
+      {"--background-depth", [&](const char *v) { o.background_depth = (unsigned)std::strtoul(v, nullptr, 0); }},
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -140,6 +172,7 @@ Options parse(int argc, char **argv) {
     if (a == "--layerwise") { o.layerwise = true; continue; }
     if (a == "--remote") { o.remote = true; continue; }
     if (a == "--store") { o.store = true; continue; }
+    if (a == "--mix") { o.mix = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -148,8 +181,10 @@ Options parse(int argc, char **argv) {
     f->second(argv[++i]);
   }
   if (o.host_layout.empty()) o.host_layout = o.layout;
-  if (o.blocks_per_batch == 0 || o.num_blocks == 0 || o.iterations <= 0 || o.shards == 0) {
-    std::fprintf(stderr, "bench: --num-blocks, --blocks-per-batch, --iterations and --shards must be positive\n");
+  if (o.blocks_per_batch == 0 || o.num_blocks == 0 || o.iterations <= 0 || o.shards == 0 || o.onboards == 0 ||
+      o.background_depth == 0) {
+    std::fprintf(stderr, "bench: --num-blocks, --blocks-per-batch, --iterations, --shards, --onboards and --background-depth "
+                         "must be positive\n");
     std::exit(2);
   }
   return o;

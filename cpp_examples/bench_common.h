@@ -1,7 +1,8 @@
 // What every mode of the bench shares: its options, the timed pass, the statistics, the
 // layouts' configs and the raw-copy baseline. Each mode is a translation unit of its own
 // (bench.cpp: the batch table and main; bench_runtime.cpp: the runtime-shaped modes;
-// bench_remote.cpp: --remote; bench_store.cpp: --store); this header is all they share.
+// bench_remote.cpp: --remote; bench_store.cpp: --store; bench_mix.cpp: --mix); this header
+// is all they share.
 #pragma once
 
 #include <chrono>
@@ -30,6 +31,13 @@ struct Options {
   unsigned submitters = 0;
   uint64_t requests = 0;  // --remote's one-at-a-time requests (0: 100 per iteration)
   std::string trace;
+  // --mix: onboards of each size, one at a time, alone and beside background offloads at
+  // each share of the rate those reach alone with `background_depth` requests in flight.
+  bool mix = false;
+  std::vector<uint64_t> onboard_sizes{4, 32, 256};
+  std::vector<double> background_shares{0.5, 0.9};
+  size_t onboards = 200;
+  unsigned background_depth = 4;
 };
 
 // The command line as Options; prints the usage and exits on --help or a bad flag.
