@@ -36,9 +36,10 @@ double since_us(Clock::time_point t0, int64_t stamp_ns) {
   return std::chrono::duration<double, std::micro>(Clock::duration(stamp_ns) - t0.time_since_epoch()).count();
 }
 
+// One line of a trace, its blocks drawn.
 struct TraceOp {
   bool onboard;
-  uint64_t blocks;
+  std::vector<uint64_t> ids;
 };
 
 }  // namespace
@@ -250,10 +251,56 @@ void run_submitters(kvx::Engine &e, const kvx::Layout &host, const kvx::Layout &
   }
 }
 
+namespace {
+
+// What a replay of the trace saw, every submitter together.
+struct Replayed {
+  std::vector<double> on_us, off_us;
+  uint64_t bytes = 0;
+  double wall = 0, cpu = 0;
+};
+
+// Each submitter's lines in order, one request at a time, all submitters at once; the
+// offloads skipped unless `offloads`.
+Replayed replay(kvx::Engine &e, const kvx::Layout &tier, const kvx::Layout &device, const std::vector<std::vector<TraceOp>> &by_thread,
+                bool offloads, uint64_t block_bytes) {
+  std::vector<Replayed> seen(by_thread.size());
+  std::vector<std::thread> pool;
+  std::atomic<bool> go{false};
+  for (size_t t = 0; t < by_thread.size(); t++) {
+    pool.emplace_back([&, t] {
+      while (!go.load()) std::this_thread::yield();
+      for (auto &op : by_thread[t]) {
+        if (!op.onboard && !offloads) continue;
+        auto t0 = Clock::now();
+        if (op.onboard) e.submit(tier, op.ids, device, op.ids).wait();
+        else e.submit(device, op.ids, tier, op.ids).wait();
+        (op.onboard ? seen[t].on_us : seen[t].off_us).push_back(us_since(t0));
+        seen[t].bytes += op.ids.size() * block_bytes;
+      }
+    });
+  }
+  Replayed all;
+  double cpu0 = cpu_seconds();
+  auto t0 = Clock::now();
+  go = true;
+  for (auto &th : pool) th.join();
+  all.wall = std::chrono::duration<double>(Clock::now() - t0).count(), all.cpu = cpu_seconds() - cpu0;
+  for (auto &s : seen) {
+    all.on_us.insert(all.on_us.end(), s.on_us.begin(), s.on_us.end());
+    all.off_us.insert(all.off_us.end(), s.off_us.begin(), s.off_us.end());
+    all.bytes += s.bytes;
+  }
+  return all;
+}
+
+}  // namespace
+
 void run_trace(kvx::Engine &e, const kvx::Layout &tier, const kvx::Layout &device, const Options &o, uint64_t block_bytes) {
   FILE *f = std::fopen(o.trace.c_str(), "r");
   if (!f) { std::perror(("bench: --trace " + o.trace).c_str()); std::exit(2); }
-  std::map<unsigned, std::vector<TraceOp>> by_thread;
+  std::map<unsigned, std::vector<TraceOp>> by_id;
+  std::map<unsigned, uint64_t> rng;
   char line[256];
   for (int no = 1; std::fgets(line, sizeof line, f); no++) {
     if (line[0] == '#' || line[0] == '\n') continue;
@@ -266,53 +313,38 @@ void run_trace(kvx::Engine &e, const kvx::Layout &tier, const kvx::Layout &devic
                    (unsigned long long)o.num_blocks);
       std::exit(2);
     }
-    by_thread[t].push_back({std::strcmp(op, "onboard") == 0, n});
+    // Each submitter's random blocks, drawn here so both replays move the same ones.
+    uint64_t &x = rng.emplace(t, 0x9E3779B97F4A7C15ull * (t + 1)).first->second;
+    TraceOp to{std::strcmp(op, "onboard") == 0, {}};
+    while (to.ids.size() < n) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      uint64_t b = x % o.num_blocks;
+      if (std::find(to.ids.begin(), to.ids.end(), b) == to.ids.end()) to.ids.push_back(b);
+    }
+    by_id[t].push_back(std::move(to));
   }
   std::fclose(f);
-  struct Seen {
-    std::vector<double> on_us, off_us;
-    uint64_t bytes = 0;
-  };
-  std::vector<Seen> seen(by_thread.size());
-  std::vector<std::thread> pool;
-  std::atomic<bool> go{false};
-  size_t i = 0;
-  for (auto &[t, ops] : by_thread) {
-    pool.emplace_back([&, idx = i++, tid = t, ops = &ops] {
-      uint64_t x = 0x9E3779B97F4A7C15ull * (tid + 1);
-      while (!go.load()) std::this_thread::yield();
-      for (auto &op : *ops) {
-        std::vector<uint64_t> ids;
-        while (ids.size() < op.blocks) {
-          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-          uint64_t b = x % o.num_blocks;
-          if (std::find(ids.begin(), ids.end(), b) == ids.end()) ids.push_back(b);
-        }
-        auto t0 = Clock::now();
-        if (op.onboard) e.submit(tier, ids, device, ids).wait();
-        else e.submit(device, ids, tier, ids).wait();
-        (op.onboard ? seen[idx].on_us : seen[idx].off_us).push_back(us_since(t0));
-        seen[idx].bytes += ids.size() * block_bytes;
-      }
-    });
-  }
-  double cpu0 = cpu_seconds();
-  auto t0 = Clock::now();
-  go = true;
-  for (auto &th : pool) th.join();
-  double wall = std::chrono::duration<double>(Clock::now() - t0).count(), cpu = cpu_seconds() - cpu0;
-  std::vector<double> on, off;
-  uint64_t bytes = 0;
-  for (auto &s : seen) on.insert(on.end(), s.on_us.begin(), s.on_us.end()), off.insert(off.end(), s.off_us.begin(), s.off_us.end()), bytes += s.bytes;
-  auto a = percentiles_us(on), b = percentiles_us(off);
+  std::vector<std::vector<TraceOp>> by_thread;
+  for (auto &kv : by_id) by_thread.push_back(std::move(kv.second));
+  // The onboards' reference: the same trace with its offloads dropped. Each submitter is
+  // closed-loop, so without the offloads its onboards also run closer to the others'.
+  const Replayed alone = replay(e, tier, device, by_thread, false, block_bytes);
+  const Replayed r = replay(e, tier, device, by_thread, true, block_bytes);
+  auto a = percentiles_us(r.on_us), b = percentiles_us(r.off_us), ra = percentiles_us(alone.on_us);
+  const double vs_alone = ra.p99 > 0 ? a.p99 / ra.p99 : 0;
   std::printf("trace %s: %zu submitters, %zu onboards (p50 %.1f us, p99 %.1f us, p99.9 %.1f us), %zu offloads (p50 %.1f us, "
               "p99 %.1f us, p99.9 %.1f us); %.2f GB/s aggregate over %.3f s; CPU %.3f s/GB\n",
-              o.trace.c_str(), seen.size(), on.size(), a.p50, a.p99, a.p999, off.size(), b.p50, b.p99, b.p999, bytes / wall / 1e9, wall,
-              cpu / (bytes / 1e9));
+              o.trace.c_str(), by_thread.size(), r.on_us.size(), a.p50, a.p99, a.p999, r.off_us.size(), b.p50, b.p99, b.p999,
+              r.bytes / r.wall / 1e9, r.wall, r.cpu / (r.bytes / 1e9));
+  std::printf("  the onboards alone (offloads dropped, same blocks): p50 %.1f us, p99 %.1f us, p99.9 %.1f us; "
+              "with the offloads p99 %.2fx alone\n",
+              ra.p50, ra.p99, ra.p999, vs_alone);
   if (o.json)
     std::printf("{\"mode\": \"trace\", \"submitters\": %zu, \"onboards\": %zu, \"onboard_p50_us\": %.2f, \"onboard_p99_us\": %.2f, "
                 "\"onboard_p999_us\": %.2f, \"offloads\": %zu, \"offload_p50_us\": %.2f, \"offload_p99_us\": %.2f, "
-                "\"offload_p999_us\": %.2f, \"gbps\": %.3f, \"cpu_s_per_gb\": %.4f}\n",
-                seen.size(), on.size(), a.p50, a.p99, a.p999, off.size(), b.p50, b.p99, b.p999, bytes / wall / 1e9, cpu / (bytes / 1e9));
+                "\"offload_p999_us\": %.2f, \"gbps\": %.3f, \"cpu_s_per_gb\": %.4f, \"alone_onboard_p50_us\": %.2f, "
+                "\"alone_onboard_p99_us\": %.2f, \"alone_onboard_p999_us\": %.2f, \"onboard_p99_vs_alone\": %.3f}\n",
+                by_thread.size(), r.on_us.size(), a.p50, a.p99, a.p999, r.off_us.size(), b.p50, b.p99, b.p999, r.bytes / r.wall / 1e9,
+                r.cpu / (r.bytes / 1e9), ra.p50, ra.p99, ra.p999, vs_alone);
 }
 }  // namespace bench

@@ -41,7 +41,8 @@ void run_submitters(kvx::Engine &e, const kvx::Layout &host, const kvx::Layout &
 // op `onboard` moves that many random blocks from the tier (the disk file with --dir, as
 // a prefix hit) to the device, `offload` from the device to the tier; `#` starts a
 // comment. Each submitter thread runs its own lines in order, one request at a time, all
-// submitters at once. cpp_examples/make_trace.py writes a vLLM-like schedule.
+// submitters at once. cpp_examples/make_trace.py writes a vLLM-like schedule. The
+// onboards' reference comes first: the same trace, the same blocks, its offloads dropped.
 void run_trace(kvx::Engine &e, const kvx::Layout &tier, const kvx::Layout &device, const Options &o, uint64_t block_bytes);
 
 }  // namespace bench

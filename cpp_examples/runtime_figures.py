@@ -101,8 +101,12 @@ def table(rows):
                            f"({r['aggregate_gbps'] / r['shape_reference_gbps']:.2f} of it)" if r.get("shape_reference_gbps") else ""),
                         f"{ratio:.2f}", "≥ 0.9, spread ≤ 2x", ratio >= 0.9 and r["p99_spread"] <= 2))
         elif mode == "trace":
+            alone = "alone_onboard_p99_us" in r  # absent from older benches' data
             out.append((f"{n}: GB/s; onboard p50 / p99 / p99.9 us", f"{r['gbps']:.2f}; {r['onboard_p50_us']:.0f} / "
-                        f"{r['onboard_p99_us']:.0f} / {r['onboard_p999_us']:.0f}", "-", "-", "reported", None))
+                        f"{r['onboard_p99_us']:.0f} / {r['onboard_p999_us']:.0f}",
+                        f"onboards alone (offloads dropped) {r['alone_onboard_p50_us']:.0f} / {r['alone_onboard_p99_us']:.0f} / "
+                        f"{r['alone_onboard_p999_us']:.0f}" if alone else "-",
+                        f"p99 {r['onboard_p99_vs_alone']:.2f}x alone" if alone else "-", "reported", None))
         elif n.startswith("one block"):
             slow = max(r["raw_io_pass_ms"], r["raw_copy_pass_ms"]) if not r["mapped"] else r["raw_copy_pass_ms"]
             out.append((f"{n}, {r['block_bytes'] / 1e6:.1f} MB: ms per block", f"{r['pass_ms']:.3f}",
