@@ -66,8 +66,8 @@ struct Pending {
       "                  unless --buffered) run open-loop at each of --background-shares of the rate they reach alone\n"
       "                  with --background-depth requests in flight: onboard p50/p99/p99.9 us, p99 over alone, and the\n"
       "                  background's achieved rate against its target\n"
-      "  --onboard-sizes N,N,.. (4,32,256)  --onboards N (200)  --background-shares F,F,.. (0.5,0.9)\n"
-      "  --background-depth N (4)\n");
+      "  --onboard-sizes N,N,.. (4,32,256)  --onboards N (200; more where they take under a second)\n"
+      "  --background-shares F,F,.. (0.5,0.9)  --background-depth N (4)\n");
   std::exit(code);
 }
 
