@@ -209,6 +209,8 @@ class MixRun {
   int run();
 
  private:
+  // Whether the background of level `l` moved at least KEPT of its target over the window.
+  bool kept(const Level &l) const { return l.share == 0 || l.completed / l.window_s >= KEPT * l.share * alone_rps_; }
   void print_row(uint64_t size, const Level &l, const Level &alone) const;
 
   const Options &o_;
@@ -224,11 +226,10 @@ void MixRun::print_row(uint64_t size, const Level &l, const Level &alone) const 
   const auto p = percentiles_us(l.us);
   const double alone_p99 = percentile(alone.us, 0.99), request_bytes = (double)o_.blocks_per_batch * block_bytes_;
   const double target = l.share * alone_rps_ * request_bytes / 1e9, achieved = l.completed / l.window_s * request_bytes / 1e9;
-  const bool kept = l.share == 0 || achieved >= KEPT * target;
   char background[200] = "none";
   if (l.share > 0)
     std::snprintf(background, sizeof background, "%3.0f%%: %.2f of %.2f GB/s (%.1f%%) %s; issue lag p99 %.0f us, max %.0f us", 100 * l.share,
-                  achieved, target, 100 * achieved / target, kept ? "kept" : "MISSED", percentile(l.lag_us, 0.99),
+                  achieved, target, 100 * achieved / target, kept(l) ? "kept" : "MISSED", percentile(l.lag_us, 0.99),
                   percentile(l.lag_us, 1.0));
   std::printf("  %7llu %9zu %9.1f %9.1f %9.1f %9.2f %8.2fx  %s\n", (unsigned long long)size, l.us.size(), p.p50, p.p99, p.p999,
               size * block_bytes_ / p.p50 / 1e3, p.p99 / alone_p99, background);
@@ -240,7 +241,7 @@ void MixRun::print_row(uint64_t size, const Level &l, const Level &alone) const 
                 "\"io_backend\": \"%s\"}\n",
                 (unsigned long long)size, (unsigned long long)block_bytes_, l.us.size(), l.share, p.p50, p.p99, p.p999,
                 p.p99 / alone_p99, (unsigned long long)o_.blocks_per_batch, o_.background_depth, alone_rps_ * request_bytes / 1e9,
-                target, l.share > 0 ? achieved : 0.0, kept ? "true" : "false", percentile(l.lag_us, 0.99),
+                target, l.share > 0 ? achieved : 0.0, kept(l) ? "true" : "false", percentile(l.lag_us, 0.99),
                 o_.buffered ? "true" : "false", io_backend_name(e_.io_backend()));
   std::fflush(stdout);
 }
@@ -255,7 +256,7 @@ int MixRun::run() {
   const unsigned depth = (unsigned)std::min<uint64_t>(o_.background_depth, bg.slots());
   std::printf("%s\n", kvx_version_string());
   std::printf("mix: device %s, %.2f MB blocks; onboards one at a time from a hot buffered file of %llu blocks, %zu of each size "
-              "(after %zu not counted), and as many more as fill %.1f s; background offloads of %llu block(s) to an %s file, disk I/O by %s\n",
+              "(after %zu not counted), and as many more as fill %.1f s; background offloads of %llu block(s) to a file (%s), disk I/O by %s\n",
               dev_ < 0 ? "emulated" : std::to_string(dev_).c_str(), block_bytes_ / 1e6, (unsigned long long)o_.num_blocks, o_.onboards,
               WARMUP_ONBOARDS, MIN_WINDOW_SECONDS, (unsigned long long)o_.blocks_per_batch, o_.buffered ? "buffered" : "O_DIRECT",
               io_backend_name(e_.io_backend()));
@@ -282,7 +283,7 @@ int MixRun::run() {
       bg.stop();
       l.share = share;
       l.lag_us = bg.lag_us();
-      all_kept &= l.completed / l.window_s >= KEPT * share * alone_rps_;
+      all_kept &= kept(l);
       print_row(size, l, alone);
     }
   }
