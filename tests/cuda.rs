@@ -1,5 +1,6 @@
 //! GPU-only behaviour: registration of caller memory (right and wrong pointers), the
-//! batched small-region path on every layout kind, and ordering after a caller's event.
+//! batched small-region path on every layout kind, ordering after a caller's event, and
+//! the store's puts from and gets into a registered device pool.
 //! Without a CUDA device those tests are skipped (and counted so); one test runs only
 //! where no driver is.
 
@@ -7,7 +8,9 @@ mod common;
 use common::cases::{case, run};
 use common::*;
 use kvxfer::gpu::cuda::driver::sys;
+use kvxfer::store::{Store, StoreConfig};
 use kvxfer::{Engine, EngineConfig, LayoutKind, Status, StorageKind, TransferOptions};
+use std::sync::Arc;
 
 fn gpu_config() -> EngineConfig {
     let device = match test_device() {
@@ -30,6 +33,11 @@ fn main() {
             .unless(no_gpu.clone()),
         case("registering_a_wrong_pointer_is_an_error_not_corruption", registering_a_wrong_pointer_is_an_error_not_corruption)
             .unless(no_gpu.clone()),
+        case(
+            "a_store_puts_from_and_gets_into_registered_per_layer_device_pools_byte_exact",
+            a_store_puts_from_and_gets_into_registered_per_layer_device_pools_byte_exact,
+        )
+        .unless(no_gpu.clone()),
         case("small_regions_are_bit_exact_through_the_batched_path", small_regions_are_bit_exact_through_the_batched_path)
             .unless(no_gpu.clone()),
         case("dense_host_spans_land_byte_exact_on_every_device_kind", dense_host_spans_land_byte_exact_on_every_device_kind)
@@ -89,6 +97,77 @@ fn registered_cumemalloc_memory_round_trips_for_every_kind() {
         drop(reg);
         bases.into_iter().for_each(dev_free);
     }
+}
+
+/// vLLM's device KV cache: one `cuMemAlloc` per layer, `[2, num_blocks, …]` in each,
+/// registered as LayerSeparate outer-first. Blocks are put from such a pool under keys,
+/// at scattered block ids, and got by key into another at other ids: every region of the
+/// second pool, read with the driver, holds its key's bytes, and every block no key was
+/// loaded into keeps its own.
+fn a_store_puts_from_and_gets_into_registered_per_layer_device_pools_byte_exact() {
+    let e = Arc::new(gpu_engine());
+    let c = cfg(16, 4, 2, 16, 256, 2); // 8 KiB regions, 64 KiB blocks
+    let g = c.validate().unwrap();
+    let kind = LayoutKind::LayerSeparate { block_first: false };
+    let p = kvxfer::layout::Placement::memory(kind, g);
+    assert_eq!(p.num_bases(), 4, "one allocation per layer");
+    let pool = || {
+        let bases: Vec<u64> = (0..p.num_bases()).map(|_| dev_alloc(p.base_bytes() as usize)).collect();
+        let layout = e.register_layout(&c, kind, StorageKind::Device, &bases).unwrap();
+        (bases, layout)
+    };
+    let ((src_bases, src), (dst_bases, dst)) = (pool(), pool());
+    let region = |bases: &[u64], b: u64, l: u64, o: u64| {
+        let loc = p.region(b, l, o);
+        bases[loc.base as usize] + loc.offset
+    };
+    let keys: Vec<Vec<u8>> = (0..10).map(|i| format!("prefix-hash-{i}").into_bytes()).collect();
+    let key_bytes = |k: &[u8], l: u64, o: u64| region_pattern(key_seed(k), 0, l, o, g.region_bytes);
+    let src_ids: Vec<u64> = vec![15, 3, 7, 0, 12, 9, 1, 14, 5, 10];
+    let dst_ids: Vec<u64> = vec![2, 11, 4, 13, 6, 8, 0, 15, 10, 3];
+    // Written with the driver, straight into the caller's allocations.
+    for b in 0..16 {
+        for l in 0..4 {
+            for o in 0..2 {
+                let bytes = match src_ids.iter().position(|&s| s == b) {
+                    Some(i) => key_bytes(&keys[i], l, o),
+                    None => region_pattern(4, b, l, o, g.region_bytes),
+                };
+                cuda::write(region(&src_bases, b, l, o), &bytes);
+                cuda::write(region(&dst_bases, b, l, o), &region_pattern(5, b, l, o, g.region_bytes));
+            }
+        }
+    }
+    let dir = temp_path("store-gpu");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = Store::open(&e, &dir, &StoreConfig { shards: 2, ..StoreConfig::new(c, 32, b"gpu-test tp0/1 page16") }).unwrap();
+    let guard = Some(std::time::Duration::from_secs(60));
+    let r = s.put(&src, &src_ids, &keys, &Default::default()).unwrap();
+    assert_eq!(r.wait(guard), Status::Ok, "put: {}", r.key_message(0));
+    assert_eq!(s.stats().entries, 10);
+    let r = s.get(&keys, &dst, &dst_ids, &Default::default()).unwrap();
+    let status = r.wait(guard);
+    let messages: Vec<String> = (0..keys.len()).map(|i| r.key_message(i)).collect();
+    assert_eq!(status, Status::Ok, "get: {messages:?}");
+    let mut got = vec![0u8; g.region_bytes as usize];
+    for b in 0..16 {
+        for l in 0..4 {
+            for o in 0..2 {
+                let want = match dst_ids.iter().position(|&d| d == b) {
+                    Some(i) => key_bytes(&keys[i], l, o),
+                    None => region_pattern(5, b, l, o, g.region_bytes),
+                };
+                cuda::read(region(&dst_bases, b, l, o), &mut got);
+                assert!(got == want, "region (block {b}, layer {l}, outer {o}) of the registered pool is wrong");
+            }
+        }
+    }
+    let st = s.stats();
+    assert_eq!((st.hits, st.misses, st.integrity_failures), (10, 0, 0), "{st:?}");
+    drop(s);
+    drop((src, dst));
+    src_bases.into_iter().chain(dst_bases).for_each(dev_free);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn registering_a_wrong_pointer_is_an_error_not_corruption() {

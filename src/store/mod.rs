@@ -316,7 +316,7 @@ impl Store {
             }
         }
         for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
-            inner.submit_put(&req, shard, src, keys, &plain);
+            inner.submit_put(&req, shard, src, keys, &plain, false);
         }
         Ok(req)
     }
@@ -581,14 +581,16 @@ impl Inner {
         src: &Arc<Layout>,
         keys: Vec<worker::PutKey>,
         opts: &TransferOptions,
+        alone: bool,
     ) {
         let src_ids: Vec<u64> = keys.iter().map(|k| k.src).collect();
         let dst_ids: Vec<u64> = keys.iter().map(|k| self.block_of(k.slot)).collect();
         let group = worker::PutGroup { req: req.clone(), keys };
+        let source = worker::PutSource { shard, src: src.clone(), opts: opts.clone(), alone };
         self.begin();
-        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Put(group));
+        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Put(group, source));
         if let Err(e) = self.engine.submit(src, &src_ids, &self.shards[shard], &dst_ids, &opts) {
-            if let Some(worker::Done::Put(g)) = group.lock().unwrap().take() {
+            if let Some(worker::Done::Put(g, _)) = group.lock().unwrap().take() {
                 self.put_failed(g, e.status, &e.message);
             }
             self.end();

@@ -54,6 +54,15 @@ pub struct GetGroup {
     pub alone: bool,
 }
 
+/// What a put's transfer needs to be made again, key by key.
+pub struct PutSource {
+    pub shard: usize,
+    pub src: Arc<Layout>,
+    pub opts: TransferOptions,
+    /// Retried key by key after the group's write failed: one key, not to be split again.
+    pub alone: bool,
+}
+
 /// Slots handed out by the owner that one engine transfer writes: the keys' indices.
 pub struct WriteGroup {
     pub req: Arc<StoreRequest>,
@@ -61,7 +70,7 @@ pub struct WriteGroup {
 }
 
 pub enum Done {
-    Put(PutGroup),
+    Put(PutGroup, PutSource),
     Get(GetGroup),
     Write(WriteGroup),
 }
@@ -89,7 +98,7 @@ pub fn on_complete(tx: &Sender<Msg>, opts: &TransferOptions, done: Done) -> (Tra
 pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
     while let Ok(msg) = rx.recv() {
         match msg {
-            Msg::Done(Done::Put(g), status, message) => inner.put_done(g, status, &message),
+            Msg::Done(Done::Put(g, source), status, message) => inner.put_done(g, source, status, &message),
             Msg::Done(Done::Get(g), status, message) => inner.get_done(g, status, &message),
             Msg::Done(Done::Write(g), status, message) => {
                 for i in g.keys {
@@ -122,7 +131,16 @@ impl Inner {
     }
 
     /// A put's blocks are written and sealed: record them, then make them entries.
-    fn put_done(&self, g: PutGroup, status: Status, message: &str) {
+    fn put_done(self: &Arc<Self>, g: PutGroup, source: PutSource, status: Status, message: &str) {
+        if status == Status::Io && !source.alone && g.keys.len() > 1 {
+            // One failed write (a full disk) fails the whole transfer: write the keys one
+            // by one, so it fails its key alone. Blocks the first attempt wrote have
+            // their space already, so theirs succeed.
+            for k in g.keys {
+                self.submit_put(&g.req, source.shard, &source.src, vec![k], &source.opts, true);
+            }
+            return;
+        }
         if status != Status::Ok {
             return self.put_failed(g, status, message);
         }
