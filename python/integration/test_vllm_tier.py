@@ -33,10 +33,11 @@ CPU_CHUNKS = 8
 DEADLINE_S = 60.0
 
 
-def make_manager(root, model="kvxfer/test-model", **tier):
-    """vLLM's tiering manager with the kvxfer tier, as vLLM builds it from
-    kv_connector_extra_config."""
-    tier_config = {"type": "KvxferTier", "module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **tier}
+def make_manager(root, model="kvxfer/test-model", tier_config=None, **tier):
+    """vLLM's tiering manager with the kvxfer tier (or `tier_config`'s), as vLLM builds
+    it from kv_connector_extra_config."""
+    if tier_config is None:
+        tier_config = {"type": "KvxferTier", "module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **tier}
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
         worker_kv_bytes_per_block=BLOCK_BYTES,
@@ -165,6 +166,22 @@ def test_chunks_cascade_to_the_store_and_come_back_exact(manager):
     assert all(results[k] is LookupResult.HIT for k in keys)
     for k in keys:
         assert np.array_equal(got[k], payload(k, BLOCK_BYTES)), f"chunk of {k.hex()} differs"
+
+
+def test_vllms_own_fs_tier_passes_the_same_calling_sequence(tmp_path):
+    """The sequence these tests drive, checked on vLLM's own disk tier: what the kvxfer
+    tier passes, a tier vLLM ships passes too."""
+    m = make_manager(tmp_path, tier_config={"type": "fs", "root_dir": str(tmp_path), "n_read_threads": 2, "n_write_threads": 2})
+    try:
+        keys = keys_of(1, 2, 3)
+        offload(m, keys)
+        empty_cpu_tier(m)
+        (absent,) = keys_of(9)
+        results, got = onboard(m, keys + [absent])
+        assert results[absent] is LookupResult.MISS
+        assert all(results[k] is LookupResult.HIT and np.array_equal(got[k], payload(k, BLOCK_BYTES)) for k in keys)
+    finally:
+        m.shutdown()
 
 
 def test_a_key_never_stored_is_a_miss(manager):

@@ -69,7 +69,7 @@ def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "") -> Dict
         "pcp": p.pcp_size,
         "dcp": p.dcp_size,
         "worker_kv_bytes_per_block": c.worker_kv_bytes_per_block,
-        "replicated_layout": bool(getattr(offloading_spec, "replicated_layout", c.replicated_layout)),
+        "replicated_layout": bool(offloading_spec.replicated_layout),
         "canonical_layout": bool(c.canonical_layout),
         "kv_cache_layout": c.kv_cache_layout,
         "chunk_bytes": chunk_bytes,
@@ -130,9 +130,14 @@ def _capacity_blocks(capacity_blocks: Optional[int], capacity_bytes: Optional[in
 
 
 def _make_tier_class() -> type:
-    check_vllm_version()
-    from vllm.v1.kv_offload.base import LookupResult, Medium, RequestOffloadingContext
-    from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
+    version = check_vllm_version()
+    import numpy as np  # a dependency of vLLM's
+
+    try:
+        from vllm.v1.kv_offload.base import Locality, LookupResult, Medium, RequestOffloadingContext
+        from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
+    except ImportError as e:
+        raise Unsupported(f"vLLM {version} is installed but its tiering modules do not import ({e}); kvxfer.vllm needs them", 5) from e
 
     class KvxferTier(SecondaryTierManager):
         """A vLLM secondary tier in a kvxfer store. Tier config keys (beside `type`,
@@ -162,11 +167,7 @@ def _make_tier_class() -> type:
             backpressure_detector: Any = None,
         ) -> None:
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-            from vllm.v1.kv_offload.base import Locality
-
             self.locality = Locality(locality) if locality is not None else None
-            import numpy as np
-
             rows = np.asarray(primary_kv_view)
             if rows.ndim != 2 or rows.itemsize != 1:
                 raise InvalidArgument(f"vLLM's CPU tier view has shape {rows.shape} of {rows.dtype}; the kvxfer tier expects (num_chunks, chunk_bytes) bytes")
