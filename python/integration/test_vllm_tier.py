@@ -33,16 +33,16 @@ CPU_CHUNKS = 8
 DEADLINE_S = 60.0
 
 
-def make_manager(root, model="kvxfer/test-model", tier_config=None, **tier):
+def make_manager(root, model="kvxfer/test-model", tier_config=None, block_bytes=BLOCK_BYTES, **tier):
     """vLLM's tiering manager with the kvxfer tier (or `tier_config`'s), as vLLM builds
     it from kv_connector_extra_config."""
     if tier_config is None:
         tier_config = {"type": "KvxferTier", "module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **tier}
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
-        worker_kv_bytes_per_block=BLOCK_BYTES,
+        worker_kv_bytes_per_block=block_bytes,
         enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": CPU_CHUNKS * BLOCK_BYTES, "secondary_tiers": [tier_config]},
+        extra_config={"cpu_bytes_to_use": CPU_CHUNKS * block_bytes, "secondary_tiers": [tier_config]},
         engine_id=f"kvxfer-test-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name=model, dtype="bfloat16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
@@ -166,6 +166,20 @@ def test_chunks_cascade_to_the_store_and_come_back_exact(manager):
     assert all(results[k] is LookupResult.HIT for k in keys)
     for k in keys:
         assert np.array_equal(got[k], payload(k, BLOCK_BYTES)), f"chunk of {k.hex()} differs"
+
+
+@pytest.mark.parametrize("chunk_bytes", [2 << 20, 5 * 4096 * 64, 3 * 4096])
+def test_chunks_of_other_sizes_come_back_exact(tmp_path, chunk_bytes):
+    """2 MiB (eight checksummed regions), 1.25 MiB (regions of 5 pages) and 12 KiB."""
+    m = make_manager(tmp_path, block_bytes=chunk_bytes)
+    try:
+        keys = keys_of(1, 2, 3)
+        offload(m, keys)
+        empty_cpu_tier(m)
+        results, got = onboard(m, keys)
+        assert all(results[k] is LookupResult.HIT and np.array_equal(got[k], payload(k, chunk_bytes)) for k in keys)
+    finally:
+        m.shutdown()
 
 
 def test_vllms_own_fs_tier_passes_the_same_calling_sequence(tmp_path):

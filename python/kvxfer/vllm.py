@@ -109,6 +109,24 @@ def check_vllm_version() -> str:
     return v
 
 
+#: The largest region of a chunk: the store checksums each region within one bounce slot
+#: (2 MiB by default), so a chunk of several MiB is several regions.
+_MAX_REGION = 256 * 1024
+_PAGE = 4096
+
+
+def chunk_layout(num_chunks: int, chunk_bytes: int) -> LayoutConfig:
+    """The layout of vLLM's CPU tier with a chunk as one block, cut into equal regions (its
+    "layers") of at most 256 KiB and whole 4 KiB pages: the store checksums a region at a
+    time and never looks inside a chunk otherwise. vLLM's chunks are whole pages; one that
+    is not would be one region."""
+    region = chunk_bytes
+    if chunk_bytes > _MAX_REGION and chunk_bytes % _PAGE == 0:
+        pages = chunk_bytes // _PAGE
+        region = _PAGE * max(d for d in range(1, _MAX_REGION // _PAGE + 1) if pages % d == 0)
+    return LayoutConfig(num_blocks=num_chunks, num_layers=chunk_bytes // region, outer_dim=1, page_size=1, inner_dim=region, dtype_bytes=1)
+
+
 @dataclass
 class _Job:
     """A store or load job in flight: the vLLM job, and the store request moving it."""
@@ -176,9 +194,7 @@ def _make_tier_class() -> type:
             self.namespace = namespace_of(self._fields)
             self.directory = store_directory(root_dir, self._fields, self.namespace, offloading_spec.config.parallel.data_parallel_index)
             os.makedirs(self.directory, exist_ok=True)
-            # A chunk is one block of one layer: the store moves it whole and never
-            # looks inside, so its geometry is its byte count.
-            self._config = LayoutConfig(num_blocks=num_chunks, num_layers=1, outer_dim=1, page_size=1, inner_dim=chunk_bytes, dtype_bytes=1)
+            self._config = chunk_layout(num_chunks, chunk_bytes)
             # The scheduler process moves host memory only: no CUDA context there.
             self._engine = Engine("emulated", **(engine or {}))
             try:
@@ -301,4 +317,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__: Sequence[str] = ["KvxferTier", "SUPPORTED_VLLM", "check_vllm_version", "fingerprint", "namespace_of", "store_key", "store_directory"]
+__all__: Sequence[str] = ["KvxferTier", "SUPPORTED_VLLM", "check_vllm_version", "chunk_layout", "fingerprint", "namespace_of", "store_key", "store_directory"]
