@@ -143,6 +143,20 @@ def tier_of(m):
     return tier
 
 
+def record_results(tier):
+    """A list that collects every JobResult the tier hands vLLM from now on."""
+    reported = []
+    poll = tier.get_finished_jobs
+
+    def recording_poll():
+        out = list(poll())
+        reported.extend(out)
+        return out
+
+    tier.get_finished_jobs = recording_poll
+    return reported
+
+
 @pytest.fixture
 def manager(tmp_path):
     m = make_manager(tmp_path)
@@ -231,15 +245,7 @@ def test_a_damaged_chunk_fails_its_key_alone(manager):
                     os.fsync(f.fileno())
                     found = True
     assert found, "key 2's block is in no data file"
-    reported = []
-    poll = tier.get_finished_jobs
-
-    def recording_poll():
-        out = list(poll())
-        reported.extend(out)
-        return out
-
-    tier.get_finished_jobs = recording_poll
+    reported = record_results(tier)
     results, got = onboard(manager, keys)
     # One promotion job of the three keys, reported failed with the two that loaded:
     # vLLM keeps those, frees the damaged one's CPU slot, and its next lookup misses
@@ -253,6 +259,20 @@ def test_a_damaged_chunk_fails_its_key_alone(manager):
         assert np.array_equal(got[k], payload(k, BLOCK_BYTES))
     stats = tier._store.stats()
     assert stats.integrity_failures == 1 and stats.entries == 2
+
+
+def test_a_store_job_that_cannot_store_every_key_is_reported_failed(tmp_path):
+    m = make_manager(tmp_path, capacity_blocks=2, shards=1)
+    try:
+        tier = tier_of(m)
+        reported = record_results(tier)
+        keys = keys_of(1, 2, 3)
+        offload(m, keys)  # a put never evicts a key of its own batch: one key is Busy
+        (job,) = reported
+        assert not job.success and job.transfer_bytes == 2 * BLOCK_BYTES
+        assert tier._store.stats().entries == 2
+    finally:
+        m.shutdown()
 
 
 def test_a_restart_of_the_same_configuration_finds_its_chunks(tmp_path):
