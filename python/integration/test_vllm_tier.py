@@ -1,0 +1,315 @@
+"""kvxfer's vLLM secondary tier driven by vLLM itself (the installed vllm==0.33.0, never
+a copy of its interface): a `TieringOffloadingSpec` whose `secondary_tiers` name
+`kvxfer.vllm` by module path builds vLLM's `TieringOffloadingManager`, CPU tier and all,
+and the tests make the scheduler's calls on it. The GPU workers' copies into and out of
+the CPU tier are written and read straight in its shared memory, as the workers do.
+Run by `make integration-test`."""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import kvxfer
+import kvxfer.vllm as kv_vllm
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+BLOCK_BYTES = 64 * 1024  # one worker's KV bytes of one block: a 64 KiB chunk
+CPU_CHUNKS = 8
+#: A hang guard only: every wait here ends as soon as the jobs do.
+DEADLINE_S = 60.0
+
+
+def make_manager(root, model="kvxfer/test-model", tier_config=None, block_bytes=BLOCK_BYTES, **tier):
+    """vLLM's tiering manager with the kvxfer tier (or `tier_config`'s), as vLLM builds
+    it from kv_connector_extra_config."""
+    if tier_config is None:
+        tier_config = {"type": "KvxferTier", "module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **tier}
+    config = OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
+        worker_kv_bytes_per_block=block_bytes,
+        enable_kv_cache_events=False,
+        extra_config={"cpu_bytes_to_use": CPU_CHUNKS * block_bytes, "secondary_tiers": [tier_config]},
+        engine_id=f"kvxfer-test-{uuid.uuid4().hex[:12]}",
+        model=OffloadingModelConfig(name=model, dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
+    return TieringOffloadingSpec(config).get_manager()
+
+
+def keys_of(*names):
+    """vLLM offload keys: a 32-byte block hash (sha256's size) and group 0."""
+    return [make_offload_key(bytes([n]) * 32, 0) for n in names]
+
+
+def payload(key, size):
+    return np.random.default_rng(int.from_bytes(key[:8], "little")).integers(0, 256, size, dtype=np.uint8)
+
+
+def cpu_tier(m):
+    """The CPU tier's memory as bytes, one row a chunk."""
+    return np.asarray(m.primary_tier.get_kv_memoryview()).view(np.uint8)
+
+
+def step(m):
+    with m.lock:
+        m.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+
+
+def wait_idle(m):
+    deadline = time.monotonic() + DEADLINE_S
+    while m.has_pending_work():
+        assert time.monotonic() < deadline, "the tier's jobs did not finish"
+        step(m)
+        time.sleep(0.001)
+
+
+def offload(m, keys):
+    """A request's chunks stored GPU -> CPU tier, which cascades them to the kvxfer tier."""
+    ctx = ReqContext(req_id=uuid.uuid4().hex)
+    view = cpu_tier(m)
+    with m.lock:
+        m.on_new_request(ctx)
+        out = m.prepare_store(keys, ctx)
+    assert out is not None and list(out.keys_to_store) == list(keys)
+    for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
+        view[cid] = payload(k, view.shape[1])  # the worker's GPU -> CPU copy
+    with m.lock:
+        m.complete_store(out.keys_to_store, ctx)
+        m.on_request_finished(ctx)
+    wait_idle(m)
+
+
+def empty_cpu_tier(m):
+    """Drops every chunk of the CPU tier and zeroes its memory: what comes back is read
+    from the kvxfer tier."""
+    with m.lock:
+        m.reset_cache()
+        m.on_reset_flushed()
+    cpu_tier(m)[:] = 0
+
+
+def onboard(m, keys):
+    """The scheduler's lookups for a new request until each key is a HIT or a MISS (a
+    secondary hit is promoted into the CPU tier first), then the worker's CPU -> GPU read
+    of the hits. Returns {key: LookupResult} and {key: bytes read}."""
+    ctx = ReqContext(req_id=uuid.uuid4().hex)
+    with m.lock:
+        m.on_new_request(ctx)
+    results = {}
+    deadline = time.monotonic() + DEADLINE_S
+    while len(results) < len(keys):
+        assert time.monotonic() < deadline, "the promotions did not finish"
+        with m.lock:
+            for k in keys:
+                if k not in results:
+                    r = m.lookup(k, ctx)
+                    if r in (LookupResult.HIT, LookupResult.MISS):
+                        results[k] = r
+        step(m)
+        time.sleep(0.001)
+    hits = [k for k in keys if results[k] is LookupResult.HIT]
+    view = cpu_tier(m)
+    with m.lock:
+        spec = m.prepare_load(hits, ctx)
+    got = {k: view[cid].copy() for k, cid in zip(hits, spec.chunk_ids)}  # the worker's CPU -> GPU copy
+    with m.lock:
+        m.complete_load(hits, ctx)
+        m.on_request_finished(ctx)
+    wait_idle(m)
+    return results, got
+
+
+def tier_of(m):
+    (tier,) = m.secondary_tiers
+    return tier
+
+
+def record_results(tier):
+    """A list that collects every JobResult the tier hands vLLM from now on."""
+    reported = []
+    poll = tier.get_finished_jobs
+
+    def recording_poll():
+        out = list(poll())
+        reported.extend(out)
+        return out
+
+    tier.get_finished_jobs = recording_poll
+    return reported
+
+
+@pytest.fixture
+def manager(tmp_path):
+    m = make_manager(tmp_path)
+    yield m
+    m.shutdown()
+
+
+def test_vllm_loads_the_tier_by_module_path(manager):
+    tier = tier_of(manager)
+    assert type(tier).__name__ == "KvxferTier" and type(tier).__module__ == "kvxfer.vllm"
+    assert tier.block_size_bytes == BLOCK_BYTES
+    assert os.path.isfile(os.path.join(tier.directory, "config.json"))
+
+
+def test_chunks_cascade_to_the_store_and_come_back_exact(manager):
+    keys = keys_of(1, 2, 3, 4, 5)
+    offload(manager, keys)
+    assert tier_of(manager)._store.stats().entries == 5
+    empty_cpu_tier(manager)
+    results, got = onboard(manager, keys)
+    assert all(results[k] is LookupResult.HIT for k in keys)
+    for k in keys:
+        assert np.array_equal(got[k], payload(k, BLOCK_BYTES)), f"chunk of {k.hex()} differs"
+
+
+@pytest.mark.parametrize("chunk_bytes", [2 << 20, 5 * 4096 * 64, 3 * 4096])
+def test_chunks_of_other_sizes_come_back_exact(tmp_path, chunk_bytes):
+    """2 MiB (eight checksummed regions), 1.25 MiB (regions of 5 pages) and 12 KiB."""
+    m = make_manager(tmp_path, block_bytes=chunk_bytes)
+    try:
+        keys = keys_of(1, 2, 3)
+        offload(m, keys)
+        empty_cpu_tier(m)
+        results, got = onboard(m, keys)
+        assert all(results[k] is LookupResult.HIT and np.array_equal(got[k], payload(k, chunk_bytes)) for k in keys)
+    finally:
+        m.shutdown()
+
+
+def test_vllms_own_fs_tier_passes_the_same_calling_sequence(tmp_path):
+    """The sequence these tests drive, checked on vLLM's own disk tier: what the kvxfer
+    tier passes, a tier vLLM ships passes too."""
+    m = make_manager(tmp_path, tier_config={"type": "fs", "root_dir": str(tmp_path), "n_read_threads": 2, "n_write_threads": 2})
+    try:
+        keys = keys_of(1, 2, 3)
+        offload(m, keys)
+        empty_cpu_tier(m)
+        (absent,) = keys_of(9)
+        results, got = onboard(m, keys + [absent])
+        assert results[absent] is LookupResult.MISS
+        assert all(results[k] is LookupResult.HIT and np.array_equal(got[k], payload(k, BLOCK_BYTES)) for k in keys)
+    finally:
+        m.shutdown()
+
+
+def test_a_key_never_stored_is_a_miss(manager):
+    keys = keys_of(1, 2)
+    offload(manager, keys)
+    empty_cpu_tier(manager)
+    (absent,) = keys_of(9)
+    results, got = onboard(manager, keys + [absent])
+    assert results[absent] is LookupResult.MISS
+    assert all(results[k] is LookupResult.HIT for k in keys)
+    assert all(np.array_equal(got[k], payload(k, BLOCK_BYTES)) for k in keys)
+
+
+def test_a_damaged_chunk_fails_its_key_alone(manager):
+    keys = keys_of(1, 2, 3)
+    offload(manager, keys)
+    empty_cpu_tier(manager)
+    tier = tier_of(manager)
+    # Flip a byte of key 2's block where the store keeps it.
+    want = payload(keys[1], BLOCK_BYTES).tobytes()
+    found = False
+    for name in sorted(os.listdir(tier.directory)):
+        if not name.startswith("data-") or name.endswith(".kvxsum"):
+            continue
+        path = os.path.join(tier.directory, name)
+        with open(path, "r+b") as f:
+            data = f.read()
+            for off in range(0, len(data) - BLOCK_BYTES + 1, BLOCK_BYTES):
+                if data[off : off + BLOCK_BYTES] == want:
+                    f.seek(off + 1000)
+                    f.write(bytes([data[off + 1000] ^ 0x40]))
+                    f.flush()
+                    os.fsync(f.fileno())
+                    found = True
+    assert found, "key 2's block is in no data file"
+    reported = record_results(tier)
+    results, got = onboard(manager, keys)
+    # One promotion job of the three keys, reported failed with the two that loaded:
+    # vLLM keeps those, frees the damaged one's CPU slot, and its next lookup misses
+    # (the store dropped the entry).
+    (job,) = reported
+    assert not job.success and set(job.successful_keys) == {keys[0], keys[2]}
+    assert job.transfer_bytes == 2 * BLOCK_BYTES
+    assert results[keys[1]] is LookupResult.MISS
+    for k in (keys[0], keys[2]):
+        assert results[k] is LookupResult.HIT
+        assert np.array_equal(got[k], payload(k, BLOCK_BYTES))
+    stats = tier._store.stats()
+    assert stats.integrity_failures == 1 and stats.entries == 2
+
+
+def test_a_store_job_that_cannot_store_every_key_is_reported_failed(tmp_path):
+    m = make_manager(tmp_path, capacity_blocks=2, shards=1)
+    try:
+        tier = tier_of(m)
+        reported = record_results(tier)
+        keys = keys_of(1, 2, 3)
+        offload(m, keys)  # a put never evicts a key of its own batch: one key is Busy
+        (job,) = reported
+        assert not job.success and job.transfer_bytes == 2 * BLOCK_BYTES
+        assert tier._store.stats().entries == 2
+    finally:
+        m.shutdown()
+
+
+def test_a_restart_of_the_same_configuration_finds_its_chunks(tmp_path):
+    keys = keys_of(1, 2, 3)
+    m = make_manager(tmp_path)
+    try:
+        offload(m, keys)
+    finally:
+        m.shutdown()
+    m = make_manager(tmp_path)
+    try:
+        results, got = onboard(m, keys)
+        assert all(results[k] is LookupResult.HIT for k in keys)
+        assert all(np.array_equal(got[k], payload(k, BLOCK_BYTES)) for k in keys)
+    finally:
+        m.shutdown()
+    # Another model (or another tier namespace) never serves those bytes.
+    for other in (make_manager(tmp_path, model="kvxfer/other-model"), make_manager(tmp_path, namespace="weights-rev-2")):
+        try:
+            results, _ = onboard(other, keys)
+            assert all(results[k] is LookupResult.MISS for k in keys)
+        finally:
+            other.shutdown()
+
+
+def test_another_vllm_version_is_refused_naming_the_supported_one(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
+    with pytest.raises(kvxfer.Unsupported, match=r"supports vLLM 0\.33\.0.*vLLM 0\.34\.0 is installed"):
+        kv_vllm.check_vllm_version()
+
+
+def test_kvxfer_and_its_vllm_module_import_without_vllm():
+    code = (
+        "import sys; sys.modules['vllm'] = None\n"
+        "import kvxfer, kvxfer.vllm\n"
+        "assert kvxfer.vllm.store_key(b'k' * 80) != b'k' * 80 and len(kvxfer.vllm.store_key(b'k' * 80)) == 64\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -1,0 +1,320 @@
+"""kvxfer as a vLLM secondary KV tier: `KvxferTier`, a `SecondaryTierManager` of vLLM's
+tiered offloading (`vllm/v1/kv_offload/tiering/`) backed by a kvxfer `Store`, so chunks
+cascade from vLLM's CPU tier to disk or tmpfs and come back by their block keys.
+
+vLLM loads it by module path, without a fork::
+
+    "secondary_tiers": [{"type": "KvxferTier", "module_path": "kvxfer.vllm",
+                         "root_dir": "/mnt/nvme/kv", "capacity_bytes": 500000000000}]
+
+It runs in vLLM's scheduler process, where the CPU tier is one memoryview of
+`(num_chunks, chunk_bytes)`: that memory is registered once as a kvxfer host layout, and a
+chunk moves between it and the store as one block. `import kvxfer.vllm` needs no vLLM;
+vLLM (the version in `SUPPORTED_VLLM`) is imported when the tier class is first asked for.
+See docs/vllm.md."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from .engine import Engine, LayoutConfig
+from .errors import Error, InvalidArgument, Unsupported
+from .store import Store, StoreRequest
+
+log = logging.getLogger("kvxfer.vllm")
+
+#: The vLLM versions whose tiering interface this module implements.
+SUPPORTED_VLLM = ("0.33.0",)
+
+#: The store's longest key; vLLM's keys (a block hash and a 4-byte group index) are 20
+#: to 36 bytes.
+_MAX_KEY = 64
+
+#: Part of every namespace: a change to how this module lays chunks out changes it.
+_FORMAT = "kvxfer.vllm tier 1"
+
+
+def store_key(key: bytes) -> bytes:
+    """The store key of a vLLM `OffloadKey`: the key itself (block hash, then the group
+    index), or, past the store's 64 bytes, its 64-byte BLAKE2b digest."""
+    key = bytes(key)
+    return key if len(key) <= _MAX_KEY else hashlib.blake2b(key, digest_size=_MAX_KEY).digest()
+
+
+def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "") -> Dict[str, Any]:
+    """What makes equal vLLM keys name different bytes, from the `OffloadingSpec` vLLM
+    passes: model, KV dtype, tokens per hash and per chunk, the KV cache groups, the
+    parallel layout (a chunk of the CPU tier holds every worker's part, in rank order),
+    the byte layout and the chunk size; plus `extra` (the tier's `namespace` setting, for
+    what vLLM does not say, such as a weights revision). The data-parallel index is not
+    in it: replicas of one model hold the same bytes under the same keys."""
+    c = offloading_spec.config
+    p = c.parallel
+    return {
+        "format": _FORMAT,
+        "model": c.model.name,
+        "dtype": str(c.model.dtype),
+        "tokens_per_hash": c.cache.tokens_per_hash,
+        "blocks_per_chunk": c.cache.blocks_per_chunk,
+        "groups": [{"tokens_per_block": g.tokens_per_block, "layers": list(g.layer_names)} for g in c.groups],
+        "world_size": p.world_size,
+        "tp": p.tp_size,
+        "pp": p.pp_size,
+        "pcp": p.pcp_size,
+        "dcp": p.dcp_size,
+        "worker_kv_bytes_per_block": c.worker_kv_bytes_per_block,
+        "replicated_layout": bool(offloading_spec.replicated_layout),
+        "canonical_layout": bool(c.canonical_layout),
+        "kv_cache_layout": c.kv_cache_layout,
+        "chunk_bytes": chunk_bytes,
+        "extra": extra,
+    }
+
+
+def namespace_of(fields: Dict[str, Any]) -> bytes:
+    """The store namespace of a fingerprint: its SHA-256 over canonical JSON."""
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return b"vllm " + hashlib.sha256(canonical.encode()).hexdigest().encode()
+
+
+def store_directory(root_dir: str, fields: Dict[str, Any], namespace: bytes, dp_index: int) -> str:
+    """`<root_dir>/<model>_<namespace digest prefix>_dp<k>`: a configuration of its own
+    gets a store of its own, and each data-parallel engine (a scheduler process of its
+    own; a store has one owner) its own directory."""
+    model = str(fields["model"]).replace("/", "_")
+    return os.path.join(root_dir, f"{model}_{namespace[5:17].decode()}_dp{dp_index}")
+
+
+def check_vllm_version() -> str:
+    """The installed vLLM's version; raises `Unsupported` naming the supported ones when
+    it is another (or when vLLM is not installed)."""
+    from importlib import metadata
+
+    try:
+        v = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        raise Unsupported(f"kvxfer.vllm needs vLLM {' or '.join(SUPPORTED_VLLM)}; vLLM is not installed (pip install vllm=={SUPPORTED_VLLM[-1]})", 5) from None
+    if v not in SUPPORTED_VLLM:
+        raise Unsupported(
+            f"kvxfer.vllm supports vLLM {' or '.join(SUPPORTED_VLLM)}, whose tiering interface it implements; "
+            f"vLLM {v} is installed: install vllm=={SUPPORTED_VLLM[-1]}, or a kvxfer that supports {v}",
+            5,
+        )
+    return v
+
+
+#: The largest region of a chunk: the store checksums each region within one bounce slot
+#: (2 MiB by default), so a chunk of several MiB is several regions.
+_MAX_REGION = 256 * 1024
+_PAGE = 4096
+
+
+def chunk_layout(num_chunks: int, chunk_bytes: int) -> LayoutConfig:
+    """The layout of vLLM's CPU tier with a chunk as one block, cut into equal regions (its
+    "layers") of at most 256 KiB and whole 4 KiB pages: the store checksums a region at a
+    time and never looks inside a chunk otherwise. vLLM's chunks are whole pages; one that
+    is not would be one region."""
+    region = chunk_bytes
+    if chunk_bytes > _MAX_REGION and chunk_bytes % _PAGE == 0:
+        pages = chunk_bytes // _PAGE
+        region = _PAGE * max(d for d in range(1, _MAX_REGION // _PAGE + 1) if pages % d == 0)
+    return LayoutConfig(num_blocks=num_chunks, num_layers=chunk_bytes // region, outer_dim=1, page_size=1, inner_dim=region, dtype_bytes=1)
+
+
+@dataclass
+class _Job:
+    """A store or load job in flight: the vLLM job, and the store request moving it."""
+
+    job: Any
+    keys: List[Any]
+    request: StoreRequest
+    is_load: bool
+    submitted: float
+
+
+def _capacity_blocks(capacity_blocks: Optional[int], capacity_bytes: Optional[int], chunk_bytes: int) -> int:
+    if (capacity_blocks is None) == (capacity_bytes is None):
+        raise InvalidArgument("the kvxfer tier needs one of capacity_bytes or capacity_blocks (chunks of the CPU tier) in its tier config")
+    n = capacity_blocks if capacity_blocks is not None else int(capacity_bytes) // chunk_bytes  # type: ignore[arg-type]
+    if not isinstance(n, int) or n <= 0:
+        raise InvalidArgument(f"the kvxfer tier's capacity is {n} chunks of {chunk_bytes} bytes; give capacity_bytes of at least one chunk")
+    return n
+
+
+def _make_tier_class() -> type:
+    version = check_vllm_version()
+    import numpy as np  # a dependency of vLLM's
+
+    try:
+        from vllm.v1.kv_offload.base import Locality, LookupResult, Medium, RequestOffloadingContext
+        from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
+    except ImportError as e:
+        raise Unsupported(f"vLLM {version} is installed but its tiering modules do not import ({e}); kvxfer.vllm needs them", 5) from e
+
+    class KvxferTier(SecondaryTierManager):
+        """A vLLM secondary tier in a kvxfer store. Tier config keys (beside `type`,
+        `module_path` and vLLM's `backpressure`): `root_dir` (required), `capacity_bytes`
+        or `capacity_blocks` (required; chunks), `shards` (data files, default 4),
+        `durable`, `buffered` (tmpfs or page-cache I/O), `verify_on_open`, `namespace`
+        (added to the fingerprint), `engine` (kvxfer engine settings: `io_threads`,
+        `io_backend`, ...), `locality`."""
+
+        medium = Medium.STORAGE
+
+        def __init__(
+            self,
+            offloading_spec: Any,
+            primary_kv_view: memoryview,
+            tier_type: str,
+            root_dir: str,
+            capacity_bytes: Optional[int] = None,
+            capacity_blocks: Optional[int] = None,
+            shards: int = 4,
+            durable: bool = False,
+            buffered: bool = False,
+            verify_on_open: bool = False,
+            namespace: str = "",
+            engine: Optional[Dict[str, Any]] = None,
+            locality: Optional[str] = None,
+            backpressure_detector: Any = None,
+        ) -> None:
+            super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+            self.locality = Locality(locality) if locality is not None else None
+            rows = np.asarray(primary_kv_view)
+            if rows.ndim != 2 or rows.itemsize != 1:
+                raise InvalidArgument(f"vLLM's CPU tier view has shape {rows.shape} of {rows.dtype}; the kvxfer tier expects (num_chunks, chunk_bytes) bytes")
+            num_chunks, chunk_bytes = rows.shape
+            self._fields = fingerprint(offloading_spec, chunk_bytes, namespace)
+            self.namespace = namespace_of(self._fields)
+            self.directory = store_directory(root_dir, self._fields, self.namespace, offloading_spec.config.parallel.data_parallel_index)
+            os.makedirs(self.directory, exist_ok=True)
+            self._config = chunk_layout(num_chunks, chunk_bytes)
+            # The scheduler process moves host memory only: no CUDA context there.
+            self._engine = Engine("emulated", **(engine or {}))
+            try:
+                self._primary = self._engine.register(rows, self._config)
+                self._store = Store(
+                    self._engine,
+                    self.directory,
+                    self._config,
+                    _capacity_blocks(capacity_blocks, capacity_bytes, chunk_bytes),
+                    namespace=self.namespace,
+                    durable=durable,
+                    buffered=buffered,
+                    verify_on_open=verify_on_open,
+                    shards=shards,
+                )
+            except BaseException:
+                self._engine.close()
+                raise
+            with open(os.path.join(self.directory, "config.json"), "w") as f:
+                json.dump(self._fields, f, indent=2, sort_keys=True)
+            self._jobs: List[_Job] = []
+            self._finished: List[Any] = []
+            log.info("kvxfer tier %s: store %s, %d chunks of %d bytes", tier_type, self.directory, self._store.stats().capacity, chunk_bytes)
+
+        # -- index -------------------------------------------------------------
+        def lookup(self, key: Any, req_context: Any) -> Any:
+            present, _ = self._store.lookup([store_key(key)])
+            return LookupResult.HIT if present[0] else LookupResult.MISS
+
+        def on_new_request(self, req_context: Any) -> Any:
+            return RequestOffloadingContext()
+
+        # -- jobs --------------------------------------------------------------
+        def submit_store(self, job_metadata: Any) -> None:
+            self._submit(job_metadata, False)
+
+        def submit_load(self, job_metadata: Any) -> None:
+            self._submit(job_metadata, True)
+
+        def _submit(self, job: Any, is_load: bool) -> None:
+            """Starts the job's put or get; a call the store refuses (a closed store, a
+            chunk id past the CPU tier) is a failed job, reported by the next poll."""
+            keys = list(job.keys)
+            skeys = [store_key(k) for k in keys]
+            try:
+                if is_load:
+                    r = self._store.get(skeys, self._primary, job.chunk_ids)
+                else:
+                    r = self._store.put(self._primary, job.chunk_ids, skeys)
+            except Error as e:
+                log.warning("kvxfer tier: a %s job of %d chunks was refused: %s", "load" if is_load else "store", len(keys), e)
+                self._finished.append(JobResult(job_id=job.job_id, success=False, transfer_bytes=0))
+                return
+            self._jobs.append(_Job(job, keys, r, is_load, time.monotonic()))
+
+        def get_finished_jobs(self) -> List[Any]:
+            running = []
+            for j in self._jobs:
+                if j.request.done():
+                    self._finished.append(self._result(j))
+                else:
+                    running.append(j)
+            self._jobs = running
+            out, self._finished = self._finished, []
+            return out
+
+        def _result(self, j: _Job) -> Any:
+            """The vLLM result of an ended job: a load that failed for some keys (a miss,
+            a failed integrity check) reports the keys that loaded, so vLLM keeps those
+            and recomputes only the others."""
+            results = j.request.results()
+            j.request.release()
+            ok = [k for k, e in zip(j.keys, results) if e is None]
+            for k, e in zip(j.keys, results):
+                if e is not None:
+                    log.log(logging.DEBUG if j.is_load else logging.WARNING, "kvxfer tier: %s of key %s failed: %s", "load" if j.is_load else "store", bytes(k).hex(), e)
+            success = len(ok) == len(j.keys)
+            return JobResult(
+                job_id=j.job.job_id,
+                success=success,
+                successful_keys=tuple(ok) if (j.is_load and not success and ok) else None,
+                transfer_time=time.monotonic() - j.submitted,
+                transfer_bytes=len(ok) * self.block_size_bytes,
+            )
+
+        def has_pending_work(self) -> bool:
+            return bool(self._jobs or self._finished)
+
+        def drain_jobs(self) -> None:
+            """Waits for every job; their results stay for the next `get_finished_jobs`."""
+            for j in self._jobs:
+                self._finished.append(self._result(j))
+            self._jobs = []
+
+        def shutdown(self) -> None:
+            """Drains the jobs, closes the store, and lets go of the CPU tier's memory:
+            vLLM unmaps it next, which it does only once no array still exports it."""
+            self.drain_jobs()
+            self._store.close()
+            self._primary.close()
+            self._engine.close()
+            self._primary = self._store = self._engine = None  # type: ignore[assignment]
+
+    KvxferTier.__module__ = __name__
+    KvxferTier.__qualname__ = "KvxferTier"
+    return KvxferTier
+
+
+_tier_class: Optional[type] = None
+
+
+def __getattr__(name: str) -> Any:
+    """`KvxferTier`, made on first use: vLLM is imported (and its version checked) only
+    when the tier is asked for, so `import kvxfer.vllm` needs no vLLM."""
+    global _tier_class
+    if name == "KvxferTier":
+        if _tier_class is None:
+            _tier_class = _make_tier_class()
+        return _tier_class
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__: Sequence[str] = ["KvxferTier", "SUPPORTED_VLLM", "check_vllm_version", "chunk_layout", "fingerprint", "namespace_of", "store_key", "store_directory"]
