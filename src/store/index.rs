@@ -234,7 +234,7 @@ impl Index {
     pub fn abandon(&mut self, slot: u32) -> Waiters {
         match std::mem::replace(&mut self.slots[slot as usize].state, State::Retired { recorded: false }) {
             State::Writing { key, waiters, .. } => {
-                self.writing.remove(&key);
+                self.end_writing(key, slot);
                 waiters
             }
             _ => Vec::new(),
@@ -322,12 +322,21 @@ impl Index {
         let State::Writing { key, waiters, .. } = std::mem::replace(&mut self.slots[slot as usize].state, State::Free) else {
             unreachable!("a put finishes once, on the slot it took")
         };
-        self.writing.remove(&key);
+        self.end_writing(key, slot);
         match committed {
             Some(r) => self.insert(key, slot, r),
             None => self.free.push(slot),
         }
         waiters
+    }
+
+    /// `key`'s put at `slot` is over. A put of the key removed while in flight may end
+    /// after a newer put of the key took another slot: the map then names the newer one,
+    /// which stays.
+    fn end_writing(&mut self, key: Digest, slot: u32) {
+        if self.writing.get(&key) == Some(&slot) {
+            self.writing.remove(&key);
+        }
     }
 
     /// Takes `key` out of the index (see `Removed`).
@@ -404,6 +413,26 @@ mod tests {
         ix.unpin(e11.slot);
         assert_eq!(put(&mut ix, 14), PutStart::Slot { slot: e11.slot, generation: 5, evicted: true });
         assert_eq!(ix.evictions, 2);
+    }
+
+    /// A put removed while in flight, then put again: the first put's end must not take
+    /// the second one out of the in-flight map, or a third put of the key would write a
+    /// slot of its own and leave an entry the index no longer names (one that comes back
+    /// on reopen after its removal was acknowledged).
+    #[test]
+    fn the_end_of_a_removed_put_leaves_a_newer_put_of_its_key_in_flight() {
+        let mut ix = Index::new(4, Vec::new());
+        let req = Arc::new(StoreRequest::new(3));
+        let PutStart::Slot { slot: a, .. } = ix.start_put(7, (&req, 0)) else { panic!("a free slot") };
+        assert_eq!(ix.remove(7), Removed::Writing);
+        let PutStart::Slot { slot: b, generation: gb, .. } = ix.start_put(7, (&req, 1)) else { panic!("a free slot") };
+        assert_ne!(a, b);
+        ix.finish_put(a, None);
+        assert_eq!(ix.start_put(7, (&req, 2)), PutStart::Joined, "the newer put is still in flight");
+        ix.finish_put(b, Some(&rec(7, gb)));
+        assert!(ix.contains(7));
+        assert_eq!(ix.len(), 1);
+        assert!(matches!(ix.remove(7), Removed::Entry(s) if s == b));
     }
 
     #[test]
