@@ -647,3 +647,25 @@ fn a_store_made_again_where_meta_is_missing_starts_empty() {
     assert_eq!((st.entries, st.integrity_failures), (0, 0), "{st:?}");
     assert!(exact_hits(&e, &s, &(0..4).map(key).collect::<Vec<_>>()).iter().all(|&st| st == Status::NotFound));
 }
+
+/// A handle listed twice, or committed and aborted by two threads, settles once: the
+/// second claim is refused, and the store goes on (a second settling of one slot would
+/// panic under the index's lock, poisoning it, and leave close waiting forever).
+#[test]
+fn a_handle_listed_twice_is_committed_or_aborted_once() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let e = engine_arc();
+        let s = Store::open(&e, &store_dir(), &store_cfg(8, b"ns")).unwrap();
+        let Reservation::Write(h) = s.reserve_slots(&[key(30)]).unwrap()[0] else { panic!("a slot for key 30") };
+        let committed = s.commit_slots(&[h, h]).unwrap();
+        let Reservation::Write(h) = s.reserve_slots(&[key(31)]).unwrap()[0] else { panic!("a slot for key 31") };
+        s.abort_slots(&[h, h]).unwrap();
+        let put = put_keys(&e, &s, &[key(32)]);
+        drop(s);
+        tx.send((committed, put)).unwrap();
+    });
+    let (committed, put) = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the store panicked or hung");
+    assert_eq!(committed, vec![Status::Integrity, Status::InvalidArg], "an unwritten slot, then the same handle again");
+    assert_eq!(put, vec![Status::Ok]);
+}

@@ -140,12 +140,13 @@ impl Store {
         Ok(())
     }
 
-    /// The keys of `handles` still reserved as handed out; the others settled `InvalidArg`.
+    /// The keys of `handles` still reserved as handed out, claimed for this commit or
+    /// abort; the others (a handle listed again included) settled `InvalidArg`.
     fn reserved(&self, handles: &[SlotHandle], req: &Arc<StoreRequest>) -> Vec<PutKey> {
-        let ix = self.inner.index.lock().unwrap();
+        let mut ix = self.inner.index.lock().unwrap();
         let mut keys = Vec::with_capacity(handles.len());
         for (i, h) in handles.iter().enumerate() {
-            if ix.reserved_for(h.slot, h.key_digest, h.generation) {
+            if ix.claim_reserved(h.slot, h.key_digest, h.generation) {
                 keys.push(PutKey { index: i, key: h.key_digest, key_len: h.key_len, slot: h.slot, generation: h.generation, src: 0 });
             } else {
                 req.settle(

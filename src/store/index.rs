@@ -37,9 +37,18 @@ type Waiters = Vec<(Arc<StoreRequest>, usize)>;
 #[derive(Debug)]
 enum State {
     Free,
-    Writing { key: Digest, generation: u64, removed: bool, waiters: Waiters },
+    /// `claimed`: a handed-out slot's commit or abort has begun (it settles once).
+    Writing {
+        key: Digest,
+        generation: u64,
+        removed: bool,
+        claimed: bool,
+        waiters: Waiters,
+    },
     Live(Digest),
-    Retired { recorded: bool },
+    Retired {
+        recorded: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -283,7 +292,8 @@ impl Index {
             },
         };
         self.generation += 1;
-        self.slots[slot as usize].state = State::Writing { key, generation: self.generation, removed: false, waiters: Vec::new() };
+        self.slots[slot as usize].state =
+            State::Writing { key, generation: self.generation, removed: false, claimed: false, waiters: Vec::new() };
         self.writing.insert(key, slot);
         PutStart::Slot { slot, generation: self.generation, evicted }
     }
@@ -309,10 +319,20 @@ impl Index {
         matches!(self.slots[slot as usize].state, State::Writing { removed: false, .. })
     }
 
-    /// Whether `slot` is being put for `key` under `generation` (a handed-out slot that is
-    /// still reserved for it).
-    pub fn reserved_for(&self, slot: u32, key: Digest, generation: u64) -> bool {
-        matches!(self.slots.get(slot as usize), Some(Slot { state: State::Writing { key: k, generation: g, .. }, .. }) if *k == key && *g == generation)
+    /// Claims a handed-out slot for its one commit or abort: whether `slot` is still being
+    /// put for `key` under `generation` and no commit or abort of it has begun. Checked
+    /// and claimed under one lock, so a handle listed twice, or committed and aborted at
+    /// once, settles once.
+    pub fn claim_reserved(&mut self, slot: u32, key: Digest, generation: u64) -> bool {
+        match self.slots.get_mut(slot as usize) {
+            Some(Slot { state: State::Writing { key: k, generation: g, claimed, .. }, .. })
+                if *k == key && *g == generation && !*claimed =>
+            {
+                *claimed = true;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Ends the put that took `slot`: its entry is `committed` (its record is written), or
