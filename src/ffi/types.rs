@@ -286,7 +286,7 @@ pub struct kvx_store_config {
     /// stored contiguous, `capacity_blocks` of them). The caller's; read during
     /// `kvx_store_open` only. Must be set.
     pub block: *const kvx_layout_config,
-    /// Blocks the store holds at most (1 to 2^32 - 1); must be set.
+    /// Blocks the store holds at most (1 to 2^26); must be set.
     pub capacity_blocks: u64,
     /// Everything that makes two blocks with equal keys differ (model, dtype, layout,
     /// TP/PP rank…), at most 256 bytes; NULL with `namespace_len` 0 is the empty one. The

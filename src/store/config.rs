@@ -8,6 +8,11 @@ use crate::layout::LayoutConfig;
 pub const MAX_KEY_BYTES: usize = 64;
 /// Longest namespace, in bytes.
 pub const MAX_NAMESPACE_BYTES: usize = 256;
+/// The most blocks a store holds. Opening keeps about 150 bytes a slot in memory (its
+/// index entry, and the records file while it is scanned), so a larger capacity would
+/// make `open` ask for more memory than a host has and abort the process rather than
+/// fail; 64 Mi blocks are 4 TiB even of 64 KiB blocks.
+pub const MAX_CAPACITY_BLOCKS: u64 = 1 << 26;
 
 /// How a store is opened (`KVX_STORE_*` at the C ABI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,8 +85,8 @@ impl StoreConfig {
         if self.capacity_blocks == 0 {
             bail!(InvalidArg, "store capacity_blocks is 0; a store holds at least one block");
         }
-        if self.capacity_blocks > u32::MAX as u64 {
-            bail!(InvalidArg, "store capacity_blocks is {}; at most {} blocks", self.capacity_blocks, u32::MAX);
+        if self.capacity_blocks > MAX_CAPACITY_BLOCKS {
+            bail!(InvalidArg, "store capacity_blocks is {}; at most {MAX_CAPACITY_BLOCKS} blocks", self.capacity_blocks);
         }
         if self.shards == 0 || self.shards as u64 > self.capacity_blocks {
             bail!(InvalidArg, "store shards is {}; use 1 to capacity_blocks ({}) data files", self.shards, self.capacity_blocks);
@@ -128,6 +133,20 @@ const NAMESPACE_SEED: u64 = 0x6b76_7873_746f_7265;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Status;
+
+    /// A capacity whose index could not fit in memory is refused before anything is
+    /// allocated, not an abort of the process.
+    #[test]
+    fn a_capacity_past_the_most_a_store_indexes_is_refused() {
+        let block = LayoutConfig { num_blocks: 0, num_layers: 1, outer_dim: 1, page_size: 1, inner_dim: 16, dtype_bytes: 1 };
+        assert!(StoreConfig::new(block, MAX_CAPACITY_BLOCKS, b"ns").validate().is_ok());
+        for capacity in [MAX_CAPACITY_BLOCKS + 1, u32::MAX as u64] {
+            let err = StoreConfig::new(block, capacity, b"ns").validate().unwrap_err();
+            assert_eq!(err.status, Status::InvalidArg, "{capacity}");
+            assert!(err.message.contains("at most"), "{}", err.message);
+        }
+    }
 
     #[test]
     fn keys_of_1_to_64_bytes_are_taken_and_others_refused() {
