@@ -169,19 +169,16 @@ Timed StoreRun::plain_pass(const kvx::Layout &mem, bool to_files, const std::vec
   return t;
 }
 
-// One put pass: the blocks of `src` under a new generation's keys, the previous one's
-// removed first (not timed) so every block is written to a free slot.
-Timed StoreRun::put_pass(kvx::Store &s, const kvx::Layout &src, uint64_t &gen) const {
-  if (gen)
-    for (const auto &k : batches(gen).keys) s.remove(k);
-  const Batches b = batches(++gen);
+// Submits every batch of `b` with `submit(i)`, then waits for them in order: one pass.
+template <typename Submit>
+static Timed store_pass(const Batches &b, Submit submit) {
   std::vector<std::pair<kvx::StoreRequest, Clock::time_point>> reqs;
   Timed t;
   const double cpu0 = cpu_seconds();
   const auto t0 = Clock::now();
   for (size_t i = 0; i < b.ids.size(); i++) {
     const auto ts = Clock::now();
-    reqs.emplace_back(s.put(src, b.ids[i], b.keys[i]), ts);
+    reqs.emplace_back(submit(i), ts);
   }
   for (auto &[r, ts] : reqs) {
     r.wait();
@@ -192,24 +189,19 @@ Timed StoreRun::put_pass(kvx::Store &s, const kvx::Layout &src, uint64_t &gen) c
   return t;
 }
 
+// One put pass: the blocks of `src` under a new generation's keys, the previous one's
+// removed first (not timed) so every block is written to a free slot.
+Timed StoreRun::put_pass(kvx::Store &s, const kvx::Layout &src, uint64_t &gen) const {
+  if (gen)
+    for (const auto &k : batches(gen).keys) s.remove(k);
+  const Batches b = batches(++gen);
+  return store_pass(b, [&](size_t i) { return s.put(src, b.ids[i], b.keys[i]); });
+}
+
 // One get pass: every block of generation `gen` into the same block of `dst`.
 Timed StoreRun::get_pass(kvx::Store &s, const kvx::Layout &dst, uint64_t gen) const {
   const Batches b = batches(gen);
-  std::vector<std::pair<kvx::StoreRequest, Clock::time_point>> reqs;
-  Timed t;
-  const double cpu0 = cpu_seconds();
-  const auto t0 = Clock::now();
-  for (size_t i = 0; i < b.ids.size(); i++) {
-    const auto ts = Clock::now();
-    reqs.emplace_back(s.get(b.keys[i], dst, b.ids[i]), ts);
-  }
-  for (auto &[r, ts] : reqs) {
-    r.wait();
-    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - ts).count());
-  }
-  t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  t.cpu_s = cpu_seconds() - cpu0;
-  return t;
+  return store_pass(b, [&](size_t i) { return s.get(b.keys[i], dst, b.ids[i]); });
 }
 
 void StoreRun::transfer_row(const char *op, const char *direction, const Timed &st, const Timed &pl, bool durable) const {
