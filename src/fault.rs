@@ -198,7 +198,7 @@ mod plan {
         s.waiting > 0
     }
 
-    /// A deferred stream is about to run a job: waits while the streams are held.
+    /// A deferred stream is about to start a job: waits while the streams are held.
     pub(crate) fn device_job_starts() {
         let s = STREAMS.lock().unwrap();
         drop(STREAMS_CHANGED.wait_while(s, |s| s.held).unwrap());

@@ -77,7 +77,7 @@ class Handle:
             if not self._closing and self._h is not None:
                 self._users += 1
                 return self._h
-        # Made outside the lock: making it may run a collection, and a finalizer then
+        # Made outside the lock: making it may start a collection, and a finalizer then
         # may close this same handle, which takes the lock.
         raise self._closed()
 
