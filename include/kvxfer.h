@@ -25,7 +25,7 @@
 // 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
 // `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
 // `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
-#define KVX_ABI_MINOR 4
+#define KVX_ABI_MINOR 5
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 #define KVX_DEVICE_AUTO -2
