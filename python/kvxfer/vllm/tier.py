@@ -9,105 +9,26 @@ vLLM loads it by module path, without a fork::
 
 It runs in vLLM's scheduler process, where the CPU tier is one memoryview of
 `(num_chunks, chunk_bytes)`: that memory is registered once as a kvxfer host layout, and a
-chunk moves between it and the store as one block. `import kvxfer.vllm` needs no vLLM;
-vLLM (the version in `SUPPORTED_VLLM`) is imported when the tier class is first asked for.
-See docs/vllm.md."""
+chunk moves between it and the store as one block. vLLM (the version in `SUPPORTED_VLLM`)
+is imported by `make_tier_class`, when vLLM first asks `kvxfer.vllm` for the tier. See
+docs/vllm.md."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
-from .engine import Engine, LayoutConfig
-from .errors import Error, InvalidArgument, Unsupported
-from .store import Store, StoreRequest
+from ..engine import Engine, LayoutConfig
+from ..errors import Error, InvalidArgument, Unsupported
+from ..store import Store, StoreRequest
+from .namespace import fingerprint, namespace_of, store_directory, store_key
+from .version import check_vllm_version
 
 log = logging.getLogger("kvxfer.vllm")
-
-#: The vLLM versions whose tiering interface this module implements.
-SUPPORTED_VLLM = ("0.33.0",)
-
-#: The store's longest key; vLLM's keys (a block hash and a 4-byte group index) are 20
-#: to 36 bytes.
-_MAX_KEY = 64
-
-#: Part of every namespace: a change to how this module lays chunks out changes it.
-_FORMAT = "kvxfer.vllm tier 1"
-
-
-def store_key(key: bytes) -> bytes:
-    """The store key of a vLLM `OffloadKey`: the key itself (block hash, then the group
-    index), or, past the store's 64 bytes, its 64-byte BLAKE2b digest."""
-    key = bytes(key)
-    return key if len(key) <= _MAX_KEY else hashlib.blake2b(key, digest_size=_MAX_KEY).digest()
-
-
-def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "") -> Dict[str, Any]:
-    """What makes equal vLLM keys name different bytes, from the `OffloadingSpec` vLLM
-    passes: model, KV dtype, tokens per hash and per chunk, the KV cache groups, the
-    parallel layout (a chunk of the CPU tier holds every worker's part, in rank order),
-    the byte layout and the chunk size; plus `extra` (the tier's `namespace` setting, for
-    what vLLM does not say, such as a weights revision). The data-parallel index is not
-    in it: replicas of one model hold the same bytes under the same keys."""
-    c = offloading_spec.config
-    p = c.parallel
-    return {
-        "format": _FORMAT,
-        "model": c.model.name,
-        "dtype": str(c.model.dtype),
-        "tokens_per_hash": c.cache.tokens_per_hash,
-        "blocks_per_chunk": c.cache.blocks_per_chunk,
-        "groups": [{"tokens_per_block": g.tokens_per_block, "layers": list(g.layer_names)} for g in c.groups],
-        "world_size": p.world_size,
-        "tp": p.tp_size,
-        "pp": p.pp_size,
-        "pcp": p.pcp_size,
-        "dcp": p.dcp_size,
-        "worker_kv_bytes_per_block": c.worker_kv_bytes_per_block,
-        "replicated_layout": bool(offloading_spec.replicated_layout),
-        "canonical_layout": bool(c.canonical_layout),
-        "kv_cache_layout": c.kv_cache_layout,
-        "chunk_bytes": chunk_bytes,
-        "extra": extra,
-    }
-
-
-def namespace_of(fields: Dict[str, Any]) -> bytes:
-    """The store namespace of a fingerprint: its SHA-256 over canonical JSON."""
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return b"vllm " + hashlib.sha256(canonical.encode()).hexdigest().encode()
-
-
-def store_directory(root_dir: str, fields: Dict[str, Any], namespace: bytes, dp_index: int) -> str:
-    """`<root_dir>/<model>_<namespace digest prefix>_dp<k>`: a configuration of its own
-    gets a store of its own, and each data-parallel engine (a scheduler process of its
-    own; a store has one owner) its own directory."""
-    model = str(fields["model"]).replace("/", "_")
-    return os.path.join(root_dir, f"{model}_{namespace[5:17].decode()}_dp{dp_index}")
-
-
-def check_vllm_version() -> str:
-    """The installed vLLM's version; raises `Unsupported` naming the supported ones when
-    it is another (or when vLLM is not installed)."""
-    from importlib import metadata
-
-    try:
-        v = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        raise Unsupported(f"kvxfer.vllm needs vLLM {' or '.join(SUPPORTED_VLLM)}; vLLM is not installed (pip install vllm=={SUPPORTED_VLLM[-1]})", 5) from None
-    if v not in SUPPORTED_VLLM:
-        raise Unsupported(
-            f"kvxfer.vllm supports vLLM {' or '.join(SUPPORTED_VLLM)}, whose tiering interface it implements; "
-            f"vLLM {v} is installed: install vllm=={SUPPORTED_VLLM[-1]}, or a kvxfer that supports {v}",
-            5,
-        )
-    return v
-
 
 #: The largest region of a chunk: the store checksums each region within one bounce slot
 #: (2 MiB by default), so a chunk of several MiB is several regions.
@@ -147,7 +68,7 @@ def _capacity_blocks(capacity_blocks: Optional[int], capacity_bytes: Optional[in
     return n
 
 
-def _make_tier_class() -> type:
+def make_tier_class() -> type:
     version = check_vllm_version()
     import numpy as np  # a dependency of vLLM's
 
@@ -298,23 +219,6 @@ def _make_tier_class() -> type:
             self._engine.close()
             self._primary = self._store = self._engine = None  # type: ignore[assignment]
 
-    KvxferTier.__module__ = __name__
+    KvxferTier.__module__ = "kvxfer.vllm"
     KvxferTier.__qualname__ = "KvxferTier"
     return KvxferTier
-
-
-_tier_class: Optional[type] = None
-
-
-def __getattr__(name: str) -> Any:
-    """`KvxferTier`, made on first use: vLLM is imported (and its version checked) only
-    when the tier is asked for, so `import kvxfer.vllm` needs no vLLM."""
-    global _tier_class
-    if name == "KvxferTier":
-        if _tier_class is None:
-            _tier_class = _make_tier_class()
-        return _tier_class
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__: Sequence[str] = ["KvxferTier", "SUPPORTED_VLLM", "check_vllm_version", "chunk_layout", "fingerprint", "namespace_of", "store_key", "store_directory"]
