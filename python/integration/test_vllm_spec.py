@@ -1,0 +1,342 @@
+"""kvxfer's offloading spec driven by vLLM itself (the installed vllm==0.33.0, never a copy
+of its interface): vLLM's `OffloadingSpecFactory` builds `KvxferOffloadingSpec` from
+`spec_name` and `spec_module_path`, and the tests make the calls vLLM's
+OffloadingConnector makes, in its order: the scheduler side's on the manager (lookup,
+prepare_store / complete_store, prepare_load / complete_load), the worker side's on one
+worker per rank (submit_store / submit_load, get_finished), with the job specs pickled on
+their way from the one to the other as vLLM ships them. CPU tensors shaped as vLLM's
+canonical KV caches stand in for GPU memory, on kvxfer's emulated device. Run by
+`make integration-test`."""
+
+import dataclasses
+import os
+import pickle
+import time
+import uuid
+
+import pytest
+import torch
+
+import kvxfer
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCacheRef,
+    CanonicalKVCacheTensor,
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LookupResult,
+    ReqContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+LAYERS = 2  # per rank
+PAGE = 16 * 1024  # one layer's bytes of one GPU block
+GPU_BLOCKS = 16
+#: A hang guard only: every wait here ends as soon as the jobs do.
+DEADLINE_S = 60.0
+
+
+def make_config(root, rank=0, world_size=2, model="kvxfer/test-model", **extra):
+    """vLLM's offloading config of a `world_size`-way tensor-parallel model whose
+    kv_connector_extra_config names the kvxfer spec by module path."""
+    extra = {"spec_name": "KvxferOffloadingSpec", "spec_module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **extra}
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=tuple(f"model.layers.{i}.attn" for i in range(LAYERS)), group_id=0),),
+        worker_kv_bytes_per_block=LAYERS * PAGE,
+        enable_kv_cache_events=False,
+        extra_config=extra,
+        engine_id=f"kvxfer-test-{uuid.uuid4().hex[:12]}",
+        model=OffloadingModelConfig(name=model, dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=rank, world_size=world_size, tp_size=world_size, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
+
+
+class Engine:
+    """One vLLM engine's offloading: a worker per rank (made first, as vLLM registers
+    the KV caches before it makes the scheduler) and the scheduler's manager, each from
+    a spec of its own, as each process makes one. `caches[rank]` are the rank's KV
+    tensors, one `(num_blocks, page)` tensor per layer."""
+
+    def __init__(self, root, world_size=2, **kw):
+        self.caches = [[torch.zeros((GPU_BLOCKS, PAGE), dtype=torch.int8) for _ in range(LAYERS)] for _ in range(world_size)]
+        self.workers = []
+        for r in range(world_size):
+            spec = OffloadingSpecFactory.create_spec(make_config(root, r, world_size, **kw))
+            kv = CanonicalKVCaches(
+                tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=PAGE) for t in self.caches[r]],
+                group_data_refs=[[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=PAGE) for i in range(LAYERS)]],
+            )
+            self.workers.append(spec.get_worker(kv))
+        self.spec = OffloadingSpecFactory.create_spec(make_config(root, 0, world_size, **kw))
+        self.manager = self.spec.get_manager()
+        self._job = 0
+
+    def shutdown(self):
+        for w in self.workers:
+            w.shutdown()
+        self.manager.shutdown()
+
+    # -- the worker side ---------------------------------------------------------
+    def _run(self, submit, gpu_spec, slots):
+        """Submits a job to every worker, each with its own unpickled copy of the specs,
+        and polls them until each reports it. Returns each rank's TransferResult."""
+        self._job += 1
+        job = self._job
+        for w in self.workers:
+            g, s = pickle.loads(pickle.dumps((gpu_spec, slots)))
+            assert getattr(w, submit)(job, *((g, s) if submit == "submit_store" else (s, g)))
+        results = [None] * len(self.workers)
+        deadline = time.monotonic() + DEADLINE_S
+        while any(r is None for r in results):
+            assert time.monotonic() < deadline, "the workers' jobs did not finish"
+            for i, w in enumerate(self.workers):
+                for r in w.get_finished():
+                    assert r.job_id == job
+                    results[i] = r
+            time.sleep(0.001)
+        return results
+
+    # -- the scheduler's sequence ------------------------------------------------
+    def offload(self, keys, blocks):
+        """A request's blocks `blocks` stored under `keys`. Returns the keys the manager
+        took and each rank's TransferResult."""
+        m = self.manager
+        ctx = ReqContext(req_id=uuid.uuid4().hex)
+        with m.lock:
+            m.on_new_request(ctx)
+            out = m.prepare_store(keys, ctx)
+        assert out is not None
+        stored = list(out.keys_to_store)
+        gpu = GPULoadStoreSpec([blocks[keys.index(k)] for k in stored], group_sizes=[len(stored)], block_indices=[0])
+        results = self._run("submit_store", gpu, out.store_spec) if stored else []
+        with m.lock:
+            m.complete_store(stored, ctx)
+            m.on_request_finished(ctx)
+        return stored, results
+
+    def lookup(self, keys):
+        m = self.manager
+        ctx = ReqContext(req_id=uuid.uuid4().hex)
+        with m.lock:
+            m.on_new_request(ctx)
+            return [m.lookup(k, ctx) for k in keys]
+
+    def onboard(self, keys, blocks):
+        """The hits of `keys` loaded into GPU blocks `blocks`. Returns {key: lookup
+        result} and each rank's TransferResult (None without a hit)."""
+        m = self.manager
+        ctx = ReqContext(req_id=uuid.uuid4().hex)
+        with m.lock:
+            m.on_new_request(ctx)
+            found = {k: m.lookup(k, ctx) for k in keys}
+        hits = [k for k in keys if found[k] is LookupResult.HIT]
+        if not hits:
+            return found, None
+        with m.lock:
+            src = m.prepare_load(hits, ctx)
+        gpu = GPULoadStoreSpec([blocks[keys.index(k)] for k in hits], group_sizes=[len(hits)], block_indices=[0])
+        results = self._run("submit_load", gpu, src)
+        with m.lock:
+            m.complete_load(set(hits), ctx)
+            m.on_request_finished(ctx)
+        return found, results
+
+
+def keys_of(*names):
+    """vLLM offload keys: a 32-byte block hash (sha256's size) and group 0."""
+    return [make_offload_key(bytes([n]) * 32, 0) for n in names]
+
+
+def fill(engine, blocks, seed):
+    """Distinct bytes in GPU blocks `blocks` of every layer of every rank."""
+    g = torch.Generator().manual_seed(seed)
+    for layers in engine.caches:
+        for t in layers:
+            for b in blocks:
+                t[b] = torch.randint(-128, 128, (PAGE,), dtype=torch.int8, generator=g)
+
+
+def snapshot(engine, blocks):
+    return [[t[blocks].clone() for t in layers] for layers in engine.caches]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for la, lb in zip(a, b) for x, y in zip(la, lb))
+
+
+def clear(engine):
+    for layers in engine.caches:
+        for t in layers:
+            t.zero_()
+
+
+@pytest.fixture
+def engine(tmp_path):
+    e = Engine(tmp_path)
+    yield e
+    e.shutdown()
+
+
+def test_vllm_builds_the_spec_by_name_and_module_path(engine):
+    assert type(engine.spec).__name__ == "KvxferOffloadingSpec" and type(engine.spec).__module__ == "kvxfer.vllm"
+    # A store per rank, each of its own namespace: rank 1's pages never answer for rank 0.
+    s = engine.spec._settings
+    assert len(s.directories) == 2 and s.directories[0].endswith("_rank0") and s.directories[1].endswith("_rank1")
+    assert s.namespaces[0] != s.namespaces[1]
+
+
+def test_blocks_stored_then_loaded_come_back_exact(engine):
+    keys = keys_of(1, 2, 3, 4)
+    fill(engine, [0, 1, 2, 3], seed=1)
+    want = snapshot(engine, [0, 1, 2, 3])
+    stored, results = engine.offload(keys, [0, 1, 2, 3])
+    assert stored == keys and all(r.success and r.transfer_size == 4 * LAYERS * PAGE for r in results)
+    clear(engine)
+    found, results = engine.onboard(keys, [8, 9, 10, 11])
+    assert all(found[k] is LookupResult.HIT for k in keys)
+    assert all(r.success for r in results)
+    assert same(snapshot(engine, [8, 9, 10, 11]), want)
+
+
+def test_a_key_stored_already_is_not_stored_again(engine):
+    keys = keys_of(1, 2)
+    fill(engine, [0, 1, 2], seed=2)
+    engine.offload(keys, [0, 1])
+    stored, _ = engine.offload(keys_of(1, 2, 3), [0, 1, 2])
+    assert stored == keys_of(3)
+
+
+def test_a_key_never_stored_is_a_miss_and_the_others_load(engine):
+    keys = keys_of(1, 2)
+    fill(engine, [0, 1], seed=3)
+    want = snapshot(engine, [0, 1])
+    engine.offload(keys, [0, 1])
+    clear(engine)
+    (absent,) = keys_of(9)
+    found, results = engine.onboard(keys + [absent], [4, 5, 6])
+    assert found[absent] is LookupResult.MISS
+    assert all(found[k] is LookupResult.HIT for k in keys) and all(r.success for r in results)
+    assert same(snapshot(engine, [4, 5]), want)
+
+
+def flip_a_byte(directory, want):
+    """Flips a byte of the block whose bytes are `want`, where the store keeps it."""
+    for name in sorted(os.listdir(directory)):
+        if not name.startswith("data-") or name.endswith(".kvxsum"):
+            continue
+        path = os.path.join(directory, name)
+        with open(path, "r+b") as f:
+            data = f.read()
+            off = data.find(want)
+            if off >= 0:
+                f.seek(off + 1000)
+                f.write(bytes([data[off + 1000] ^ 0x40]))
+                f.flush()
+                os.fsync(f.fileno())
+                return
+    raise AssertionError(f"the block is in no data file of {directory}")
+
+
+def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path):
+    keys = keys_of(1, 2, 3)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0, 1, 2], seed=4)
+        e.offload(keys, [0, 1, 2])
+        # Key 2's page of layer 0 on rank 1, damaged on disk.
+        flip_a_byte(e.spec._settings.directories[1], e.caches[1][0][1].numpy().tobytes())
+        found, results = e.onboard(keys, [8, 9, 10])
+        assert all(found[k] is LookupResult.HIT for k in keys)
+        # vLLM's TransferResult of a failed job: rank 1 says its load failed (its KV is
+        # not what was stored), rank 0's loaded whole.
+        assert results[0].success and results[0].transfer_size == 3 * LAYERS * PAGE
+        assert not results[1].success and results[1].transfer_size == 2 * LAYERS * PAGE
+    finally:
+        e.shutdown()
+    # The worker named the key; the next manager to open the stores removes it from
+    # every rank, so vLLM computes it again instead of loading it.
+    e = Engine(tmp_path)
+    try:
+        assert e.lookup(keys) == [LookupResult.HIT, LookupResult.MISS, LookupResult.HIT]
+    finally:
+        e.shutdown()
+
+
+def test_a_failed_store_job_is_rolled_back(engine):
+    keys = keys_of(1, 2)
+    m = engine.manager
+    ctx = ReqContext(req_id="r")
+    with m.lock:
+        m.on_new_request(ctx)
+        out = m.prepare_store(keys, ctx)
+        m.complete_store(out.keys_to_store, ctx, success=False)
+    assert engine.lookup(keys) == [LookupResult.MISS, LookupResult.MISS]
+    fill(engine, [0, 1], seed=5)
+    stored, results = engine.offload(keys, [0, 1])
+    assert stored == keys and all(r.success for r in results)
+    assert engine.lookup(keys) == [LookupResult.HIT, LookupResult.HIT]
+
+
+def test_a_store_no_worker_wrote_is_not_committed(engine):
+    """The scheduler commits what the workers report; a slot no write completed fails
+    its commit, and the key stays a miss."""
+    keys = keys_of(1)
+    m = engine.manager
+    ctx = ReqContext(req_id="r")
+    with m.lock:
+        m.on_new_request(ctx)
+        out = m.prepare_store(keys, ctx)
+        m.complete_store(out.keys_to_store, ctx)
+    assert engine.lookup(keys) == [LookupResult.MISS]
+
+
+def test_a_restart_of_the_same_configuration_finds_its_blocks(tmp_path):
+    keys = keys_of(1, 2, 3)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0, 1, 2], seed=6)
+        want = snapshot(e, [0, 1, 2])
+        e.offload(keys, [0, 1, 2])
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        found, results = e.onboard(keys, [0, 1, 2])
+        assert all(found[k] is LookupResult.HIT for k in keys) and all(r.success for r in results)
+        assert same(snapshot(e, [0, 1, 2]), want)
+    finally:
+        e.shutdown()
+
+
+@pytest.mark.parametrize("other", [{"model": "kvxfer/other-model"}, {"namespace": "weights-rev-2"}, {"world_size": 1}])
+def test_another_model_namespace_or_parallel_layout_does_not_find_them(tmp_path, other):
+    keys = keys_of(1, 2)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0, 1], seed=7)
+        e.offload(keys, [0, 1])
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path, **other)
+    try:
+        assert e.lookup(keys) == [LookupResult.MISS, LookupResult.MISS]
+    finally:
+        e.shutdown()
+
+
+def test_a_chunk_of_several_blocks_is_refused_naming_the_setting(tmp_path):
+    config = dataclasses.replace(make_config(tmp_path), cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=4))
+    with pytest.raises(kvxfer.Unsupported, match="blocks_per_chunk is 4"):
+        OffloadingSpecFactory.create_spec(config)

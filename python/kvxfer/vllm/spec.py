@@ -1,0 +1,474 @@
+"""kvxfer as a vLLM offloading spec: `KvxferOffloadingSpec`, an `OffloadingSpec` of vLLM's
+OffloadingConnector that moves KV blocks between GPU memory and kvxfer stores directly,
+with no CPU tier between. vLLM loads it by name and module path, without a fork::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "KvxferOffloadingSpec",
+        "spec_module_path": "kvxfer.vllm", "root_dir": "/mnt/nvme/kv",
+        "capacity_bytes": 500000000000}}'
+
+The split follows vLLM's processes (the store's slot handles):
+
+- the manager (scheduler process) owns one store per worker rank: it looks keys up,
+  leases the hits a load reads, reserves slots for a store and commits them (or aborts
+  them) when the workers report; eviction is the stores' LRU;
+- each worker (one per GPU rank) opens its rank's store for data only and moves blocks
+  between vLLM's KV tensors and the slots the manager's handles name (`slot_mover`).
+
+A worker publishes its block geometry (`geometry.json` in its store's directory) when
+vLLM registers its KV caches; the manager opens the stores once every rank has, before
+the first step (until then a lookup misses and a store is refused). vLLM (the version in
+`SUPPORTED_VLLM`) is imported by `make_spec_classes`. See docs/vllm.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..engine import Engine, LayoutConfig
+from ..errors import Error, InvalidArgument, Unsupported
+from ..store import Store
+from .namespace import fingerprint, namespace_of, store_directory, store_key
+from .slot_mover import SlotJob, SlotMover, engine_for
+from .version import check_vllm_version
+
+log = logging.getLogger("kvxfer.vllm")
+
+#: Part of every namespace: a change to how a store block holds a GPU block changes it.
+_FORMAT = "kvxfer.vllm spec 1"
+
+#: Written by a worker: its block geometry, for the manager to make the store with.
+GEOMETRY_FILE = "geometry.json"
+#: Written by the manager: the store's settings, for the workers to open it with.
+CONFIG_FILE = "config.json"
+#: Appended to by a worker: keys (hex) whose block failed its check on a load, for the
+#: manager to remove when it next opens the store.
+FAILED_FILE = "failed-loads"
+
+
+def rank_fields(offloading_spec: Any, rank: int, extra: str) -> Dict[str, Any]:
+    """The fingerprint of rank `rank`'s store: the tier's fields with this format, the
+    bytes a worker keeps per block, and the rank."""
+    fields = fingerprint(offloading_spec, offloading_spec.config.worker_kv_bytes_per_block, extra, _FORMAT)
+    fields["rank"] = rank
+    return fields
+
+
+class _Settings:
+    """The spec's keys of `kv_connector_extra_config`, checked once."""
+
+    def __init__(self, offloading_spec: Any):
+        x = offloading_spec.extra_config
+        c = offloading_spec.config
+        if not x.get("root_dir"):
+            raise InvalidArgument('KvxferOffloadingSpec needs "root_dir" (the stores\' directory) in kv_connector_extra_config')
+        if c.cache.blocks_per_chunk != 1:
+            raise Unsupported(
+                f"KvxferOffloadingSpec stores one GPU block per key, but blocks_per_chunk is {c.cache.blocks_per_chunk}: "
+                'leave "block_size" and "blocks_per_chunk" out of kv_connector_extra_config'
+            )
+        if c.canonical_layout:
+            raise Unsupported('KvxferOffloadingSpec stores each rank\'s own pages: leave "canonical_layout" out of kv_connector_extra_config')
+        if (x.get("capacity_bytes") is None) == (x.get("capacity_blocks") is None):
+            raise InvalidArgument('KvxferOffloadingSpec needs one of "capacity_bytes" or "capacity_blocks" (GPU blocks per rank) in kv_connector_extra_config')
+        self.root_dir = str(x["root_dir"])
+        self.capacity_bytes: Optional[int] = x.get("capacity_bytes")
+        self.capacity_blocks: Optional[int] = x.get("capacity_blocks")
+        self.shards = int(x.get("shards", 4))
+        self.durable = bool(x.get("durable", False))
+        self.buffered = bool(x.get("buffered", False))
+        self.verify_on_open = bool(x.get("verify_on_open", False))
+        self.namespace = str(x.get("namespace", ""))
+        self.engine: Dict[str, Any] = dict(x.get("engine") or {})
+        p = c.parallel
+        self.world_size = p.world_size
+        self.fields = [rank_fields(offloading_spec, r, self.namespace) for r in range(p.world_size)]
+        self.namespaces = [namespace_of(f) for f in self.fields]
+        self.directories = [store_directory(self.root_dir, f, ns, p.data_parallel_index, f"_rank{r}") for r, (f, ns) in enumerate(zip(self.fields, self.namespaces))]
+
+    def capacity(self, block_bytes: Sequence[int]) -> int:
+        """Blocks per rank's store: `capacity_blocks`, or `capacity_bytes` over a block
+        of every rank (the ranks keep the same keys)."""
+        n = self.capacity_blocks if self.capacity_blocks is not None else int(self.capacity_bytes) // sum(block_bytes)  # type: ignore[arg-type]
+        if not isinstance(n, int) or n <= 0:
+            raise InvalidArgument(f"KvxferOffloadingSpec's capacity is {n} blocks of {list(block_bytes)} bytes (one per rank); give capacity_bytes of at least one block of each rank")
+        return n
+
+
+def _write_json(path: str, value: Dict[str, Any]) -> None:
+    """Replaces `path` whole (a reader never sees half a file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _geometry(d: Dict[str, Any]) -> LayoutConfig:
+    return LayoutConfig(num_blocks=0, num_layers=d["num_layers"], outer_dim=1, page_size=1, inner_dim=d["page_bytes"], dtype_bytes=1, kind="layer_block_first")
+
+
+def make_spec_classes() -> Dict[str, type]:
+    """`KvxferOffloadingSpec` and the classes vLLM meets through it, subclasses of vLLM's
+    (imported here, its version checked)."""
+    version = check_vllm_version()
+    try:
+        from vllm.v1.kv_offload.base import (
+            GPULoadStoreSpec,
+            LoadStoreSpec,
+            LookupResult,
+            OffloadingManager,
+            OffloadingSpec,
+            OffloadingWorker,
+            PrepareStoreOutput,
+            RequestOffloadingContext,
+            TransferResult,
+        )
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+    except ImportError as e:
+        raise Unsupported(f"vLLM {version} is installed but its offloading modules do not import ({e}); kvxfer.vllm needs them") from e
+
+    from .. import Reservation
+
+    class KvxferSlots(LoadStoreSpec):
+        """What a load or store job moves, from the manager to the workers: the store keys,
+        and for each rank a slot handle per key (None: nothing for that rank to move)."""
+
+        def __init__(self, keys: List[bytes], handles: List[List[Any]]):
+            self.keys = keys
+            self.handles = handles
+
+        def __repr__(self) -> str:
+            return f"KvxferSlots({len(self.keys)} keys, {len(self.handles)} ranks)"
+
+    class KvxferOffloadingManager(OffloadingManager):
+        """The index side, in the scheduler process: one store per rank, owned here."""
+
+        def __init__(self, settings: _Settings):
+            self._s = settings
+            self._engine = Engine("emulated", **settings.engine)
+            self._stores: List[Store] = []
+            #: Store key -> each rank's write handle (None: held there), until the
+            #: workers report the store job.
+            self._writing: Dict[bytes, List[Any]] = {}
+            #: Store key -> leases taken per rank by loads not yet complete.
+            self._leased: Dict[bytes, List[int]] = {}
+            #: Jobs from before the last `reset_cache`: given back once the workers
+            #: have reported them.
+            self._stale: Tuple[Dict[bytes, List[Any]], Dict[bytes, List[int]]] = ({}, {})
+            #: Keys stored or found since the start, for `reset_cache`.
+            self._known: set = set()
+
+        # -- the stores ------------------------------------------------------------
+        def _ready(self) -> bool:
+            """Opens the stores once every worker has published its geometry."""
+            if self._stores:
+                return True
+            s = self._s
+            found = [_read_json(os.path.join(d, GEOMETRY_FILE)) for d in s.directories]
+            if any(g is None for g in found):
+                return False
+            geometries = [_geometry(g) for g in found]  # type: ignore[arg-type]
+            capacity = s.capacity([g.block_bytes for g in geometries])
+            stores: List[Store] = []
+            try:
+                for d, geometry, ns in zip(s.directories, geometries, s.namespaces):
+                    stores.append(
+                        Store(self._engine, d, geometry, capacity, namespace=ns, durable=s.durable, buffered=s.buffered, verify_on_open=s.verify_on_open, shards=s.shards)
+                    )
+            except BaseException:
+                for st in stores:
+                    st.close()
+                raise
+            for d, fields in zip(s.directories, s.fields):
+                _write_json(os.path.join(d, CONFIG_FILE), {**fields, "capacity_blocks": capacity, "shards": s.shards})
+            self._stores = stores
+            self._remove_failed()
+            log.info("kvxfer offloading: %d stores of %d blocks under %s", len(stores), capacity, s.root_dir)
+            return True
+
+        def _remove_failed(self) -> None:
+            """Removes, from every rank, the keys a worker found corrupt on a load."""
+            keys = set()
+            for d in self._s.directories:
+                path = os.path.join(d, FAILED_FILE)
+                try:
+                    with open(path) as f:
+                        keys.update(bytes.fromhex(line.strip()) for line in f if line.strip())
+                except FileNotFoundError:
+                    continue
+                os.unlink(path)
+            if keys:
+                for st in self._stores:
+                    st.remove(sorted(keys))
+                log.warning("kvxfer offloading: removed %d keys that failed their check on a load", len(keys))
+
+        # -- lookups and loads -----------------------------------------------------
+        def lookup(self, key: Any, req_context: Any) -> Any:
+            if not self._ready():
+                return LookupResult.MISS
+            k = [store_key(key)]
+            if all(st.lookup(k)[0][0] for st in self._stores):
+                return LookupResult.HIT
+            return LookupResult.MISS
+
+        def get_load_source(self, key: Any, req_context: Any) -> Any:
+            return CacheHitSource.DISK
+
+        def prepare_load(self, keys: Any, req_context: Any) -> Any:
+            skeys = [store_key(k) for k in keys]
+            unique = list(dict.fromkeys(skeys))
+            per_rank = []
+            for r, st in enumerate(self._stores):
+                leased = dict(zip(unique, st.lease_slots(unique)))
+                for k, h in leased.items():
+                    if h is not None:
+                        self._leased.setdefault(k, [0] * len(self._stores))[r] += 1
+                per_rank.append([leased[k] for k in skeys])
+            self._known.update(unique)
+            return KvxferSlots(skeys, per_rank)
+
+        def complete_load(self, keys: Any, req_context: Any) -> None:
+            self._release(dict.fromkeys(store_key(k) for k in keys), self._leased)
+
+        def _release(self, keys: Any, leased: Dict[bytes, List[int]]) -> None:
+            for k in keys:
+                counts = leased.get(k)
+                if counts is None:
+                    continue
+                for r, st in enumerate(self._stores):
+                    if counts[r]:
+                        st.release_leases([k])
+                        counts[r] -= 1
+                if not any(counts):
+                    del leased[k]
+
+        # -- stores ------------------------------------------------------------------
+        def prepare_store(self, keys: Any, req_context: Any) -> Any:
+            if not self._ready():
+                return None
+            offered = list(dict.fromkeys(keys))
+            skeys = [store_key(k) for k in offered]
+            fresh = [k for k in skeys if k not in self._writing]
+            reservations = [dict(zip(fresh, st.reserve_slots(fresh))) for st in self._stores]
+            to_store, handles, abort, no_room = [], [[] for _ in self._stores], [[] for _ in self._stores], 0
+            for key, k in zip(offered, skeys):
+                if k not in reservations[0]:
+                    continue
+                kinds = [res[k].kind for res in reservations]
+                if all(kind == Reservation.HELD for kind in kinds):
+                    continue
+                if any(kind in (Reservation.NO_ROOM, Reservation.IN_FLIGHT) for kind in kinds):
+                    no_room += Reservation.NO_ROOM in kinds
+                    for r, res in enumerate(reservations):
+                        if res[k].kind == Reservation.WRITE:
+                            abort[r].append(res[k].handle)
+                    continue
+                to_store.append(key)
+                rank_handles = [res[k].handle if res[k].kind == Reservation.WRITE else None for res in reservations]
+                self._writing[k] = rank_handles
+                for r, h in enumerate(rank_handles):
+                    handles[r].append(h)
+            for st, hs in zip(self._stores, abort):
+                if hs:
+                    st.abort_slots(hs)
+            if not to_store and no_room:
+                return None
+            self._known.update(store_key(k) for k in to_store)
+            return PrepareStoreOutput(keys_to_store=to_store, store_spec=KvxferSlots([store_key(k) for k in to_store], handles), evicted_keys=[])
+
+        def complete_store(self, keys: Any, req_context: Any, success: bool = True) -> None:
+            done = [(k, self._writing.pop(k)) for k in dict.fromkeys(store_key(x) for x in keys) if k in self._writing]
+            if not done:
+                return
+            failed = set()
+            for r, st in enumerate(self._stores):
+                mine = [(k, hs[r]) for k, hs in done if hs[r] is not None]
+                if not mine:
+                    continue
+                if not success:
+                    st.abort_slots([h for _, h in mine])
+                    continue
+                for (k, _), err in zip(mine, st.commit_slots([h for _, h in mine])):
+                    if err is not None:
+                        log.warning("kvxfer offloading: rank %d did not store key %s: %s", r, k.hex(), err)
+                        failed.add(k)
+            if failed:
+                # A key is loadable only where every rank holds it: drop the others' parts.
+                for st in self._stores:
+                    st.remove(sorted(failed))
+
+        # -- the rest of vLLM's calls --------------------------------------------------
+        def on_new_request(self, req_context: Any) -> Any:
+            return RequestOffloadingContext()
+
+        def reset_cache(self) -> None:
+            """Removes every key this engine stored or loaded since it started (vLLM resets
+            its caches when the weights change); jobs in flight are given back once the
+            workers have reported them (`on_reset_flushed`)."""
+            self._stale = (self._writing, self._leased)
+            self._writing, self._leased = {}, {}
+            if self._stores and self._known:
+                for st in self._stores:
+                    st.remove(sorted(self._known))
+            self._known = set()
+
+        def on_reset_flushed(self) -> None:
+            writing, leased = self._stale
+            self._stale = ({}, {})
+            for r, st in enumerate(self._stores):
+                hs = [h[r] for h in writing.values() if h[r] is not None]
+                if hs:
+                    st.abort_slots(hs)
+            self._release(list(leased), leased)
+
+        def shutdown(self) -> None:
+            for st in self._stores:
+                st.close()
+            self._stores = []
+            self._engine.close()
+
+    class KvxferOffloadingWorker(OffloadingWorker):
+        """The data side, in a GPU worker process: this rank's store, opened for data
+        only, and vLLM's KV tensors as kvxfer layouts."""
+
+        def __init__(self, settings: _Settings, rank: int, kv_caches: Any):
+            self._s = settings
+            self._rank = rank
+            self._dir = settings.directories[rank]
+            for refs in kv_caches.group_data_refs:
+                if any(ref.mapping is not None for ref in refs):
+                    raise Unsupported("KvxferOffloadingSpec stores each rank's own pages, not canonical pages")
+            tensors = [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
+            self._engine = engine_for([t for t, _ in tensors], settings.engine)
+            try:
+                self._mover = SlotMover(self._engine, tensors, [[ref.tensor_idx for ref in refs] for refs in kv_caches.group_data_refs])
+            except BaseException:
+                self._engine.close()
+                raise
+            os.makedirs(self._dir, exist_ok=True)
+            g = self._mover.geometry
+            _write_json(os.path.join(self._dir, GEOMETRY_FILE), {"num_layers": g.num_layers, "page_bytes": g.inner_dim})
+            self._store: Optional[Store] = None
+            self._jobs: Dict[int, Tuple[SlotJob, KvxferSlots, bool, float]] = {}
+            self._finished: List[Any] = []
+
+        def _open(self) -> Store:
+            """This rank's store, opened for data only on the first job (the manager has
+            made it by then: the job's handles come from it)."""
+            if self._store is None:
+                cfg = _read_json(os.path.join(self._dir, CONFIG_FILE))
+                if cfg is None:
+                    raise InvalidArgument(f"{self._dir} has no {CONFIG_FILE}: the scheduler's kvxfer manager has not opened this rank's store")
+                self._store = Store(
+                    self._engine,
+                    self._dir,
+                    self._mover.geometry,
+                    cfg["capacity_blocks"],
+                    namespace=self._s.namespaces[self._rank],
+                    create=False,
+                    durable=self._s.durable,
+                    buffered=self._s.buffered,
+                    shards=cfg["shards"],
+                    data_only=True,
+                )
+            return self._store
+
+        def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+            return self._submit(job_id, src_spec, dst_spec, False)
+
+        def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+            return self._submit(job_id, dst_spec, src_spec, True)
+
+        def _submit(self, job_id: int, gpu: Any, slots: Any, is_load: bool) -> bool:
+            """Starts the job; a call the store refuses fails every block of it (reported
+            by `get_finished`, as vLLM polls for it)."""
+            assert isinstance(gpu, GPULoadStoreSpec) and isinstance(slots, KvxferSlots)
+            handles = slots.handles[self._rank]
+            try:
+                store = self._open()
+                if is_load:
+                    job = self._mover.read(store, handles, gpu.block_ids, gpu.group_sizes)
+                else:
+                    job = self._mover.write(store, gpu.block_ids, gpu.group_sizes, handles)
+            except Error as e:
+                job = SlotJob(len(slots.keys), [], [(i, e) for i in range(len(slots.keys))])
+            self._jobs[job_id] = (job, slots, is_load, time.monotonic())
+            return True
+
+        def get_finished(self) -> List[Any]:
+            out, self._finished = self._finished, []
+            for job_id in [j for j, (job, *_) in self._jobs.items() if job.done()]:
+                out.append(self._result(job_id))
+            return out
+
+        def wait(self, job_ids: Any) -> None:
+            for j in job_ids:
+                if j in self._jobs:
+                    self._jobs[j][0].wait()
+
+        def _result(self, job_id: int) -> Any:
+            """A store job succeeds whatever its blocks did: the manager commits a slot
+            only if its write completed, so a failed write is a key not stored. A load
+            that failed for any block fails: vLLM's KV for it is not what was stored."""
+            job, slots, is_load, started = self._jobs.pop(job_id)
+            results = job.results()
+            bad = [(k, e) for k, e in zip(slots.keys, results) if e is not None]
+            for k, e in bad:
+                log.warning("kvxfer offloading: rank %d could not %s key %s: %s", self._rank, "load" if is_load else "store", k.hex(), e)
+            if is_load and bad:
+                with open(os.path.join(self._dir, FAILED_FILE), "a") as f:
+                    f.writelines(f"{k.hex()}\n" for k, _ in bad)
+            moved = sum(1 for h, e in zip(slots.handles[self._rank], results) if h is not None and e is None)
+            return TransferResult(job_id=job_id, success=not (is_load and bad), transfer_size=moved * self._mover.block_bytes, transfer_time=time.monotonic() - started)
+
+        def shutdown(self) -> None:
+            for job, *_ in self._jobs.values():
+                job.wait()
+                job.results()
+            self._jobs = {}
+            if self._store is not None:
+                self._store.close()
+            self._mover.close()
+            self._engine.close()
+
+    class KvxferOffloadingSpec(OffloadingSpec):
+        """vLLM's offloading straight between GPU memory and kvxfer stores. Keys of
+        `kv_connector_extra_config` (beside `spec_name` and `spec_module_path`):
+        `root_dir` (required), `capacity_bytes` (all ranks together) or `capacity_blocks`
+        (GPU blocks per rank) (one required), `shards` (data files per rank, default 4),
+        `durable`, `buffered`, `verify_on_open`, `namespace` (added to the fingerprint),
+        `engine` (kvxfer engine settings)."""
+
+        def __init__(self, config: Any):
+            super().__init__(config)
+            self._settings = _Settings(self)
+            self._manager: Optional[KvxferOffloadingManager] = None
+            self._worker: Optional[KvxferOffloadingWorker] = None
+
+        def get_manager(self) -> Any:
+            if self._manager is None:
+                self._manager = KvxferOffloadingManager(self._settings)
+            return self._manager
+
+        def get_worker(self, kv_caches: Any) -> Any:
+            if self._worker is None:
+                self._worker = KvxferOffloadingWorker(self._settings, self.config.parallel.rank, kv_caches)
+            return self._worker
+
+    classes: Dict[str, type] = {}
+    for cls in (KvxferSlots, KvxferOffloadingManager, KvxferOffloadingWorker, KvxferOffloadingSpec):
+        cls.__module__ = "kvxfer.vllm"
+        cls.__qualname__ = cls.__name__
+        classes[cls.__name__] = cls
+    return classes
