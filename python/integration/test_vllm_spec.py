@@ -11,6 +11,9 @@ canonical KV caches stand in for GPU memory, on kvxfer's emulated device. Run by
 import dataclasses
 import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 
@@ -340,3 +343,62 @@ def test_a_chunk_of_several_blocks_is_refused_naming_the_setting(tmp_path):
     config = dataclasses.replace(make_config(tmp_path), cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=4))
     with pytest.raises(kvxfer.Unsupported, match="blocks_per_chunk is 4"):
         OffloadingSpecFactory.create_spec(config)
+
+
+def _plugin_run(env_value):
+    """Loads vLLM's general plugins in a fresh process, as vLLM does in each of its
+    processes, and says which names vLLM's factories then know. kvxfer's entry point is
+    the installed package's, or (run from the source tree) the one pyproject.toml
+    declares, put on the path as a distribution's metadata."""
+    code = textwrap.dedent(
+        """
+        import importlib.metadata as md, os, sys, tempfile
+        if not any(ep.value.startswith("kvxfer") for ep in md.entry_points(group="vllm.general_plugins")):
+            import tomllib
+            import importlib.util
+            pkg = os.path.dirname(importlib.util.find_spec("kvxfer").origin)
+            pyproject = os.path.join(os.path.dirname(pkg), "pyproject.toml")
+            with open(pyproject, "rb") as f:
+                eps = tomllib.load(f)["project"]["entry-points"]["vllm.general_plugins"]
+            d = tempfile.mkdtemp()
+            info = os.path.join(d, "kvxfer-0.dist-info")
+            os.mkdir(info)
+            with open(os.path.join(info, "METADATA"), "w") as f:
+                f.write("Metadata-Version: 2.1\\nName: kvxfer\\nVersion: 0\\n")
+            with open(os.path.join(info, "entry_points.txt"), "w") as f:
+                f.write("[vllm.general_plugins]\\n" + "".join(f"{k} = {v}\\n" for k, v in eps.items()))
+            sys.path.insert(0, d)
+        import vllm.plugins
+        found = "kvxfer" in vllm.plugins.load_plugins_by_group("vllm.general_plugins")
+        vllm.plugins.load_general_plugins()
+        loaded_kvxfer = "kvxfer" in sys.modules
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+        from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+        try:
+            spec = OffloadingSpecFactory.get_spec_cls({"spec_name": "KvxferOffloadingSpec"})
+            spec = f"{spec.__module__}.{spec.__name__}"
+        except ValueError:
+            spec = None
+        try:
+            tier = SecondaryTierFactory.get_tier_class({"type": "KvxferTier"})
+            tier = f"{tier.__module__}.{tier.__name__}"
+        except Exception:
+            tier = None
+        print(found, loaded_kvxfer, spec, tier)
+        """
+    )
+    env = dict(os.environ)
+    env.pop("KVX_VLLM", None)
+    if env_value is not None:
+        env["KVX_VLLM"] = env_value
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd="/")
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_the_entry_point_registers_the_spec_and_tier_by_name_when_configured():
+    assert _plugin_run("1") == "True False kvxfer.vllm.KvxferOffloadingSpec kvxfer.vllm.KvxferTier"
+
+
+def test_the_entry_point_does_nothing_unless_configured():
+    assert _plugin_run(None) == "True False None None"
