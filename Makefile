@@ -247,17 +247,23 @@ python-venv: build
 python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
 
-# The runtime plug-ins against the runtimes themselves (python/integration): a venv of
-# its own with vllm==$(VLLM_VERSION) and its dependencies (about 9.5 GB, five minutes to
-# install), made once and kept, then the package's wheel installed into it. Not part of
-# `make test`: see CONTRIBUTING.md.
+# The runtime plug-ins against the runtimes themselves (python/integration): a venv per
+# runtime, since their pinned dependencies (PyTorch among them) differ: vllm==$(VLLM_VERSION)
+# (about 9.5 GB, five minutes to install) and sglang==$(SGLANG_VERSION) (about 11 GB), each
+# made once and kept, then the package's wheel installed into it and the runtime's tests
+# run there. Not part of `make test`: see CONTRIBUTING.md.
 VLLM_VERSION := 0.33.0
 VLLM_VENV := target/vllm-venv
+SGLANG_VERSION := 0.5.23
+SGLANG_VENV := target/sglang-venv
 integration-test: build
 	@python3 -m venv --help >/dev/null 2>&1 || { echo "integration-test: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
 	@[ -f $(VLLM_VENV)/.vllm-$(VLLM_VERSION) ] || { python3 -m venv $(VLLM_VENV) && $(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION) numpy pytest && touch $(VLLM_VENV)/.vllm-$(VLLM_VERSION); }
 	$(VLLM_VENV)/bin/pip install -q --force-reinstall --no-deps ./python
-	cd /tmp && $(CURDIR)/$(VLLM_VENV)/bin/pytest -q -rs $(CURDIR)/python/integration
+	cd /tmp && $(CURDIR)/$(VLLM_VENV)/bin/pytest -q -rs $(CURDIR)/python/integration/test_vllm_tier.py
+	@[ -f $(SGLANG_VENV)/.sglang-$(SGLANG_VERSION) ] || { python3 -m venv $(SGLANG_VENV) && $(SGLANG_VENV)/bin/pip install -q sglang==$(SGLANG_VERSION) numpy pytest && touch $(SGLANG_VENV)/.sglang-$(SGLANG_VERSION); }
+	$(SGLANG_VENV)/bin/pip install -q --force-reinstall --no-deps ./python
+	cd /tmp && $(CURDIR)/$(SGLANG_VENV)/bin/pytest -q -rs $(CURDIR)/python/integration/test_sglang_backend.py
 
 clean:
 	$(CARGO) clean
