@@ -522,7 +522,9 @@ kvx_status kvx_engine_stats(const struct kvx_engine *e, struct kvx_stats *out);
 // things at once (poll, epoll, an event loop): when it is readable, read 8 bytes from it
 // (the count of ends, which resets it), then poll the requests it waits for. A request
 // ends (its status is final) before it makes the fd readable, so one that ends after
-// the read makes it readable again: no end is missed. Each call returns the same fd.
+// the read makes it readable again: no end is missed. The fd is made by the first call,
+// and ends before that are not counted: poll the requests submitted before it once.
+// Each call returns the same fd.
 // The engine owns it: do not close it; `kvx_engine_destroy` closes it (unregister it
 // from your poller first). `KVX_ERR_SHUTDOWN` once the engine is shutting down.
 kvx_status kvx_engine_completion_fd(const struct kvx_engine *e, int32_t *fd_out);

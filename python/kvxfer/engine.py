@@ -343,8 +343,9 @@ class Engine(_Owned):
         """The engine's completion fd (ABI 1.5): an eventfd, readable once a request of
         the engine (a transfer, a store put or get) has ended since it was last read. Read
         8 bytes to reset it, then poll the requests (`done()`); a request that ends after
-        the read makes it readable again. The engine owns it and closes it on `close()`:
-        do not close it, and take it off your selector first. `await request` uses it."""
+        the read makes it readable again. The first call makes it (ends before it are not
+        counted). The engine owns it and closes it on `close()`: do not close it, and take
+        it off your selector first. `await request` uses it."""
         if n.lib.kvx_abi_version() & 0xFFFF < 5:
             raise Unsupported(f"{n.library_path} predates the completion fd (ABI 1.5); use the library this package ships", 5)
         fd = ctypes.c_int32()

@@ -190,8 +190,8 @@ impl Engine {
     /// this engine has ended since the caller last read it: a transfer, or a put or get
     /// of a store on this engine. Read it (8 bytes) to reset it, then poll the requests;
     /// a request that ends after the read makes it readable again, so none is missed.
-    /// Owned by the engine and closed when it shuts down (`Shutdown` after that); the
-    /// caller never closes it.
+    /// Made by the first call; ends before it are not counted. Owned by the engine and
+    /// closed when it shuts down (`Shutdown` after that); the caller never closes it.
     pub fn completion_fd(&self) -> Result<std::os::fd::RawFd> {
         if self.is_shut_down() {
             bail!(Shutdown, "the engine is shutting down");

@@ -157,7 +157,9 @@ pub unsafe extern "C" fn kvx_engine_stats(e: *const kvx_engine, out: *mut kvx_st
 /// things at once (poll, epoll, an event loop): when it is readable, read 8 bytes from it
 /// (the count of ends, which resets it), then poll the requests it waits for. A request
 /// ends (its status is final) before it makes the fd readable, so one that ends after
-/// the read makes it readable again: no end is missed. Each call returns the same fd.
+/// the read makes it readable again: no end is missed. The fd is made by the first call,
+/// and ends before that are not counted: poll the requests submitted before it once.
+/// Each call returns the same fd.
 /// The engine owns it: do not close it; `kvx_engine_destroy` closes it (unregister it
 /// from your poller first). `KVX_ERR_SHUTDOWN` once the engine is shutting down.
 #[no_mangle]
