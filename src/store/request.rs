@@ -24,7 +24,7 @@ pub struct StoreRequest {
     state: Mutex<State>,
     done: Condvar,
     /// The engine's completion fd, signalled once every key has its status (none for the
-    /// requests that end inside the call that made them).
+    /// store's bookkeeping requests, which no caller is handed).
     completions: Option<Arc<Completions>>,
 }
 
