@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Sequence
 
-from .namespace import fingerprint, namespace_of, store_directory, store_key
-from .tier import chunk_layout
+from ..tier import chunk_layout, store_key
+from .namespace import fingerprint, namespace_of, store_directory
 from .version import SUPPORTED_VLLM, check_vllm_version
 
 #: The classes vLLM asks for by name, made on first use.

@@ -1,34 +1,24 @@
-"""What names a vLLM block in a kvxfer store: the store key of a vLLM key, the fingerprint
-of everything that makes equal keys name different bytes, the namespace and directory
-made from it. Shared by the tier and the offloading spec; needs no vLLM."""
+"""What names a vLLM block in a kvxfer store: the fingerprint of everything that makes
+equal vLLM keys name different bytes, and the namespace and directory made from it. Keys,
+digests and namespaces themselves are `kvxfer.tier`'s, as for every runtime. Shared by the
+tier and the offloading spec; needs no vLLM."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import Any, Dict
 
-#: The store's longest key; vLLM's keys (a block hash and a 4-byte group index) are 20
-#: to 36 bytes.
-_MAX_KEY = 64
-
-
-def store_key(key: bytes) -> bytes:
-    """The store key of a vLLM `OffloadKey`: the key itself (block hash, then the group
-    index), or, past the store's 64 bytes, its 64-byte BLAKE2b digest."""
-    key = bytes(key)
-    return key if len(key) <= _MAX_KEY else hashlib.blake2b(key, digest_size=_MAX_KEY).digest()
+from .. import tier
 
 
 def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "", layout_format: str = "kvxfer.vllm tier 1") -> Dict[str, Any]:
     """What makes equal vLLM keys name different bytes, from the `OffloadingSpec` vLLM
     passes: model, KV dtype, tokens per hash and per chunk, the KV cache groups, the
-    parallel layout, the byte layout and the chunk size; plus `extra` (the `namespace`
-    setting, for what vLLM does not say, such as a weights revision) and `layout_format`
-    (how the caller lays a chunk out: a change to it changes every namespace). The
-    data-parallel index is not in it: replicas of one model hold the same bytes under
-    the same keys."""
+    parallel layout (a chunk of the CPU tier holds every worker's part, in rank order),
+    the byte layout and the chunk size; plus `extra` (the `namespace` setting, for what
+    vLLM does not say, such as a weights revision) and `layout_format` (how the caller
+    lays a chunk out: a change to it changes every namespace). The data-parallel index
+    is not in it: replicas of one model hold the same bytes under the same keys."""
     c = offloading_spec.config
     p = c.parallel
     return {
@@ -53,9 +43,8 @@ def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "", layout_
 
 
 def namespace_of(fields: Dict[str, Any]) -> bytes:
-    """The store namespace of a fingerprint: its SHA-256 over canonical JSON."""
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return b"vllm " + hashlib.sha256(canonical.encode()).hexdigest().encode()
+    """The store namespace of a fingerprint: `vllm` and its digest (`kvxfer.tier`)."""
+    return tier.namespace_of("vllm", fields)
 
 
 def store_directory(root_dir: str, fields: Dict[str, Any], namespace: bytes, dp_index: int, suffix: str = "") -> str:

@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..engine import Engine, LayoutConfig
 from ..errors import Error, InvalidArgument, Unsupported
 from ..store import Store
-from .namespace import fingerprint, namespace_of, store_directory, store_key
+from ..tier import capacity_blocks, store_key
+from .namespace import fingerprint, namespace_of, store_directory
 from .slot_mover import SlotJob, SlotMover, engine_for
 from .version import check_vllm_version
 
@@ -92,10 +93,7 @@ class _Settings:
     def capacity(self, block_bytes: Sequence[int]) -> int:
         """Blocks per rank's store: `capacity_blocks`, or `capacity_bytes` over a block
         of every rank (the ranks keep the same keys)."""
-        n = self.capacity_blocks if self.capacity_blocks is not None else int(self.capacity_bytes) // sum(block_bytes)  # type: ignore[arg-type]
-        if not isinstance(n, int) or n <= 0:
-            raise InvalidArgument(f"KvxferOffloadingSpec's capacity is {n} blocks of {list(block_bytes)} bytes (one per rank); give capacity_bytes of at least one block of each rank")
-        return n
+        return capacity_blocks(self.capacity_blocks, self.capacity_bytes, sum(block_bytes), "blocks", "kv_connector_extra_config (a block is one GPU block of every rank)")
 
 
 def _write_json(path: str, value: Dict[str, Any]) -> None:

@@ -22,30 +22,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..engine import Engine, LayoutConfig
+from ..engine import Engine
 from ..errors import Error, InvalidArgument, Unsupported
 from ..store import Store, StoreRequest
-from .namespace import fingerprint, namespace_of, store_directory, store_key
+from ..tier import capacity_blocks as capacity_blocks_of
+from ..tier import chunk_layout, store_key
+from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
 
 log = logging.getLogger("kvxfer.vllm")
-
-#: The largest region of a chunk: the store checksums each region within one bounce slot
-#: (2 MiB by default), so a chunk of several MiB is several regions.
-_MAX_REGION = 256 * 1024
-_PAGE = 4096
-
-
-def chunk_layout(num_chunks: int, chunk_bytes: int) -> LayoutConfig:
-    """The layout of vLLM's CPU tier with a chunk as one block, cut into equal regions (its
-    "layers") of at most 256 KiB and whole 4 KiB pages: the store checksums a region at a
-    time and never looks inside a chunk otherwise. vLLM's chunks are whole pages; one that
-    is not would be one region."""
-    region = chunk_bytes
-    if chunk_bytes > _MAX_REGION and chunk_bytes % _PAGE == 0:
-        pages = chunk_bytes // _PAGE
-        region = _PAGE * max(d for d in range(1, _MAX_REGION // _PAGE + 1) if pages % d == 0)
-    return LayoutConfig(num_blocks=num_chunks, num_layers=chunk_bytes // region, outer_dim=1, page_size=1, inner_dim=region, dtype_bytes=1)
 
 
 @dataclass
@@ -57,15 +42,6 @@ class _Job:
     request: StoreRequest
     is_load: bool
     submitted: float
-
-
-def _capacity_blocks(capacity_blocks: Optional[int], capacity_bytes: Optional[int], chunk_bytes: int) -> int:
-    if (capacity_blocks is None) == (capacity_bytes is None):
-        raise InvalidArgument("the kvxfer tier needs one of capacity_bytes or capacity_blocks (chunks of the CPU tier) in its tier config")
-    n = capacity_blocks if capacity_blocks is not None else int(capacity_bytes) // chunk_bytes  # type: ignore[arg-type]
-    if not isinstance(n, int) or n <= 0:
-        raise InvalidArgument(f"the kvxfer tier's capacity is {n} chunks of {chunk_bytes} bytes; give capacity_bytes of at least one chunk")
-    return n
 
 
 def make_tier_class() -> type:
@@ -124,7 +100,7 @@ def make_tier_class() -> type:
                     self._engine,
                     self.directory,
                     self._config,
-                    _capacity_blocks(capacity_blocks, capacity_bytes, chunk_bytes),
+                    capacity_blocks_of(capacity_blocks, capacity_bytes, chunk_bytes, "blocks", "its tier config (a block is a chunk of the CPU tier)"),
                     namespace=self.namespace,
                     durable=durable,
                     buffered=buffered,
