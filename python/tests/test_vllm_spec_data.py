@@ -164,3 +164,14 @@ def test_a_job_whose_handles_do_not_match_its_blocks_is_refused(one_group):
     s = one_group
     with pytest.raises(kvxfer.InvalidArgument, match="one handle per block"):
         s.mover.read(s.data, [None], [0, 1], [2])
+
+
+def test_the_caches_are_on_the_gpu_kvx_test_device_names(one_group):
+    """Says, in the skip reasons, where the suite ran when no GPU was asked for or seen."""
+    if _ENV in ("emulated", "-1"):
+        pytest.skip("KVX_TEST_DEVICE names no GPU: CPU memory on the emulated device stood in for vLLM's GPU caches")
+    if not CUDA:
+        why = "torch is not installed" if torch is None else "torch sees no CUDA GPU"
+        pytest.skip(f"KVX_TEST_DEVICE={_ENV}, but {why}: the suite ran on the emulated device")
+    assert one_group.engine.device == int(_ENV)
+    assert all(t.is_cuda and t.device.index == int(_ENV) for t in one_group.tensors)
