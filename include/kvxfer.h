@@ -25,6 +25,7 @@
 // 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
 // `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
 // `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
+// 1.5: `KVX_XFER_CRITICAL`.
 #define KVX_ABI_MINOR 5
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -113,6 +114,15 @@
 // `kvx_store_lookup` flag (1.4): lease each hit, so it is neither evicted nor reused
 // until a get of it (which spends the lease) or `kvx_store_release_leases`.
 #define KVX_LOOKUP_LEASE 1
+
+// `kvx_transfer_options.flags` (1.5): latency-critical, a transfer its caller waits for
+// (an onboard before a request's first token). The engine serves it ahead of transfers
+// without the flag at every stage they share (the dispatcher, hence the bounce slots,
+// the I/O workers, the copy thread and the device's streams), while those keep at least
+// one turn in four, so they never starve. Without it (flags 0, as every caller before
+// 1.5 passes) transfers are served in the order they came. A library older than 1.5
+// refuses the flag with `KVX_ERR_INVALID_ARG`.
+#define KVX_XFER_CRITICAL 1
 
 // Bytes an engine exported (`kvx_engine_export`): read them with `kvx_blob_bytes`,
 // free with `kvx_blob_destroy`. (1.3)
@@ -217,7 +227,7 @@ typedef struct kvx_transfer_options {
   uint32_t layer_begin;
   // One past the last layer to move; 0 means all layers.
   uint32_t layer_end;
-  // None defined yet; must be 0.
+  // `KVX_XFER_*`, or 0.
   uint32_t flags;
   // Optional completion callback.
   kvx_completion_fn on_complete;

@@ -107,6 +107,10 @@ pub struct TransferOptions {
     /// A caller `CUevent` (0: none): every device copy of the transfer starts after the
     /// work it marks as of submit.
     pub wait_event: u64,
+    /// Latency-critical: its caller waits for it (a prefix hit before a request's first
+    /// token). Every stage it shares with bulk work serves it first, while bulk work keeps
+    /// at least one turn in four (`class.rs`).
+    pub critical: bool,
 }
 
 /// Queue depth of each I/O worker's io_uring: a chunk's extents are submitted at once.

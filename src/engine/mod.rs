@@ -10,6 +10,7 @@
 
 mod bounce;
 mod chunk;
+mod class;
 mod config;
 mod dispatch;
 mod fanout;
@@ -98,8 +99,8 @@ impl Engine {
         let io = config::choose_io(cfg.io_backend, cfg.io_threads, &gpu, ring.memory())?;
         let io_backend = io.backend;
         let counters = Arc::new(Counters::default());
-        let (io_tx, io_rx) = crossbeam_channel::unbounded();
-        let (copy_tx, copy_rx) = crossbeam_channel::unbounded();
+        let io_tx = Arc::new(class::ClassQueue::default());
+        let copy_tx = Arc::new(class::ClassQueue::default());
         let (remote_tx, remote_rx) = crossbeam_channel::unbounded();
         let (fence_tx, fence_rx): (Vec<_>, Vec<_>) = (0..gpu::FENCE_LANES).map(|_| crossbeam_channel::unbounded()).unzip();
         // Unbounded: admission is the in-flight count, checked in `submit`. A request
@@ -109,8 +110,8 @@ impl Engine {
         let router = Arc::new(Router {
             ring: ring.clone(),
             counters: counters.clone(),
-            io_tx,
-            copy_tx,
+            io_tx: io_tx.clone(),
+            copy_tx: copy_tx.clone(),
             remote_tx,
             fence_tx,
             shutdown: Default::default(),
@@ -136,11 +137,11 @@ impl Engine {
         {
             let mut threads = engine.threads.lock().unwrap();
             for (i, port) in io.ports.into_iter().enumerate() {
-                let (r, g, rx) = (router.clone(), gpu.clone(), io_rx.clone());
+                let (r, g, rx) = (router.clone(), gpu.clone(), io_tx.clone());
                 threads.stages.push(spawn(id, format!("kvx-io-{i}"), move || worker::io_worker(r, g, rx, port))?);
             }
             let (r, g) = (router.clone(), gpu.clone());
-            threads.stages.push(spawn(id, "kvx-copy".into(), move || worker::copy_thread(r, g, copy_rx))?);
+            threads.stages.push(spawn(id, "kvx-copy".into(), move || worker::copy_thread(r, g, copy_tx))?);
             let r = router.clone();
             threads.stages.push(spawn(id, "kvx-remote".into(), move || worker::remote_thread(r, remote_rx))?);
             for (lane, rx) in fence_rx.into_iter().enumerate() {
@@ -214,7 +215,8 @@ impl Engine {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(self.id, transfer, self.counters.clone(), opts.on_complete.clone()));
+        let class = if opts.critical { class::Class::Critical } else { class::Class::Bulk };
+        let req = Arc::new(Request::new(self.id, class, transfer, self.counters.clone(), opts.on_complete.clone()));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -359,9 +361,9 @@ impl Engine {
             }
             ring.drain_all();
             for _ in 0..workers {
-                let _ = router.io_tx.send(Job::Stop);
+                router.io_tx.send(class::Class::Bulk, Job::Stop);
             }
-            let _ = router.copy_tx.send(Job::Stop);
+            router.copy_tx.send(class::Class::Bulk, Job::Stop);
             let _ = router.remote_tx.send(Job::Stop);
             for tx in &router.fence_tx {
                 let _ = tx.send(None);

@@ -5,6 +5,7 @@
 //! each issued chunk adds 1, and whoever brings it to 0 — the last chunk or the
 //! dispatcher — finalises the request exactly once.
 
+use super::class::Class;
 use super::stats::Counters;
 use crate::error::{Error, Status};
 use crate::gpu::{Gate, Gpu};
@@ -75,6 +76,8 @@ const CLAIMED: u8 = 1;
 pub struct Request {
     /// The engine that runs it (`Engine`'s id).
     engine: u64,
+    /// Which queue of each stage its chunks go to.
+    class: Class,
     transfer: Mutex<Option<Transfer>>,
     counters: Arc<Counters>,
     on_complete: Mutex<Option<OnComplete>>,
@@ -91,9 +94,10 @@ pub struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(engine: u64, transfer: Transfer, counters: Arc<Counters>, on_complete: Option<OnComplete>) -> Request {
+    pub(crate) fn new(engine: u64, class: Class, transfer: Transfer, counters: Arc<Counters>, on_complete: Option<OnComplete>) -> Request {
         Request {
             engine,
+            class,
             transfer: Mutex::new(Some(transfer)),
             counters,
             on_complete: Mutex::new(on_complete),
@@ -107,6 +111,10 @@ impl Request {
             done: Condvar::new(),
             message: OnceLock::new(),
         }
+    }
+
+    pub(crate) fn class(&self) -> Class {
+        self.class
     }
 
     /// The dispatcher takes the request; false if a cancel already finished it.

@@ -10,6 +10,7 @@
 
 use super::bounce::BounceRing;
 use super::chunk::Chunk;
+use super::class::ClassQueue;
 use super::fanout::Part;
 use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
@@ -25,7 +26,7 @@ use std::sync::Arc;
 /// I/O worker: disk I/O and host memcpy. It binds the device's context first: it
 /// issues the device copy after a read in a shallow ring (`Router::read_done`), and with
 /// cuFile it moves disk <-> device bytes itself.
-pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut port: Port) {
+pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Arc<ClassQueue<Job>>, mut port: Port) {
     let bound = gpu.bind_thread();
     loop {
         match rx.recv() {
@@ -117,9 +118,9 @@ fn memcpy_all(ops: &[CopyOp]) {
 
 /// Copy thread: issues device copies in order; a finished fence moves the chunk on at
 /// once, a pending one goes to the fence thread.
-pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
+pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Arc<ClassQueue<Job>>) {
     let bound = gpu.bind_thread();
-    while let Ok(Job::Run(mut chunk)) = recv_spinning(&rx) {
+    while let Ok(Job::Run(mut chunk)) = recv_spinning(&*rx) {
         let op = Router::take_op(&mut chunk);
         issue_copy(&router, &*gpu, bound.clone(), op, chunk);
     }
@@ -131,7 +132,31 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
 /// still uses no CPU once this has passed.
 const STAY_AWAKE: std::time::Duration = std::time::Duration::from_micros(50);
 
-fn recv_spinning<T>(rx: &Receiver<T>) -> std::result::Result<T, crossbeam_channel::RecvError> {
+/// What `recv_spinning` waits on: a channel, or a stage's queue in two classes.
+trait Queue<T> {
+    fn try_recv(&self) -> std::result::Result<T, crossbeam_channel::TryRecvError>;
+    fn recv(&self) -> std::result::Result<T, crossbeam_channel::RecvError>;
+}
+
+impl<T> Queue<T> for Receiver<T> {
+    fn try_recv(&self) -> std::result::Result<T, crossbeam_channel::TryRecvError> {
+        Receiver::try_recv(self)
+    }
+    fn recv(&self) -> std::result::Result<T, crossbeam_channel::RecvError> {
+        Receiver::recv(self)
+    }
+}
+
+impl<T> Queue<T> for ClassQueue<T> {
+    fn try_recv(&self) -> std::result::Result<T, crossbeam_channel::TryRecvError> {
+        ClassQueue::try_recv(self)
+    }
+    fn recv(&self) -> std::result::Result<T, crossbeam_channel::RecvError> {
+        ClassQueue::recv(self)
+    }
+}
+
+fn recv_spinning<T>(rx: &impl Queue<T>) -> std::result::Result<T, crossbeam_channel::RecvError> {
     let start = std::time::Instant::now();
     loop {
         match rx.try_recv() {

@@ -48,6 +48,7 @@ pub const KVX_ABI_MAJOR: u32 = 1;
 /// 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
 /// `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
 /// `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
+/// 1.5: `KVX_XFER_CRITICAL`.
 pub const KVX_ABI_MINOR: u32 = 5;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -121,6 +122,15 @@ pub const KVX_STORE_VERIFY_ON_OPEN: u32 = 8;
 /// `kvx_store_lookup` flag (1.4): lease each hit, so it is neither evicted nor reused
 /// until a get of it (which spends the lease) or `kvx_store_release_leases`.
 pub const KVX_LOOKUP_LEASE: u32 = 1;
+
+/// `kvx_transfer_options.flags` (1.5): latency-critical, a transfer its caller waits for
+/// (an onboard before a request's first token). The engine serves it ahead of transfers
+/// without the flag at every stage they share (the dispatcher, hence the bounce slots,
+/// the I/O workers, the copy thread and the device's streams), while those keep at least
+/// one turn in four, so they never starve. Without it (flags 0, as every caller before
+/// 1.5 passes) transfers are served in the order they came. A library older than 1.5
+/// refuses the flag with `KVX_ERR_INVALID_ARG`.
+pub const KVX_XFER_CRITICAL: u32 = 1;
 
 /// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 /// free with `kvx_engine_destroy`.
@@ -212,7 +222,7 @@ pub struct kvx_transfer_options {
     pub layer_begin: u32,
     /// One past the last layer to move; 0 means all layers.
     pub layer_end: u32,
-    /// None defined yet; must be 0.
+    /// `KVX_XFER_*`, or 0.
     pub flags: u32,
     /// Optional completion callback.
     pub on_complete: kvx_completion_fn,

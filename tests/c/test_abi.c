@@ -267,7 +267,15 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   to.flags = 8;
   expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "unknown transfer flags");
   EXPECT(strstr(kvx_last_error(), "transfer flags 0x8") != NULL, "the refusal names the bits: %s", kvx_last_error());
+  to.flags = KVX_XFER_CRITICAL | 8;
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "a known flag beside unknown bits");
+  EXPECT(strstr(kvx_last_error(), "transfer flags 0x8") != NULL, "the refusal names only the unknown bits: %s", kvx_last_error());
   EXPECT(req == (kvx_request *)(uintptr_t)0x5678, "request written on failure");
+  to.flags = KVX_XFER_CRITICAL;
+  OK(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req));
+  OK(kvx_request_wait(req, UINT64_MAX));
+  kvx_request_release(req);
+  req = (kvx_request *)(uintptr_t)0x5678;
 
   expect_fail(kvx_request_wait(NULL, 0), KVX_ERR_INVALID_ARG, "wait NULL");
   expect_fail(kvx_request_poll(NULL), KVX_ERR_INVALID_ARG, "poll NULL");
