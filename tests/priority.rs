@@ -194,3 +194,34 @@ fn through_the_c_abi_the_flag_orders_and_an_older_options_struct_gets_arrival_or
         }
     }
 }
+
+/// The device's streams and the fence threads: with bulk copies queued on a held stream,
+/// a critical transfer's copies go on a stream of their own and its fences are waited
+/// on a lane of their own, so it completes while the bulk copies queued before it wait.
+#[test]
+fn a_critical_transfer_completes_while_bulk_copies_ahead_of_it_are_held_on_the_device() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    fault::set_deferred_device(Some(true));
+    let e = engine_with(|c| c.device = kvxfer::Device::Emulated);
+    fault::set_deferred_device(None);
+    let c = cfg(8, 2, 2, 16, 128, 2);
+    let (src, dst) = (
+        make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Pinned),
+        make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Device),
+    );
+    fill(&src, 21);
+    fill(&dst, 22);
+    fault::hold_bulk_device_stream(true);
+    let bulk: Vec<_> = (0..4).map(|b| e.submit(&src, &[b], &dst, &[b], &Default::default()).unwrap()).collect();
+    let critical = e.submit(&src, &[7], &dst, &[7], &TransferOptions { critical: true, ..Default::default() }).unwrap();
+    let status = critical.wait(Some(Duration::from_secs(30)));
+    let bulk_then: Vec<Status> = bulk.iter().map(|r| r.poll()).collect();
+    fault::hold_bulk_device_stream(false);
+    for r in &bulk {
+        assert_eq!(r.wait(Some(GUARD)), Status::Ok);
+    }
+    assert_eq!(status, Status::Ok, "the critical transfer waited for the bulk copies held ahead of it");
+    assert!(bulk_then.iter().all(|&s| s == Status::Pending), "the bulk stream ran while held: {bulk_then:?}");
+    let pairs: Vec<(u64, u64)> = [0, 1, 2, 3, 7].iter().map(|&b| (b, b)).collect();
+    check(&dst, 22, 21, &pairs, 0..2, "bulk and critical copies");
+}

@@ -5,7 +5,7 @@
 
 use super::bounce::BounceRing;
 use super::chunk::Chunk;
-use super::class::ClassQueue;
+use super::class::{Class, ClassQueue};
 use super::fanout::{self, Part};
 use super::plan::Op;
 use super::stats::Counters;
@@ -135,7 +135,10 @@ impl Router {
     /// Hands a chunk's pending device copy (`after`: its request's captured caller event)
     /// to its lane's fence thread.
     fn to_fence(&self, kind: CopyKind, after: Option<Gate>, fence: Fence, chunk: Chunk) {
-        self.fence_tx[fence_lane(kind, chunk.slot, after)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
+        let critical = chunk.req.class() == Class::Critical;
+        self.fence_tx[fence_lane(kind, chunk.slot, after, critical)]
+            .send(Some((fence, chunk)))
+            .unwrap_or_else(|_| unreachable!("fence thread gone"))
     }
 
     /// Records a stage's failure on its request and finishes the chunk.
@@ -186,7 +189,8 @@ fn send_read(router: &Router, chunk: Chunk) {
 pub(super) fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chunk: Chunk) {
     let Op::DeviceCopy { kind, ops, host, after } = op else { unreachable!("only device copies are issued here") };
     chunk.issued = Some(std::time::Instant::now());
-    let issued = bound.map_err(CopyError::from).and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after));
+    let critical = chunk.req.class() == Class::Critical;
+    let issued = bound.map_err(CopyError::from).and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after, critical));
     match issued {
         Ok(fence) => {
             let bytes: u64 = ops.iter().map(|o| o.len).sum();
