@@ -85,10 +85,12 @@ def _release_request(h: int) -> None:
     n.lib.kvx_store_request_release(h)
 
 
-def _options(layers: Any, num_layers: int) -> n.TransferOptionsC:
+def _options(layers: Any, num_layers: int, critical: bool = False) -> n.TransferOptionsC:
     o = n.TransferOptionsC()
     n.lib.kvx_transfer_options_init(ctypes.byref(o))
     o.layer_begin, o.layer_end = _layer_range(layers, num_layers)
+    if critical:
+        o.flags |= n.XFER_CRITICAL
     return o
 
 
@@ -239,9 +241,9 @@ class Store:
         o = _options(None, src.config.num_layers)
         return self._submit(src, k, lambda h, lh, out: n.lib.kvx_store_put(h, lh, p, k.array, k.n, ctypes.byref(o), out), owner)
 
-    def get(self, keys: Sequence[Key], dst: Layout, dst_ids: Any, layers: Any = None) -> "StoreRequest":
+    def get(self, keys: Sequence[Key], dst: Layout, dst_ids: Any, layers: Any = None, critical: bool = False) -> "StoreRequest":
         """Loads the block of `keys[i]` into block `dst_ids[i]` of `dst`, asynchronously
-        (`layers` as `Engine.submit`'s). Per key (`results()`): None once loaded and
+        (`layers` and `critical` as `Engine.submit`'s). Per key (`results()`): None once loaded and
         checked, `NotFound` for a key not held, `IntegrityError` for a block that failed
         a check (a miss: its entry is dropped, the other keys still load), else the
         transfer's error. `wait()` raises the first key's failure."""
@@ -249,7 +251,7 @@ class Store:
         p, count, owner = block_ids(dst_ids, "dst_ids")
         if count != k.n:
             raise InvalidArgument(f"{k.n} keys but {count} destination ids; give one block per key")
-        o = _options(layers, dst.config.num_layers)
+        o = _options(layers, dst.config.num_layers, critical)
         return self._submit(dst, k, lambda h, lh, out: n.lib.kvx_store_get(h, k.array, k.n, lh, p, ctypes.byref(o), out), owner)
 
     def _submit(self, layout: Layout, keys: _Keys, call: Any, owner: Any) -> "StoreRequest":

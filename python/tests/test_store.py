@@ -59,6 +59,18 @@ def test_put_lookup_get_remove_round_trip(engine, tmp_path):
         assert st.bytes == 2 * cfg.block_bytes
 
 
+def test_a_critical_get_loads_its_blocks(engine, tmp_path):
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 5)
+    dst, b = host_pool(engine, cfg, 6)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=16, namespace=b"ns") as s:
+        s.put(src, [1, 3], KEYS[:2]).wait()
+        get = s.get(KEYS[:2] + [b"never put"], dst, [0, 2, 4], critical=True)
+        with pytest.raises(kvxfer.NotFound):
+            get.wait()
+        assert get.results()[:2] == [None, None]
+        assert block(b, cfg, 0) == block(a, cfg, 1) and block(b, cfg, 2) == block(a, cfg, 3)
+
 def test_a_miss_fails_its_key_alone_and_wait_raises_it(engine, tmp_path):
     cfg = geometry(blocks=4)
     src, a = host_pool(engine, cfg, 3)
