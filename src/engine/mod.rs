@@ -215,8 +215,7 @@ impl Engine {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let class = if opts.critical { class::Class::Critical } else { class::Class::Bulk };
-        let req = Arc::new(Request::new(self.id, class, transfer, self.counters.clone(), opts.on_complete.clone()));
+        let req = Arc::new(Request::new(self.id, opts.class(), transfer, self.counters.clone(), opts.on_complete.clone()));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
