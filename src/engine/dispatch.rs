@@ -43,12 +43,15 @@ pub enum Work {
     Release(Arc<Request>),
 }
 
+/// A request in hand and the rest of its chunks.
+type Turn = (Arc<Request>, Box<Planner>);
+
 /// The requests in hand, each with chunks still to issue, in the order of their turns:
 /// critical ones and bulk ones apart, the next turn picked by `Credit`.
 #[derive(Default)]
 struct Turns {
-    critical: VecDeque<(Arc<Request>, Box<Planner>)>,
-    bulk: VecDeque<(Arc<Request>, Box<Planner>)>,
+    critical: VecDeque<Turn>,
+    bulk: VecDeque<Turn>,
     credit: Credit,
 }
 
@@ -57,34 +60,36 @@ impl Turns {
         self.critical.is_empty() && self.bulk.is_empty()
     }
 
-    fn push_back(&mut self, turn: (Arc<Request>, Box<Planner>)) {
+    fn class_of(&mut self, turn: &Turn) -> &mut VecDeque<Turn> {
         match turn.0.class() {
-            Class::Critical => self.critical.push_back(turn),
-            Class::Bulk => self.bulk.push_back(turn),
+            Class::Critical => &mut self.critical,
+            Class::Bulk => &mut self.bulk,
         }
     }
 
-    /// The request whose turn is next.
-    fn pop_front(&mut self) -> Option<(Arc<Request>, Box<Planner>)> {
-        match self.credit.pick(!self.critical.is_empty(), !self.bulk.is_empty())? {
-            Class::Critical => self.critical.pop_front(),
-            Class::Bulk => self.bulk.pop_front(),
-        }
+    fn push_back(&mut self, turn: Turn) {
+        self.class_of(&turn).push_back(turn)
     }
 
-    /// Takes out the requests that were stopped (cancelled, failed): they wait for no slot.
-    fn drain_stopped(&mut self) -> Vec<Arc<Request>> {
-        let mut stopped = Vec::new();
-        for q in [&mut self.critical, &mut self.bulk] {
-            q.retain(|(req, _)| {
-                let keep = !req.stopped();
-                if !keep {
-                    stopped.push(req.clone());
-                }
-                keep
-            });
+    /// Puts a turn that `next` gave back at the front of its class.
+    fn put_back(&mut self, turn: Turn) {
+        self.class_of(&turn).push_front(turn)
+    }
+
+    /// The request whose turn is next; the stopped ones (cancelled, failed) found on the
+    /// way are let go: they wait for no slot.
+    fn next(&mut self, router: &Router) -> Option<Turn> {
+        loop {
+            let class = self.credit.pick(!self.critical.is_empty(), !self.bulk.is_empty())?;
+            let turn = match class {
+                Class::Critical => self.critical.pop_front(),
+                Class::Bulk => self.bulk.pop_front(),
+            }?;
+            if !turn.0.stopped() {
+                return Some(turn);
+            }
+            done_with(router, &turn.0);
         }
-        stopped
     }
 
     fn drain(&mut self) -> impl Iterator<Item = Arc<Request>> + '_ {
@@ -94,10 +99,6 @@ impl Turns {
 
 /// Runs until the stop message (`None`), which the engine sends last, after raising its
 /// shutdown flag: requests still in hand or queued then are cancelled, not continued.
-///
-/// A turn waits for a free slot first and picks whose turn it is after, with everything
-/// queued meanwhile taken in: a critical request submitted while every slot is out gets
-/// the next one that comes back.
 pub fn dispatcher(router: Arc<Router>, ring: Arc<BounceRing>, rx: Receiver<Option<Work>>) {
     let mut turns = Turns::default();
     loop {
@@ -128,57 +129,50 @@ fn stop(router: &Router, turns: &mut Turns) {
     }
 }
 
-/// Waits for a slot and issues a chunk in it for the request whose turn it is; one
-/// stopped meanwhile (cancelled, failed) waits for no slot. `false` when the stop
-/// message came meanwhile.
+/// Waits for a slot and issues a chunk in it for the request whose turn it is. What was
+/// queued while the slot was awaited is taken in first: a critical request among it takes
+/// the turn of the bulk one that waited, unless that turn was bulk's by the floor.
+/// `false` when the stop message came meanwhile.
 fn take_turn(router: &Router, ring: &BounceRing, rx: &Receiver<Option<Work>>, turns: &mut Turns) -> bool {
-    for req in turns.drain_stopped() {
-        done_with(router, &req);
-    }
-    if turns.is_empty() {
-        return true;
-    }
+    let critical_waited = !turns.critical.is_empty();
+    let Some(mut turn) = turns.next(router) else { return true };
     let waiting = std::time::Instant::now();
     let slot = ring.acquire();
     Counters::add_since(&router.counters.slot_wait_ns, waiting);
     let Some(slot) = slot else {
         // The ring closed: the engine is shutting down, and its stop message follows.
-        for req in turns.drain() {
-            if !req.stopped() {
-                req.cancel_from_engine();
-            }
-            done_with(router, &req);
-        }
+        turns.put_back(turn);
+        stop(router, turns);
         return true;
     };
     loop {
         match rx.try_recv() {
             Ok(Some(work)) => take_in(router, ring, turns, work),
             Ok(None) | Err(TryRecvError::Disconnected) => {
+                turns.put_back(turn);
                 ring.release(slot);
                 return false;
             }
             Err(TryRecvError::Empty) => break,
         }
     }
-    while let Some((req, mut planner)) = turns.pop_front() {
-        if router.shutting_down() && !req.stopped() {
-            req.cancel_from_engine();
-        }
-        if req.stopped() {
-            // Stopped while the slot was awaited: the slot goes to the next turn.
-            done_with(router, &req);
-            continue;
-        }
-        // The slot is the chunk's now, or given back if none was left to issue.
-        if issue(router, ring, &req, &mut planner, slot, false) {
-            turns.push_back((req, planner));
-        } else {
-            done_with(router, &req);
-        }
-        return true;
+    if turn.0.class() == Class::Bulk && !critical_waited && !turns.critical.is_empty() {
+        turns.put_back(turn);
+        // `None` when every request in hand was stopped meanwhile.
+        let Some(next) = turns.next(router) else {
+            ring.release(slot);
+            return true;
+        };
+        turn = next;
     }
-    ring.release(slot);
+    let (req, mut planner) = turn;
+    // The slot is the chunk's now, or given back if the request has none left to issue
+    // (it was stopped while the slot was awaited).
+    if issue(router, ring, &req, &mut planner, slot, false) {
+        turns.push_back((req, planner));
+    } else {
+        done_with(router, &req);
+    }
     true
 }
 
