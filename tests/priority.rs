@@ -1,9 +1,9 @@
 //! Latency-critical transfers: served ahead of bulk ones at each stage they share, while
 //! bulk ones keep one turn in four. These tests check the order of completions, never
-//! speed: the first bulk transfer is held in its disk write (`Fault::Hold`), the others
-//! queue behind it, and once it is let go the callbacks record who finished when. One
-//! I/O worker runs every stage and every callback, so the order is the engine's, not
-//! the host's.
+//! speed: the first bulk transfer is held in the stage under test (its disk write or its
+//! device copy, `Fault::Hold`), the others queue behind it, and once it is let go the
+//! callbacks record who finished when. One I/O worker (and one copy thread) runs every
+//! stage and every callback, so the order is the engine's, not the host's.
 mod common;
 use common::*;
 use kvxfer::fault::{self, Fault, Site};
@@ -224,4 +224,60 @@ fn a_critical_transfer_completes_while_bulk_copies_ahead_of_it_are_held_on_the_d
     assert!(bulk_then.iter().all(|&s| s == Status::Pending), "the bulk stream ran while held: {bulk_then:?}");
     let pairs: Vec<(u64, u64)> = [0, 1, 2, 3, 7].iter().map(|&b| (b, b)).collect();
     check(&dst, 22, 21, &pairs, 0..2, "bulk and critical copies");
+}
+
+/// The copy thread's queue: a pageable host -> device transfer is memcpy'd into its slot
+/// by the I/O worker and copied to the device by the copy thread. With the copy thread
+/// held in the first bulk transfer's copy, four more bulk ones queue for it, then a
+/// critical one; the copy thread copies the critical one next.
+#[test]
+fn a_critical_transfer_overtakes_bulk_ones_in_the_copy_threads_queue() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // The immediate emulated device: a copy is done when the copy thread issues it, so
+    // the order of completions is the order of issue.
+    fault::set_deferred_device(Some(false));
+    let e = engine_with(|c| {
+        c.device = kvxfer::Device::Emulated; // its copies can be held
+        c.io_threads = 1;
+        c.io_backend = IoBackend::Posix;
+    });
+    fault::set_deferred_device(None);
+    let c = cfg(16, 1, 1, 16, 128, 2);
+    let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+    let dev = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Device);
+    let disk = e.create_disk_layout(&c, &temp_path("prio-copy"), DiskFlags::CREATE).unwrap();
+    let done: Arc<Mutex<Vec<String>>> = Default::default();
+    let upload = |b: u64, name: &str, critical: bool| {
+        let (done, name) = (done.clone(), name.to_string());
+        let on_complete: OnComplete = Arc::new(move |_: &Request, _| done.lock().unwrap().push(name.clone()));
+        e.submit(&host, &[b], &dev, &[b], &TransferOptions { on_complete: Some(on_complete), critical, ..Default::default() }).unwrap()
+    };
+    fault::inject(Site::DeviceCopy, 0, Fault::Hold);
+    let mut reqs = vec![upload(0, "b0", false)];
+    let started = Instant::now();
+    while !fault::holding() && started.elapsed() < GUARD {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(fault::holding(), "the first transfer never reached its device copy");
+    // A bulk offload behind each batch on the one I/O worker: once its disk write starts,
+    // the worker has sent every upload before it on to the copy thread. So the bulk
+    // uploads are queued there before the critical one is submitted.
+    let mut markers = Vec::new();
+    let mut behind = |b: u64| {
+        markers.push(e.submit(&host, &[b], &disk, &[b], &Default::default()).unwrap());
+        while fault::calls(Site::DiskWrite) < markers.len() as u64 && started.elapsed() < GUARD {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(fault::calls(Site::DiskWrite), markers.len() as u64, "a marker's disk write never started");
+    };
+    reqs.extend((1..=4).map(|b| upload(b, &format!("b{b}"), false)));
+    behind(6);
+    reqs.push(upload(5, "c", true));
+    behind(7);
+    fault::clear();
+    for r in reqs.iter().chain(&markers) {
+        assert_eq!(r.wait(Some(GUARD)), Status::Ok);
+    }
+    let order = done.lock().unwrap().clone();
+    assert_eq!(position(&order, "c"), 1, "the critical transfer was copied next: {order:?}");
 }
