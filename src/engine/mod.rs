@@ -209,12 +209,27 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
     ) -> Result<Arc<Request>> {
+        self.submit_tagged(src, src_blocks, dst, dst_blocks, opts, None)
+    }
+
+    /// As `submit`, into a checksummed disk layout whose blocks' checksums carry the tags
+    /// of `write_ids[i]`, the identity of the write of `dst_blocks[i]` (a store's slots).
+    pub(crate) fn submit_tagged(
+        &self,
+        src: &Arc<Layout>,
+        src_blocks: &[u64],
+        dst: &Arc<Layout>,
+        dst_blocks: &[u64],
+        opts: &TransferOptions,
+        write_ids: Option<&[u64]>,
+    ) -> Result<Arc<Request>> {
         let transfer = self.validate(src, src_blocks, dst, dst_blocks, opts)?;
+        let write_ids = write_ids.map(|ids| Arc::new(dst_blocks.iter().copied().zip(ids.iter().copied()).collect()));
         if self.counters.inflight.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_inflight {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(self.id, transfer, self.counters.clone(), opts.on_complete.clone()));
+        let req = Arc::new(Request::new(self.id, transfer, self.counters.clone(), opts.on_complete.clone(), write_ids));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);

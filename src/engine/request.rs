@@ -7,6 +7,7 @@
 
 use super::stats::Counters;
 use crate::error::{Error, Status};
+use crate::file::checksum::WriteIds;
 use crate::gpu::{Gate, Gpu};
 use crate::memory::Layout;
 use std::cell::Cell;
@@ -88,10 +89,18 @@ pub struct Request {
     finished: AtomicBool,
     done: Condvar,
     message: OnceLock<CString>,
+    /// The identity of each destination block's write, for its checksums' tags.
+    write_ids: Option<Arc<WriteIds>>,
 }
 
 impl Request {
-    pub(crate) fn new(engine: u64, transfer: Transfer, counters: Arc<Counters>, on_complete: Option<OnComplete>) -> Request {
+    pub(crate) fn new(
+        engine: u64,
+        transfer: Transfer,
+        counters: Arc<Counters>,
+        on_complete: Option<OnComplete>,
+        write_ids: Option<Arc<WriteIds>>,
+    ) -> Request {
         Request {
             engine,
             transfer: Mutex::new(Some(transfer)),
@@ -106,7 +115,13 @@ impl Request {
             finished: AtomicBool::new(false),
             done: Condvar::new(),
             message: OnceLock::new(),
+            write_ids,
         }
+    }
+
+    /// The identity of each destination block's write, where the submitter gave them.
+    pub(crate) fn write_ids(&self) -> Option<&WriteIds> {
+        self.write_ids.as_deref()
     }
 
     /// The dispatcher takes the request; false if a cancel already finished it.
