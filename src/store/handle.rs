@@ -135,6 +135,7 @@ impl Store {
     pub fn commit_slots(&self, handles: &[SlotHandle]) -> Result<Vec<Status>> {
         let inner = &self.inner;
         inner.owner()?;
+        inner.check_handles(handles, handles.len())?;
         let req = Arc::new(StoreRequest::new(handles.len()));
         let keys = self.reserved(handles, &req);
         inner.commit(PutGroup { req: req.clone(), keys });
@@ -145,6 +146,7 @@ impl Store {
     /// tombstones, whatever the data process wrote).
     pub fn abort_slots(&self, handles: &[SlotHandle]) -> Result<()> {
         self.inner.owner()?;
+        self.inner.check_handles(handles, handles.len())?;
         let req = Arc::new(StoreRequest::new(handles.len()));
         let keys = self.reserved(handles, &req);
         self.inner.put_failed(PutGroup { req, keys }, Status::Cancelled, "aborted by the owner");
@@ -246,10 +248,14 @@ impl Store {
 }
 
 impl Inner {
-    /// Refuses handles of slots past the capacity, or a count that differs from the blocks'.
+    /// Refuses no handles, handles of slots past the capacity, or a count that differs
+    /// from the blocks'.
     fn check_handles(&self, handles: &[SlotHandle], blocks: usize) -> Result<()> {
-        if handles.is_empty() || handles.len() != blocks {
-            bail!(InvalidArg, "{} handles but {blocks} blocks; give one block per handle, at least one", handles.len());
+        if handles.is_empty() {
+            bail!(InvalidArg, "no handles; a slot call takes at least one");
+        }
+        if handles.len() != blocks {
+            bail!(InvalidArg, "{} handles but {blocks} blocks; give one block per handle", handles.len());
         }
         let cap = self.cfg.capacity_blocks;
         if let Some((i, h)) = handles.iter().enumerate().find(|(_, h)| h.slot as u64 >= cap) {
