@@ -247,17 +247,32 @@ python-venv: build
 python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
 
-# The runtime plug-ins against the runtimes themselves (python/integration): a venv of
-# its own with vllm==$(VLLM_VERSION) and its dependencies (about 9.5 GB, five minutes to
-# install), made once and kept, then the package's wheel installed into it. Not part of
-# `make test`: see CONTRIBUTING.md.
+# The runtime plug-ins against the runtimes themselves (python/integration): a venv per
+# runtime, since their pinned dependencies (PyTorch, grpcio, numpy among them) differ and
+# cannot share one: vllm==$(VLLM_VERSION) (about 9.5 GB, five minutes to install),
+# sglang==$(SGLANG_VERSION) (about 11 GB) and lmcache==$(LMCACHE_VERSION), each made once
+# and kept (a stamp file names the version), then the package's wheel, built once,
+# installed into each and that runtime's tests (python/integration/test_<runtime>_*.py)
+# run there. Not part of `make test`: see CONTRIBUTING.md.
 VLLM_VERSION := 0.33.0
-VLLM_VENV := target/vllm-venv
-integration-test: build
-	@python3 -m venv --help >/dev/null 2>&1 || { echo "integration-test: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
-	@[ -f $(VLLM_VENV)/.vllm-$(VLLM_VERSION) ] || { python3 -m venv $(VLLM_VENV) && $(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION) numpy pytest && touch $(VLLM_VENV)/.vllm-$(VLLM_VERSION); }
-	$(VLLM_VENV)/bin/pip install -q --force-reinstall --no-deps ./python
-	cd /tmp && $(CURDIR)/$(VLLM_VENV)/bin/pytest -q -rs $(CURDIR)/python/integration
+SGLANG_VERSION := 0.5.23
+LMCACHE_VERSION := 0.5.6
+INTEGRATION_WHEELS := target/integration-wheels
+
+# $(call runtime-tests,runtime,version): make target/<runtime>-venv once, install the
+# wheel, run the runtime's tests.
+define runtime-tests
+	@[ -f target/$(1)-venv/.$(1)-$(2) ] || { rm -rf target/$(1)-venv && python3 -m venv target/$(1)-venv && \
+	  target/$(1)-venv/bin/pip install -q $(1)==$(2) numpy pytest && touch target/$(1)-venv/.$(1)-$(2); }
+	target/$(1)-venv/bin/pip install -q --force-reinstall --no-deps $(INTEGRATION_WHEELS)/kvxfer-*.whl
+	cd /tmp && $(CURDIR)/target/$(1)-venv/bin/pytest -q -rs $(CURDIR)/python/integration/test_$(1)_*.py
+endef
+
+integration-test: python-venv
+	rm -rf $(INTEGRATION_WHEELS) && $(PYENV)/bin/pip wheel -q --no-deps -w $(INTEGRATION_WHEELS) ./python
+	$(call runtime-tests,vllm,$(VLLM_VERSION))
+	$(call runtime-tests,sglang,$(SGLANG_VERSION))
+	$(call runtime-tests,lmcache,$(LMCACHE_VERSION))
 
 clean:
 	$(CARGO) clean

@@ -233,6 +233,7 @@ def _load() -> ctypes.CDLL:
         "kvx_store_write_slots": (c_uint32, [store_p, layout_p, c_void_p, handle_p, c_size_t, opts_p, POINTER(store_request_p)]),
     }
     if minor >= 5:
+        protos["kvx_engine_completion_fd"] = (c_uint32, [engine_p, POINTER(c_int32)])
         protos.update(slot_protos)
     for name, (res, args) in protos.items():
         f = getattr(lib, name)

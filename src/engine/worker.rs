@@ -74,7 +74,7 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
 }
 
 /// Runs an I/O worker's stage; `bound`: whether this thread could bind the device (for
-/// cuFile); `ids`: the request's write identities (`Engine::submit_tagged`).
+/// cuFile); `ids`: the request's write identities (`Engine::submit_for_store`).
 fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>, ids: Option<&WriteIds>) -> Result<()> {
     let counters = &router.counters;
     match op {

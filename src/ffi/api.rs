@@ -153,6 +153,8 @@ pub struct kvx_api {
     /// ABI 1.4.
     pub store_request_release: unsafe extern "C" fn(*mut kvx_store_request),
     /// ABI 1.5.
+    pub engine_completion_fd: unsafe extern "C" fn(*const kvx_engine, *mut i32) -> kvx_status,
+    /// ABI 1.5.
     pub store_lease_slots: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, *mut kvx_slot_handle, *mut u8) -> kvx_status,
     /// ABI 1.5.
     pub store_reserve_slots: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, *mut kvx_slot_handle, *mut u32) -> kvx_status,
@@ -233,6 +235,7 @@ static API: kvx_api = kvx_api {
     store_request_key_error: kvx_store_request_key_error,
     store_request_error: kvx_store_request_error,
     store_request_release: kvx_store_request_release,
+    engine_completion_fd: kvx_engine_completion_fd,
     store_lease_slots: kvx_store_lease_slots,
     store_reserve_slots: kvx_store_reserve_slots,
     store_commit_slots: kvx_store_commit_slots,
