@@ -258,6 +258,30 @@ def test_a_slot_handle_is_48_bytes_that_round_trip_and_pickle(engine, tmp_path):
         s.abort_slots([h, g])
 
 
+def test_a_reservation_says_why_a_key_has_no_slot_to_write(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    src, _ = host_pool(engine, cfg, 15)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=2) as s:
+        s.put(src, [0], [b"held"]).wait()
+        (mine,) = reserved_handles(s, [b"new"])
+        # Reserved and not committed: a second reservation of the key waits for the first.
+        again = s.reserve_slots([b"new", b"held"])
+        assert again == [
+            kvxfer.Reservation(kvxfer.Reservation.IN_FLIGHT, None),
+            kvxfer.Reservation(kvxfer.Reservation.HELD, None),
+        ]
+        # Both slots taken (one held and leased, one reserved): no room for a third key.
+        assert s.lease_slots([b"held"])[0] is not None
+        assert s.reserve_slots([b"third"]) == [kvxfer.Reservation(kvxfer.Reservation.NO_ROOM, None)]
+        s.release_leases([b"held"])
+        s.abort_slots([mine])
+        # A handle naming a slot past the capacity is another store's.
+        c = n.SlotHandleC.from_buffer_copy(bytes(mine))
+        c.slot = 2
+        with pytest.raises(kvxfer.OutOfRange, match="slot 2"):
+            s.abort_slots([kvxfer.SlotHandle.from_bytes(bytes(c))])
+
+
 def test_an_owner_and_a_data_only_open_move_blocks_through_slot_handles(engine, tmp_path):
     cfg = geometry(blocks=8)
     src, a = host_pool(engine, cfg, 11)
