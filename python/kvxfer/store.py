@@ -362,9 +362,9 @@ class Store:
 
 
 class StoreRequest:
-    """A store put or get: one result per key. `wait()` raises the failure of the first
-    key (by index) that failed, so a caller that only waits never counts a miss as
-    loaded; `results()` gives each key's. `await request` waits on the engine's
+    """A store put, get, slot read or slot write: one result per key. `wait()` raises
+    the failure of the first key (by index) that failed, so a caller that only waits never
+    counts a miss as loaded; `results()` gives each key's. `await request` waits on the engine's
     completion fd (no thread of its own).
     It keeps the layout it moves from or into (and the arrays behind it) alive until it
     ends, also once released."""
