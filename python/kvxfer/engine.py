@@ -341,7 +341,7 @@ class Engine(_Owned):
 
     def completion_fd(self) -> int:
         """The engine's completion fd (ABI 1.5): an eventfd, readable once a request of
-        the engine (a transfer, a store put or get) has ended since it was last read. Read
+        the engine (a transfer, a store request) has ended since it was last read. Read
         8 bytes to reset it, then poll the requests (`done()`); a request that ends after
         the read makes it readable again. The first call makes it (ends before it are not
         counted). The engine owns it and closes it on `close()`: do not close it, and take

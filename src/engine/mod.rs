@@ -232,12 +232,14 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
     ) -> Result<Arc<Request>> {
-        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, Some(self.completions.clone()))
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, Some(self.completions.clone()), None)
     }
 
     /// As `submit`, for a transfer the store makes for one of its requests: its end does
     /// not signal the completion fd, which the store request signals when it ends (a
-    /// signal of its own would come after the store request is seen to end).
+    /// signal of its own would come after the store request is seen to end). Into a
+    /// checksummed disk layout, `write_ids[i]` is the identity of the write of
+    /// `dst_blocks[i]` (a store's slots), which its checksums' tags carry.
     pub(crate) fn submit_for_store(
         &self,
         src: &Arc<Layout>,
@@ -245,10 +247,12 @@ impl Engine {
         dst: &Arc<Layout>,
         dst_blocks: &[u64],
         opts: &TransferOptions,
+        write_ids: Option<&[u64]>,
     ) -> Result<Arc<Request>> {
-        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, None)
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, None, write_ids)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn submit_signalling(
         &self,
         src: &Arc<Layout>,
@@ -257,13 +261,15 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
         completions: Option<Arc<Completions>>,
+        write_ids: Option<&[u64]>,
     ) -> Result<Arc<Request>> {
         let transfer = self.validate(src, src_blocks, dst, dst_blocks, opts)?;
+        let write_ids = write_ids.map(|ids| Arc::new(dst_blocks.iter().copied().zip(ids.iter().copied()).collect()));
         if self.counters.inflight.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_inflight {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(self.id, opts.class(), transfer, self.counters.clone(), completions, opts.on_complete.clone()));
+        let req = Arc::new(Request::new(self.id, opts.class(), transfer, self.counters.clone(), completions, opts.on_complete.clone(), write_ids));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);

@@ -9,6 +9,7 @@ use super::class::Class;
 use super::stats::Counters;
 use super::Completions;
 use crate::error::{Error, Status};
+use crate::file::checksum::WriteIds;
 use crate::gpu::{Gate, Gpu};
 use crate::memory::Layout;
 use std::cell::Cell;
@@ -95,6 +96,8 @@ pub struct Request {
     finished: AtomicBool,
     done: Condvar,
     message: OnceLock<CString>,
+    /// The identity of each destination block's write, for its checksums' tags.
+    write_ids: Option<Arc<WriteIds>>,
 }
 
 impl Request {
@@ -105,6 +108,7 @@ impl Request {
         counters: Arc<Counters>,
         completions: Option<Arc<Completions>>,
         on_complete: Option<OnComplete>,
+        write_ids: Option<Arc<WriteIds>>,
     ) -> Request {
         Request {
             engine,
@@ -122,11 +126,17 @@ impl Request {
             finished: AtomicBool::new(false),
             done: Condvar::new(),
             message: OnceLock::new(),
+            write_ids,
         }
     }
 
     pub(crate) fn class(&self) -> Class {
         self.class
+    }
+
+    /// The identity of each destination block's write, where the submitter gave them.
+    pub(crate) fn write_ids(&self) -> Option<&WriteIds> {
+        self.write_ids.as_deref()
     }
 
     /// The dispatcher takes the request; false if a cancel already finished it.

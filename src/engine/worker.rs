@@ -16,6 +16,7 @@ use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
 use super::stats::Counters;
 use crate::error::{Error, Result, Status};
+use crate::file::checksum::WriteIds;
 use crate::gpu::{CopyOp, Fence, Gpu};
 use crate::io::Port;
 use crate::memory::Layout;
@@ -49,7 +50,7 @@ fn run_part(router: &Router, port: &mut Port, bound: &Result<()>, part: Part) {
 fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk) {
     let op = Router::take_op(&mut chunk);
     let start = std::time::Instant::now();
-    let result = run_host_op(&op, router, port, bound);
+    let result = run_host_op(&op, router, port, bound, chunk.req.write_ids());
     let c = &router.counters;
     Counters::add_since(
         match op {
@@ -74,8 +75,8 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
 }
 
 /// Runs an I/O worker's stage; `bound`: whether this thread could bind the device (for
-/// cuFile).
-fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) -> Result<()> {
+/// cuFile); `ids`: the request's write identities (`Engine::submit_for_store`).
+fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>, ids: Option<&WriteIds>) -> Result<()> {
     let counters = &router.counters;
     match op {
         Op::ReadDisk { file, extents, for_device } => {
@@ -88,7 +89,7 @@ fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) ->
         Op::WriteDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
             // SAFETY: as above; the padding after each extent is this chunk's too.
-            unsafe { f.write_extents(port, &file.placement, extents) }?;
+            unsafe { f.write_extents(port, &file.placement, extents, ids) }?;
             Counters::add(&counters.bytes_disk_written, extents.iter().map(|e| e.len).sum());
             Ok(())
         }
