@@ -92,14 +92,14 @@ class Engine:
         self.manager.shutdown()
 
     # -- the worker side ---------------------------------------------------------
-    def _run(self, submit, gpu_spec, slots):
+    def _run(self, submit, gpu_spec, slots, **kw):
         """Submits a job to every worker, each with its own unpickled copy of the specs,
         and polls them until each reports it. Returns each rank's TransferResult."""
         self._job += 1
         job = self._job
         for w in self.workers:
             g, s = pickle.loads(pickle.dumps((gpu_spec, slots)))
-            assert getattr(w, submit)(job, *((g, s) if submit == "submit_store" else (s, g)))
+            assert getattr(w, submit)(job, *((g, s) if submit == "submit_store" else (s, g)), **kw)
         results = [None] * len(self.workers)
         deadline = time.monotonic() + DEADLINE_S
         while any(r is None for r in results):
@@ -136,9 +136,10 @@ class Engine:
             m.on_new_request(ctx)
             return [m.lookup(k, ctx) for k in keys]
 
-    def onboard(self, keys, blocks):
-        """The hits of `keys` loaded into GPU blocks `blocks`. Returns {key: lookup
-        result} and each rank's TransferResult (None without a hit)."""
+    def onboard(self, keys, blocks, expedited=False):
+        """The hits of `keys` loaded into GPU blocks `blocks` (`expedited`: as vLLM
+        submits a load it waits for within the step). Returns {key: lookup result} and
+        each rank's TransferResult (None without a hit)."""
         m = self.manager
         ctx = ReqContext(req_id=uuid.uuid4().hex)
         with m.lock:
@@ -150,7 +151,7 @@ class Engine:
         with m.lock:
             src = m.prepare_load(hits, ctx)
         gpu = GPULoadStoreSpec([blocks[keys.index(k)] for k in hits], group_sizes=[len(hits)], block_indices=[0])
-        results = self._run("submit_load", gpu, src)
+        results = self._run("submit_load", gpu, src, expedited=expedited)
         with m.lock:
             m.complete_load(set(hits), ctx)
             m.on_request_finished(ctx)
@@ -200,14 +201,15 @@ def test_vllm_builds_the_spec_by_name_and_module_path(engine):
     assert s.namespaces[0] != s.namespaces[1]
 
 
-def test_blocks_stored_then_loaded_come_back_exact(engine):
+@pytest.mark.parametrize("expedited", [False, True], ids=["load", "expedited-load"])
+def test_blocks_stored_then_loaded_come_back_exact(engine, expedited):
     keys = keys_of(1, 2, 3, 4)
     fill(engine, [0, 1, 2, 3], seed=1)
     want = snapshot(engine, [0, 1, 2, 3])
     stored, results = engine.offload(keys, [0, 1, 2, 3])
     assert stored == keys and all(r.success and r.transfer_size == 4 * LAYERS * PAGE for r in results)
     clear(engine)
-    found, results = engine.onboard(keys, [8, 9, 10, 11])
+    found, results = engine.onboard(keys, [8, 9, 10, 11], expedited=expedited)
     assert all(found[k] is LookupResult.HIT for k in keys)
     assert all(r.success for r in results)
     assert same(snapshot(engine, [8, 9, 10, 11]), want)

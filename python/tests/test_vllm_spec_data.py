@@ -138,6 +138,31 @@ def test_a_missing_handle_fails_its_block_alone(one_group):
     assert [page(t, 7) for t in s.tensors] == want
 
 
+def test_an_expedited_read_is_latency_critical(one_group, monkeypatch):
+    """vLLM waits on an expedited load within its step: the mover reads its slots as
+    latency-critical transfers, served ahead of the others queued."""
+    s = one_group
+    s.store([b"e"], [2], [1])
+    want = [page(t, 2) for t in s.tensors]
+    zero(s.tensors)
+    asked = []
+    read = s.data.read_slots
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("critical", False))
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(s.data, "read_slots", recording)
+    handles = s.owner.lease_slots([b"e"])
+    try:
+        assert s.mover.read(s.data, handles, [6], [1], critical=True).results() == [None]
+        assert s.mover.read(s.data, handles, [7], [1]).results() == [None]
+    finally:
+        s.owner.release_leases([b"e"])
+    assert asked == [True, False]
+    assert [page(t, 6) for t in s.tensors] == want and [page(t, 7) for t in s.tensors] == want
+
+
 def test_groups_of_one_geometry_each_move_their_own_layers(tmp_path):
     """Two KV cache groups (two layers each): a job's blocks come group by group, and each
     block moves the layers of its group."""

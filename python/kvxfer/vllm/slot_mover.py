@@ -136,13 +136,14 @@ class SlotMover:
         block this store holds already: nothing to write."""
         return self._move(store, block_ids, group_sizes, handles, False)
 
-    def read(self, store: Store, handles: Sequence[Any], block_ids: Sequence[int], group_sizes: Sequence[int]) -> SlotJob:
+    def read(self, store: Store, handles: Sequence[Any], block_ids: Sequence[int], group_sizes: Sequence[int], critical: bool = False) -> SlotJob:
         """Reads the slot of read handle `handles[i]` into GPU block `block_ids[i]`; a
         None handle (a key this store did not hold when the owner leased it) fails that
-        block with `NotFound`."""
-        return self._move(store, block_ids, group_sizes, handles, True)
+        block with `NotFound`. `critical`: a load the model waits for now, served ahead
+        of other transfers (`Engine.submit`'s `critical`)."""
+        return self._move(store, block_ids, group_sizes, handles, True, critical)
 
-    def _move(self, store: Store, block_ids: Sequence[int], group_sizes: Sequence[int], handles: Sequence[Any], is_read: bool) -> SlotJob:
+    def _move(self, store: Store, block_ids: Sequence[int], group_sizes: Sequence[int], handles: Sequence[Any], is_read: bool, critical: bool = False) -> SlotJob:
         ids = [int(b) for b in block_ids]
         if len(ids) != len(handles) or sum(group_sizes) != len(ids) or len(group_sizes) != len(self._layouts):
             raise InvalidArgument(
@@ -167,7 +168,7 @@ class SlotMover:
                     continue
                 hs = [handles[i] for i in positions]
                 gpu = [ids[i] for i in positions]
-                r = store.read_slots(hs, layout, gpu) if is_read else store.write_slots(layout, gpu, hs)
+                r = store.read_slots(hs, layout, gpu, critical=critical) if is_read else store.write_slots(layout, gpu, hs)
                 requests.append((r, positions))
         except BaseException:
             for r, _ in requests:
