@@ -119,7 +119,7 @@ tsan:
 	RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=target/tsan \
 	  KVX_STRESS=8x200 TSAN_OPTIONS=halt_on_error=1 KVX_TEST_DIR=$(TEST_DIR) \
 	  $(CARGO) +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
-	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped --test store
+	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped --test store --test priority
 
 # The ABI boundary's pointer code under Miri (undefined behaviour such as a reference
 # over a caller's smaller, older struct); nightly's miri component, not part of make test.

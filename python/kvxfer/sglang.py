@@ -319,7 +319,7 @@ def _make_backend_class() -> type:
             skeys = [page_key(k) for k in keys]
             try:
                 store = self._live()
-                r = store.get(skeys, self._layout, ids) if load else store.put(self._layout, ids, skeys)  # type: ignore[arg-type]
+                r = store.get(skeys, self._layout, ids, critical=True) if load else store.put(self._layout, ids, skeys)  # type: ignore[arg-type]
                 try:
                     results = r.results()
                 finally:

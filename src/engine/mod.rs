@@ -269,7 +269,15 @@ impl Engine {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(self.id, opts.class(), transfer, self.counters.clone(), completions, opts.on_complete.clone(), write_ids));
+        let req = Arc::new(Request::new(
+            self.id,
+            opts.class(),
+            transfer,
+            self.counters.clone(),
+            completions,
+            opts.on_complete.clone(),
+            write_ids,
+        ));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
