@@ -215,6 +215,29 @@ def test_blocks_stored_then_loaded_come_back_exact(engine, expedited):
     assert same(snapshot(engine, [8, 9, 10, 11]), want)
 
 
+def test_loads_are_latency_critical_and_stores_bulk(engine, monkeypatch):
+    """A request waits for its load, expedited or not, and for no store: the workers'
+    slot reads are critical transfers, their writes bulk."""
+    calls = []
+    read, write = kvxfer.Store.read_slots, kvxfer.Store.write_slots
+
+    def recording(name, f):
+        def call(self, *args, **kwargs):
+            calls.append((name, kwargs.get("critical", False)))
+            return f(self, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(kvxfer.Store, "read_slots", recording("read", read))
+    monkeypatch.setattr(kvxfer.Store, "write_slots", recording("write", write))
+    keys = keys_of(1, 2)
+    fill(engine, [0, 1], seed=8)
+    engine.offload(keys, [0, 1])
+    engine.onboard(keys, [4, 5])
+    engine.onboard(keys, [6, 7], expedited=True)
+    assert sorted(set(calls)) == [("read", True), ("write", False)]
+
+
 def test_a_key_stored_already_is_not_stored_again(engine):
     keys = keys_of(1, 2)
     fill(engine, [0, 1, 2], seed=2)

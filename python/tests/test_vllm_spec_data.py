@@ -138,9 +138,9 @@ def test_a_missing_handle_fails_its_block_alone(one_group):
     assert [page(t, 7) for t in s.tensors] == want
 
 
-def test_an_expedited_read_is_latency_critical(one_group, monkeypatch):
-    """vLLM waits on an expedited load within its step: the mover reads its slots as
-    latency-critical transfers, served ahead of the others queued."""
+def test_a_critical_read_reads_its_slots_critical(one_group, monkeypatch):
+    """A request waits for its load: the worker asks the mover for latency-critical
+    reads, which the store serves ahead of bulk transfers."""
     s = one_group
     s.store([b"e"], [2], [1])
     want = [page(t, 2) for t in s.tensors]

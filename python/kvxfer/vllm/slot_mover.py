@@ -139,8 +139,8 @@ class SlotMover:
     def read(self, store: Store, handles: Sequence[Any], block_ids: Sequence[int], group_sizes: Sequence[int], critical: bool = False) -> SlotJob:
         """Reads the slot of read handle `handles[i]` into GPU block `block_ids[i]`; a
         None handle (a key this store did not hold when the owner leased it) fails that
-        block with `NotFound`. `critical`: a load the model waits for now, served ahead
-        of other transfers (`Engine.submit`'s `critical`)."""
+        block with `NotFound`. `critical`: latency-critical reads (a request waits for
+        them), served ahead of bulk transfers (`Engine.submit`'s `critical`)."""
         return self._move(store, block_ids, group_sizes, handles, True, critical)
 
     def _move(self, store: Store, block_ids: Sequence[int], group_sizes: Sequence[int], handles: Sequence[Any], is_read: bool, critical: bool = False) -> SlotJob:

@@ -386,18 +386,19 @@ def make_spec_classes() -> Dict[str, type]:
             return self._submit(job_id, src_spec, dst_spec, False)
 
         def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
-            return self._submit(job_id, dst_spec, src_spec, True, expedited)
+            return self._submit(job_id, dst_spec, src_spec, True)
 
-        def _submit(self, job_id: int, gpu: Any, slots: Any, is_load: bool, expedited: bool = False) -> bool:
+        def _submit(self, job_id: int, gpu: Any, slots: Any, is_load: bool) -> bool:
             """Starts the job; a call the store refuses fails every block of it (reported
-            by `get_finished`, as vLLM polls for it). An expedited load (vLLM waits for it
-            within the step) moves as latency-critical transfers, ahead of the others."""
+            by `get_finished`, as vLLM polls for it). A load moves as latency-critical
+            transfers, ahead of stores: a request waits for its load (an expedited one
+            within the step), and for no store."""
             assert isinstance(gpu, GPULoadStoreSpec) and isinstance(slots, KvxferSlots)
             handles = slots.handles[self._rank]
             try:
                 store = self._open()
                 if is_load:
-                    job = self._mover.read(store, handles, gpu.block_ids, gpu.group_sizes, critical=expedited)
+                    job = self._mover.read(store, handles, gpu.block_ids, gpu.group_sizes, critical=True)
                 else:
                     job = self._mover.write(store, gpu.block_ids, gpu.group_sizes, handles)
             except Error as e:
