@@ -182,6 +182,29 @@ def test_chunks_cascade_to_the_store_and_come_back_exact(manager):
         assert np.array_equal(got[k], payload(k, BLOCK_BYTES)), f"chunk of {k.hex()} differs"
 
 
+def test_loads_are_latency_critical_and_stores_bulk(manager, monkeypatch):
+    """A request waits for a promotion from the tier, and for no cascade into it: the
+    tier's gets are critical transfers, its puts bulk."""
+    calls = []
+    get, put = kvxfer.Store.get, kvxfer.Store.put
+
+    def recording(name, f):
+        def call(self, *args, **kwargs):
+            calls.append((name, kwargs.get("critical", False)))
+            return f(self, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(kvxfer.Store, "get", recording("get", get))
+    monkeypatch.setattr(kvxfer.Store, "put", recording("put", put))
+    keys = keys_of(1, 2)
+    offload(manager, keys)
+    empty_cpu_tier(manager)
+    results, _ = onboard(manager, keys)
+    assert all(results[k] is LookupResult.HIT for k in keys)
+    assert sorted(set(calls)) == [("get", True), ("put", False)]
+
+
 @pytest.mark.parametrize("chunk_bytes", [2 << 20, 5 * 4096 * 64, 3 * 4096])
 def test_chunks_of_other_sizes_come_back_exact(tmp_path, chunk_bytes):
     """2 MiB (eight checksummed regions), 1.25 MiB (regions of 5 pages) and 12 KiB."""

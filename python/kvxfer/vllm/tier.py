@@ -133,12 +133,13 @@ def make_tier_class() -> type:
 
         def _submit(self, job: Any, is_load: bool) -> None:
             """Starts the job's put or get; a call the store refuses (a closed store, a
-            chunk id past the CPU tier) is a failed job, reported by the next poll."""
+            chunk id past the CPU tier) is a failed job, reported by the next poll. A get
+            is latency-critical (a request waits for it), a put bulk."""
             keys = list(job.keys)
             skeys = [store_key(k) for k in keys]
             try:
                 if is_load:
-                    r = self._store.get(skeys, self._primary, job.chunk_ids)
+                    r = self._store.get(skeys, self._primary, job.chunk_ids, critical=True)
                 else:
                     r = self._store.put(self._primary, job.chunk_ids, skeys)
             except Error as e:
