@@ -152,17 +152,20 @@ void run_layerwise(kvx::Engine &e, const kvx::Layout &src, const kvx::Layout &ds
   double w = percentile(whole, 0.5), f = percentile(first, 0.5), l = percentile(last, 0.5);
   std::printf("layerwise %s: %zu blocks x %llu layers, medians of %d: one request for all layers %.1f us; "
               "a request per layer: first layer %.1f us (%.3f of all, ideal %.3f; one layer alone %.1f us; "
-              "raw floor of one layer %.1f us: %s), last layer %.1f us (%.2fx all); p99 last %.1f us; "
-              "each submit p50 / p99 %.1f / %.1f us; CPU %.2f s\n",
+              "raw floor of one layer %.1f us: %s), last layer %.1f us (%.2fx all); p99 / p99.9: last layer %.1f / %.1f us, "
+              "all layers %.1f / %.1f us (p99 %.2fx); each submit p50 / p99 %.1f / %.1f us; CPU %.2f s\n",
               dir, v.size(), (unsigned long long)o.num_layers, o.iterations, w, f, f / w, 1.0 / o.num_layers,
-              percentile(alone, 0.5), raw_us, how.c_str(), l, l / w, percentile(last, 0.99), percentile(submit, 0.5),
-              percentile(submit, 0.99), cpu);
+              percentile(alone, 0.5), raw_us, how.c_str(), l, l / w, percentile(last, 0.99), percentile(last, 0.999),
+              percentile(whole, 0.99), percentile(whole, 0.999), percentile(last, 0.99) / percentile(whole, 0.99),
+              percentile(submit, 0.5), percentile(submit, 0.99), cpu);
   if (o.json)
     std::printf("{\"mode\": \"layerwise\", \"direction\": \"%s\", \"blocks\": %zu, \"layers\": %llu, \"whole_us\": %.2f, "
                 "\"first_us\": %.2f, \"last_us\": %.2f, \"alone_us\": %.2f, \"raw_floor_us\": %.2f, \"raw_wake_us\": %.2f, "
-                "\"p99_last_us\": %.2f, \"submit_p50_us\": %.2f, \"submit_p99_us\": %.2f}\n",
+                "\"p99_last_us\": %.2f, \"p999_last_us\": %.2f, \"p99_whole_us\": %.2f, \"p999_whole_us\": %.2f, "
+                "\"submit_p50_us\": %.2f, \"submit_p99_us\": %.2f}\n",
                 dir, v.size(), (unsigned long long)o.num_layers, w, f, l, percentile(alone, 0.5), raw_us, wake * 1e6,
-                percentile(last, 0.99), percentile(submit, 0.5), percentile(submit, 0.99));
+                percentile(last, 0.99), percentile(last, 0.999), percentile(whole, 0.99), percentile(whole, 0.999),
+                percentile(submit, 0.5), percentile(submit, 0.99));
 }
 
 void run_submitters(kvx::Engine &e, const kvx::Layout &host, const kvx::Layout &device, const kvx::Layout &back,
