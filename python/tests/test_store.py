@@ -203,3 +203,35 @@ def test_store_structs_match_the_library():
     assert c.struct_size == ctypes.sizeof(n.StoreConfigC)
     assert c.flags == n.STORE_CREATE and c.shards == 1
     assert ctypes.sizeof(n.KeyC) == 16 and ctypes.sizeof(n.StoreCountersC) == 88
+
+
+def test_results_of_a_request_every_key_of_which_succeeded_ask_no_key(engine, tmp_path, monkeypatch):
+    """A request's status is OK only when every key's is: its results need no call per
+    key, which a scheduler thread polling jobs of hundreds of chunks would pay."""
+    cfg = geometry(blocks=4)
+    src, _ = host_pool(engine, cfg, 16)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 8) as s:
+        put = s.put(src, [0, 1, 2, 3], [b"a", b"b", b"c", b"d"])
+        put.wait()
+        asked = []
+        key_status = n.lib.kvx_store_request_key_status
+        monkeypatch.setattr(n.lib, "kvx_store_request_key_status", lambda *a: asked.append(a[1]) or key_status(*a))
+        assert put.results() == [None] * 4
+        assert asked == []
+        r = s.get([b"a", b"never put"], src, [0, 1])
+        res = r.results()
+        assert res[0] is None and isinstance(res[1], kvxfer.NotFound) and asked == [0, 1]
+
+
+def test_keys_of_every_length_and_kind_name_their_own_blocks(engine, tmp_path):
+    """The keys of one call are passed to the library as one array over their bytes:
+    each key is exactly its own bytes, whatever the lengths of its neighbours."""
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 17)
+    dst, b = host_pool(engine, cfg, 18)
+    keys = [b"k", b"\x00" * 64, "ключ", bytearray(b"ab"), memoryview(b"abc"), b"a" * 63, b"abcd", b"\x00"]
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 16) as s:
+        s.put(src, list(range(8)), keys).wait()
+        assert s.lookup([b"a" * 62, b"ab", b"abc\x00", b"abcd"]) == ([False, True, False, True], 0)
+        s.get(keys[::-1], dst, list(range(8))).wait()
+        assert [block(b, cfg, i) for i in range(8)] == [block(a, cfg, 7 - i) for i in range(8)]
