@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-test
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test vllm-venv integration-test integration-bench
 
 all: build
 
@@ -253,11 +253,20 @@ python-test: python-venv
 # `make test`: see CONTRIBUTING.md.
 VLLM_VERSION := 0.33.0
 VLLM_VENV := target/vllm-venv
-integration-test: build
-	@python3 -m venv --help >/dev/null 2>&1 || { echo "integration-test: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+vllm-venv: build
+	@python3 -m venv --help >/dev/null 2>&1 || { echo "vllm-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
 	@[ -f $(VLLM_VENV)/.vllm-$(VLLM_VERSION) ] || { python3 -m venv $(VLLM_VENV) && $(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION) numpy pytest && touch $(VLLM_VENV)/.vllm-$(VLLM_VERSION); }
 	$(VLLM_VENV)/bin/pip install -q --force-reinstall --no-deps ./python
+
+integration-test: vllm-venv
 	cd /tmp && $(CURDIR)/$(VLLM_VENV)/bin/pytest -q -rs $(CURDIR)/python/integration
+
+# kvxfer's vLLM tier against vLLM's own fs tier, both driven by vLLM's tiering manager
+# (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier), in the same venv: a
+# table, and the data behind it in target/vllm-tier-bench.json. Flags go in BENCH_ARGS
+# (`make integration-bench BENCH_ARGS="--gib 1 --media shm"`; see its --help).
+integration-bench: vllm-venv
+	cd /tmp && $(CURDIR)/$(VLLM_VENV)/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean
