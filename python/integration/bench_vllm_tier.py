@@ -31,7 +31,9 @@ Run by `make integration-bench`."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import mmap
 import os
 import resource
 import shutil
@@ -41,6 +43,7 @@ import sys
 import time
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -53,11 +56,12 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
+from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 GB = 1e9
 MiB = 1 << 20
-TIERS = ("kvxfer", "fs")
+TIERS = ("kvxfer", "fs", "raw")
 #: A hang guard only: a phase that takes this long has stopped moving.
 PHASE_DEADLINE_S = 600.0
 
@@ -169,6 +173,9 @@ class Run:
         salt = uuid.uuid4().bytes
         self.keys = [make_offload_key(salt + i.to_bytes(16, "little"), 0) for i in range(self.num_jobs * self.chunks_per_job)]
         self.step_s = args.step_ms / 1000.0
+        # As vLLM's engine core does once it has started: what exists now is never
+        # garbage, so the collector stops walking it.
+        freeze_gc_heap()
 
     def describe(self) -> Dict[str, Any]:
         t = self.tier
@@ -184,15 +191,16 @@ class Run:
 
     def _phase(self, body: Any) -> Dict[str, Any]:
         clock = JobClock(self.tier)
-        c0, t0 = cpu_seconds(), time.perf_counter()
+        c0, s0, t0 = cpu_seconds(), time.thread_time(), time.perf_counter()
         body(clock)
-        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        wall, cpu, sched = time.perf_counter() - t0, cpu_seconds() - c0, time.thread_time() - s0
         lat = np.array(clock.latencies) * 1000.0
         return {
             "bytes": self.total_bytes,
             "seconds": wall,
             "gbps": self.total_bytes / wall / GB,
             "cpu_s_per_gb": cpu / (self.total_bytes / GB),
+            "scheduler_cpu_s_per_gb": sched / (self.total_bytes / GB),
             "jobs": len(clock.latencies),
             "failed_jobs": clock.failed,
             "latency_ms": [float(x) for x in lat],
@@ -280,6 +288,66 @@ class Run:
     def close(self) -> None:
         self.view = None  # vLLM unmaps the CPU tier only once nothing exports it
         self.m.shutdown()
+        gc.unfreeze()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class RawRun:
+    """The medium's limit for the same bytes: `--inflight` threads, each writing then
+    reading its own file in chunk-sized I/Os (`O_DIRECT` on disk, page-cache I/O on
+    tmpfs), no vLLM, no key, no checksum. Timed and dropped as the tiers' runs are."""
+
+    def __init__(self, args: argparse.Namespace, chunk_bytes: int, medium: str):
+        self.args, self.chunk_bytes, self.medium = args, chunk_bytes, medium
+        chunks_per_job = max(1, args.job_mib * MiB // chunk_bytes)
+        num_jobs = max(1, int(args.gib * (1 << 30)) // (chunks_per_job * chunk_bytes))
+        self.total_bytes = num_jobs * chunks_per_job * chunk_bytes
+        self.per_file = self.total_bytes // args.inflight // chunk_bytes
+        self.root = os.path.join(args.shm_dir if medium == "shm" else args.disk_dir, f"raw-{uuid.uuid4().hex[:8]}")
+        os.makedirs(self.root)
+        self.flags = os.O_DIRECT if medium == "disk" else 0
+        # Page-aligned buffers (O_DIRECT), random bytes as the tiers move.
+        self.bufs = []
+        for i in range(args.inflight):
+            m = mmap.mmap(-1, chunk_bytes)
+            m.write(np.random.default_rng(i).integers(0, 256, chunk_bytes, dtype=np.uint8).tobytes())
+            self.bufs.append(m)
+
+    def _each(self, write: bool) -> Dict[str, Any]:
+        def worker(i: int) -> None:
+            path = os.path.join(self.root, f"f{i}")
+            fd = os.open(path, (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | self.flags, 0o644)
+            try:
+                for c in range(self.per_file):
+                    off = c * self.chunk_bytes
+                    n = os.pwrite(fd, self.bufs[i], off) if write else os.preadv(fd, [self.bufs[i]], off)
+                    if n != self.chunk_bytes:
+                        raise OSError(f"raw {'write' if write else 'read'} of {path} moved {n} of {self.chunk_bytes} bytes")
+            finally:
+                os.close(fd)
+
+        moved = self.per_file * self.chunk_bytes * self.args.inflight
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        with ThreadPoolExecutor(self.args.inflight) as pool:
+            list(pool.map(worker, range(self.args.inflight)))
+        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        return {"bytes": moved, "seconds": wall, "gbps": moved / wall / GB, "cpu_s_per_gb": cpu / (moved / GB),
+                "scheduler_cpu_s_per_gb": 0.0, "jobs": 0, "failed_jobs": 0, "latency_ms": []}
+
+    def store(self) -> Dict[str, Any]:
+        return self._each(True)
+
+    def load(self) -> Dict[str, Any]:
+        if self.medium == "disk":
+            drop_page_cache()
+        return self._each(False)
+
+    def describe(self) -> Dict[str, Any]:
+        return {"threads": self.args.inflight, "o_direct": self.medium == "disk"}
+
+    def close(self) -> None:
+        for m in self.bufs:
+            m.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -321,6 +389,7 @@ def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "gbps": statistics.median(r["gbps"] for r in rs),
             "gbps_all": [round(r["gbps"], 3) for r in rs],
             "cpu_s_per_gb": statistics.median(r["cpu_s_per_gb"] for r in rs),
+            "scheduler_cpu_s_per_gb": statistics.median(r["scheduler_cpu_s_per_gb"] for r in rs),
             "p50_ms": percentile(lat, 50),
             "p99_ms": percentile(lat, 99),
             "p999_ms": percentile(lat, 99.9),
@@ -330,22 +399,34 @@ def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     by = {(r["tier"], r["chunk_bytes"], r["medium"], r["direction"]): r for r in rows}
     for r in rows:
         fs = by.get(("fs", r["chunk_bytes"], r["medium"], r["direction"]))
+        raw = by.get(("raw", r["chunk_bytes"], r["medium"], r["direction"]))
         r["ratio_vs_fs"] = r["gbps"] / fs["gbps"] if fs and fs["gbps"] > 0 else None
+        r["of_raw"] = r["gbps"] / raw["gbps"] if raw and raw["gbps"] > 0 else None
     order = {t: i for i, t in enumerate(TIERS)}
     rows.sort(key=lambda r: (-r["chunk_bytes"], r["medium"], r["direction"] != "store", order[r["tier"]]))
     return rows
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    head = "| chunk | medium | direction | tier | GB/s | job p50 ms | p99 ms | p99.9 ms | CPU s/GB | kvxfer/fs |"
-    out = [head, "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    head = "| chunk | medium | direction | tier | GB/s | of raw | job p50 ms | p99 ms | p99.9 ms | CPU s/GB | scheduler thread CPU s/GB | kvxfer/fs |"
+    out = [head, "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def num(x: Optional[float], fmt: str) -> str:
+        return "" if x is None or x != x else format(x, fmt)
+
     for r in rows:
         ratio = f"{r['ratio_vs_fs']:.2f}×" if r["tier"] == "kvxfer" and r["ratio_vs_fs"] is not None else ""
+        tiered = r["tier"] != "raw"
         out.append(
             f"| {size_name(r['chunk_bytes'])} | {r['medium']} | {r['direction']} | {r['tier']} | {r['gbps']:.2f} | "
-            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p999_ms']:.1f} | {r['cpu_s_per_gb']:.2f} | {ratio} |"
+            f"{num(r['of_raw'], '.2f') if tiered else ''} | {num(r['p50_ms'], '.1f')} | {num(r['p99_ms'], '.1f')} | "
+            f"{num(r['p999_ms'], '.1f')} | {r['cpu_s_per_gb']:.2f} | {num(r['scheduler_cpu_s_per_gb'], '.2f') if tiered else ''} | {ratio} |"
         )
     return "\n".join(out)
+
+
+def describe_setup(d: Dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items())
 
 
 def machine(args: argparse.Namespace) -> Dict[str, Any]:
@@ -370,11 +451,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--shm-dir", default="/dev/shm/kvxfer-vbench", help="the tmpfs directory")
     p.add_argument("--disk-dir", default="/var/tmp/kvxfer-vbench", help="a directory on the local disk")
     p.add_argument("--rounds", type=int, default=3, help="runs of each tier per line, alternating (default 3)")
-    p.add_argument("--tiers", default="kvxfer,fs", help="tiers to run (default kvxfer,fs)")
+    p.add_argument("--tiers", default="kvxfer,fs,raw", help="tiers to run; raw is the medium's limit (default kvxfer,fs,raw)")
     p.add_argument("--job-mib", type=int, default=32, help="MiB per request, one tier job (default 32)")
     p.add_argument("--inflight", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--step-ms", type=float, default=1.0, help="pause between scheduler steps (default 1)")
     p.add_argument("--json", metavar="FILE", help="write the table's rows, every run and the setup as JSON")
+    p.add_argument("--md", metavar="FILE", help="write the table as Markdown, with a title line (for docs/results/)")
     args = p.parse_args(argv)
 
     chunks = [parse_size(c) for c in args.chunks.split(",")]
@@ -389,7 +471,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for chunk in chunks:
             for medium in media:
                 for tier in tiers:
-                    run = Run(args, tier, chunk, medium)
+                    run = RawRun(args, chunk, medium) if tier == "raw" else Run(args, tier, chunk, medium)
                     try:
                         setup.setdefault(f"{tier} {medium}", run.describe())
                         for direction, phase in (("store", run.store), ("load", run.load)):
@@ -398,16 +480,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                             runs.append(r)
                             print(
                                 f"round {rnd} {tier:6} {size_name(chunk):>7} {medium:4} {direction:5} "
-                                f"{r['gbps']:6.2f} GB/s  {r['cpu_s_per_gb']:5.2f} CPU s/GB  {r['jobs']} jobs",
+                                f"{r['gbps']:6.2f} GB/s  {r['cpu_s_per_gb']:5.2f} CPU s/GB  (scheduler thread {r['scheduler_cpu_s_per_gb']:5.2f})  {r['jobs']} jobs",
                                 file=sys.stderr,
                                 flush=True,
                             )
                     finally:
                         run.close()
     rows = summarize(runs)
-    print(table(rows))
-    for k, v in setup.items():
-        print(f"{k}: {v}")
+    text = table(rows) + "\n\n" + "\n".join(f"- {k}: {describe_setup(v)}" for k, v in setup.items()) + "\n"
+    print(text, end="")
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(f"# kvxfer's vLLM tier against vLLM's fs tier, {args.gib:g} GiB a direction, {args.rounds} runs a line\n\n{text}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "machine": machine(args), "setup": setup, "rows": rows, "runs": runs}, f, indent=1)
