@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test vllm-venv integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
 
 all: build
 
@@ -247,26 +247,47 @@ python-venv: build
 python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
 
-# The runtime plug-ins against the runtimes themselves (python/integration): a venv of
-# its own with vllm==$(VLLM_VERSION) and its dependencies (about 9.5 GB, five minutes to
-# install), made once and kept, then the package's wheel installed into it. Not part of
-# `make test`: see CONTRIBUTING.md.
+# The runtime plug-ins against the runtimes themselves (python/integration): a venv per
+# runtime, since their pinned dependencies (PyTorch, grpcio, numpy among them) differ and
+# cannot share one: vllm==$(VLLM_VERSION) (about 9.5 GB, five minutes to install),
+# sglang==$(SGLANG_VERSION) (about 11 GB) and lmcache==$(LMCACHE_VERSION), each made once
+# and kept (a stamp file names the version), then the package's wheel, built once,
+# installed into each and that runtime's tests (python/integration/test_<runtime>_*.py)
+# run there. Not part of `make test`: see CONTRIBUTING.md.
 VLLM_VERSION := 0.33.0
-VLLM_VENV := target/vllm-venv
-vllm-venv: build
-	@python3 -m venv --help >/dev/null 2>&1 || { echo "vllm-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
-	@[ -f $(VLLM_VENV)/.vllm-$(VLLM_VERSION) ] || { python3 -m venv $(VLLM_VENV) && $(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION) numpy pytest && touch $(VLLM_VENV)/.vllm-$(VLLM_VERSION); }
-	$(VLLM_VENV)/bin/pip install -q --force-reinstall --no-deps ./python
+SGLANG_VERSION := 0.5.23
+LMCACHE_VERSION := 0.5.6
+INTEGRATION_WHEELS := target/integration-wheels
 
-integration-test: vllm-venv
-	cd /tmp && $(CURDIR)/$(VLLM_VENV)/bin/pytest -q -rs $(CURDIR)/python/integration
+# $(call runtime-venv,runtime,version): make target/<runtime>-venv once and install the
+# wheel into it.
+define runtime-venv
+	@[ -f target/$(1)-venv/.$(1)-$(2) ] || { rm -rf target/$(1)-venv && python3 -m venv target/$(1)-venv && \
+	  target/$(1)-venv/bin/pip install -q $(1)==$(2) numpy pytest && touch target/$(1)-venv/.$(1)-$(2); }
+	target/$(1)-venv/bin/pip install -q --force-reinstall --no-deps $(INTEGRATION_WHEELS)/kvxfer-*.whl
+endef
+
+# $(call runtime-tests,runtime,version): the runtime's venv, then its tests.
+define runtime-tests
+	$(call runtime-venv,$(1),$(2))
+	cd /tmp && $(CURDIR)/target/$(1)-venv/bin/pytest -q -rs $(CURDIR)/python/integration/test_$(1)_*.py
+endef
+
+integration-wheels: python-venv
+	rm -rf $(INTEGRATION_WHEELS) && $(PYENV)/bin/pip wheel -q --no-deps -w $(INTEGRATION_WHEELS) ./python
+
+integration-test: integration-wheels
+	$(call runtime-tests,vllm,$(VLLM_VERSION))
+	$(call runtime-tests,sglang,$(SGLANG_VERSION))
+	$(call runtime-tests,lmcache,$(LMCACHE_VERSION))
 
 # kvxfer's vLLM tier against vLLM's own fs tier, both driven by vLLM's tiering manager
-# (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier), in the same venv: a
-# table, and the data behind it in target/vllm-tier-bench.json. Flags go in BENCH_ARGS
+# (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier), in vLLM's venv: a table,
+# and the data behind it in target/vllm-tier-bench.json. Flags go in BENCH_ARGS
 # (`make integration-bench BENCH_ARGS="--gib 1 --media shm"`; see its --help).
-integration-bench: vllm-venv
-	cd /tmp && $(CURDIR)/$(VLLM_VENV)/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
+integration-bench: integration-wheels
+	$(call runtime-venv,vllm,$(VLLM_VERSION))
+	cd /tmp && $(CURDIR)/target/vllm-venv/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

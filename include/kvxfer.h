@@ -25,6 +25,7 @@
 // 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
 // `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
 // `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
+// 1.5: `kvx_engine_completion_fd`.
 #define KVX_ABI_MINOR 5
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -419,6 +420,8 @@ typedef struct kvx_api {
   const char *(*store_request_error)(const struct kvx_store_request*);
   // ABI 1.4.
   void (*store_request_release)(struct kvx_store_request*);
+  // ABI 1.5.
+  kvx_status (*engine_completion_fd)(const struct kvx_engine*, int32_t*);
 } kvx_api;
 
 #define KVX_OK 0
@@ -512,6 +515,19 @@ kvx_status kvx_engine_config_get(const struct kvx_engine *e, struct kvx_engine_c
 // Copies the engine's counters into `*out`. Set `out->struct_size` first (to
 // `sizeof(kvx_stats)`); fields beyond it are not written.
 kvx_status kvx_engine_stats(const struct kvx_engine *e, struct kvx_stats *out);
+
+// (1.5) The engine's completion fd: an eventfd (non-blocking, close-on-exec) that
+// becomes readable once a request of this engine has ended since it was last read — a
+// transfer, or a put or get of a store on this engine. For a caller that waits on many
+// things at once (poll, epoll, an event loop): when it is readable, read 8 bytes from it
+// (the count of ends, which resets it), then poll the requests it waits for. A request
+// ends (its status is final) before it makes the fd readable, so one that ends after
+// the read makes it readable again: no end is missed. The fd is made by the first call,
+// and ends before that are not counted: poll the requests submitted before it once.
+// Each call returns the same fd.
+// The engine owns it: do not close it; `kvx_engine_destroy` closes it (unregister it
+// from your poller first). `KVX_ERR_SHUTDOWN` once the engine is shutting down.
+kvx_status kvx_engine_completion_fd(const struct kvx_engine *e, int32_t *fd_out);
 
 // Fills `cfg` with `struct_size`, kind `KVX_LAYOUT_FULLY_CONTIGUOUS` and zero dimensions
 // (every dimension must then be set). NULL is ignored.

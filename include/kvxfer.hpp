@@ -148,6 +148,13 @@ class Engine {
     check(kvx_engine_stats(h_.get(), &s));
     return s;
   }
+  /// The engine's completion eventfd (ABI 1.5): readable once a request has ended since
+  /// it was last read; read 8 bytes to reset it, then poll. The engine owns and closes it.
+  int completion_fd() const {
+    int32_t fd = -1;
+    check(kvx_engine_completion_fd(h_.get(), &fd));
+    return fd;
+  }
   Layout create_device_layout(const kvx_layout_config &c) {
     return make([&](kvx_layout **out) { return kvx_layout_create_device(h_.get(), &c, out); });
   }

@@ -208,6 +208,9 @@ def _load() -> ctypes.CDLL:
     }
     if minor >= 4:
         protos.update(store_protos)
+    # ABI 1.5: `Engine.completion_fd` says so where the library is older.
+    if minor >= 5:
+        protos["kvx_engine_completion_fd"] = (c_uint32, [engine_p, POINTER(c_int32)])
     for name, (res, args) in protos.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args

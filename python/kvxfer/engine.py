@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Uni
 
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
-from .errors import Error, InvalidArgument, OutOfRange, RemoteError, Shutdown, Timeout, error_for
+from .errors import Error, InvalidArgument, OutOfRange, RemoteError, Shutdown, Timeout, Unsupported, error_for
+from .fdwait import FdWaiters, await_done
 from .handles import Handle, enter_callback, in_callback, leave_callback
 
 log = logging.getLogger("kvxfer")
@@ -303,6 +304,8 @@ class Engine(_Owned):
         #: Held by every call on the engine and on its layouts and requests: the C
         #: contract allows none of them once the engine is destroyed.
         self._gate = Handle(h.value, functools.partial(_destroy_engine, self._unfinished), _engine_closed)
+        #: Coroutines awaiting this engine's requests, woken by its completion fd.
+        self._fd_waiters = FdWaiters(self.completion_fd)
 
     # -- lifetime ---------------------------------------------------------------
     def close(self) -> None:
@@ -312,6 +315,8 @@ class Engine(_Owned):
         any thread. From a completion callback it returns at once (the destroy waits
         for kvxfer's threads, the callback's among them): calls raise `Shutdown` from
         then on, and a thread of the binding frees the engine."""
+        if hasattr(self, "_fd_waiters"):
+            self._fd_waiters.engine_closing()
         if not in_callback():
             self._gate.close()
         elif self._gate.shut():
@@ -333,6 +338,20 @@ class Engine(_Owned):
             _check(n.lib.kvx_engine_config_get(h, ctypes.byref(c)))
         backend = {v: k for k, v in n.IO_BACKENDS.items()}.get(c.io_backend, str(c.io_backend))
         return EngineConfig(c.device, c.io_threads, backend, c.bounce_bytes, c.slot_bytes, c.max_inflight)
+
+    def completion_fd(self) -> int:
+        """The engine's completion fd (ABI 1.5): an eventfd, readable once a request of
+        the engine (a transfer, a store put or get) has ended since it was last read. Read
+        8 bytes to reset it, then poll the requests (`done()`); a request that ends after
+        the read makes it readable again. The first call makes it (ends before it are not
+        counted). The engine owns it and closes it on `close()`: do not close it, and take
+        it off your selector first. `await request` uses it."""
+        if n.lib.kvx_abi_version() & 0xFFFF < 5:
+            raise Unsupported(f"{n.library_path} predates the completion fd (ABI 1.5); use the library this package ships", 5)
+        fd = ctypes.c_int32()
+        with self._gate as h:
+            _check(n.lib.kvx_engine_completion_fd(h, ctypes.byref(fd)))
+        return fd.value
 
     def stats(self) -> Stats:
         s = n.StatsC()
@@ -579,8 +598,8 @@ class Layout(_Owned):
 class Request(_Owned):
     """A submitted transfer. `wait()` raises the failure. `await request` works in
     asyncio: a request submitted inside a running loop is settled on that loop from
-    kvxfer's thread (`call_soon_threadsafe`); one submitted elsewhere is waited for on
-    the loop's executor. It keeps its source and destination layouts alive until it
+    kvxfer's thread (`call_soon_threadsafe`); one submitted elsewhere is woken by the
+    engine's completion fd (`Engine.completion_fd`). It keeps its source and destination layouts alive until it
     ends, also once released or collected (the engine holds them until then)."""
 
     def __init__(self, engine: Engine):
@@ -638,8 +657,10 @@ class Request(_Owned):
     def __await__(self):
         if self._future is not None and self._future.get_loop() is asyncio.get_running_loop():
             return self._future.__await__()
-        # Submitted outside this loop: wait on the loop's executor instead.
-        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+        # Submitted outside this loop: woken by the engine's completion fd.
+        return await_done(
+            self.engine._fd_waiters, self.done, lambda: self.wait(0), lambda: asyncio.get_running_loop().run_in_executor(None, self.wait)
+        )
 
     def release(self) -> None:
         """Drops the handle; a running transfer still completes. Safe from any thread

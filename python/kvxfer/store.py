@@ -20,6 +20,7 @@ from . import _native as n
 from .buffers import block_ids
 from .engine import Engine, Layout, LayoutConfig, _check, _layer_range
 from .errors import Error, InvalidArgument, Shutdown, Timeout, Unsupported, error_for
+from .fdwait import await_done
 from .handles import Handle, in_callback
 
 Key = Union[bytes, bytearray, memoryview, str]
@@ -286,7 +287,8 @@ class Store:
 class StoreRequest:
     """A store put or get: one result per key. `wait()` raises the failure of the first
     key (by index) that failed, so a caller that only waits never counts a miss as
-    loaded; `results()` gives each key's. `await request` waits on the loop's executor.
+    loaded; `results()` gives each key's. `await request` waits on the engine's
+    completion fd (no thread of its own).
     It keeps the layout it moves from or into (and the arrays behind it) alive until it
     ends, also once released."""
 
@@ -361,7 +363,12 @@ class StoreRequest:
         return out
 
     def __await__(self):  # type: ignore[no-untyped-def]
-        return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+        return await_done(
+            self.store.engine._fd_waiters,
+            self.done,
+            lambda: self.wait(0),
+            lambda: asyncio.get_running_loop().run_in_executor(None, self.wait),
+        )
 
     def _ended(self) -> None:
         """Seen to end: the layout may go."""

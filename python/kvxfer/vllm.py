@@ -15,7 +15,6 @@ See docs/vllm.md."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -23,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from ._plugin import capacity_blocks as capacity_blocks_of
+from ._plugin import digest, region_bytes, store_key
 from .engine import Engine, LayoutConfig
 from .errors import Error, InvalidArgument, Unsupported
 from .store import Store, StoreRequest
@@ -32,19 +33,8 @@ log = logging.getLogger("kvxfer.vllm")
 #: The vLLM versions whose tiering interface this module implements.
 SUPPORTED_VLLM = ("0.33.0",)
 
-#: The store's longest key; vLLM's keys (a block hash and a 4-byte group index) are 20
-#: to 36 bytes.
-_MAX_KEY = 64
-
 #: Part of every namespace: a change to how this module lays chunks out changes it.
 _FORMAT = "kvxfer.vllm tier 1"
-
-
-def store_key(key: bytes) -> bytes:
-    """The store key of a vLLM `OffloadKey`: the key itself (block hash, then the group
-    index), or, past the store's 64 bytes, its 64-byte BLAKE2b digest."""
-    key = bytes(key)
-    return key if len(key) <= _MAX_KEY else hashlib.blake2b(key, digest_size=_MAX_KEY).digest()
 
 
 def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "") -> Dict[str, Any]:
@@ -79,8 +69,7 @@ def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "") -> Dict
 
 def namespace_of(fields: Dict[str, Any]) -> bytes:
     """The store namespace of a fingerprint: its SHA-256 over canonical JSON."""
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return b"vllm " + hashlib.sha256(canonical.encode()).hexdigest().encode()
+    return b"vllm " + digest(fields).encode()
 
 
 def store_directory(root_dir: str, fields: Dict[str, Any], namespace: bytes, dp_index: int) -> str:
@@ -109,21 +98,12 @@ def check_vllm_version() -> str:
     return v
 
 
-#: The largest region of a chunk: the store checksums each region within one bounce slot
-#: (2 MiB by default), so a chunk of several MiB is several regions.
-_MAX_REGION = 256 * 1024
-_PAGE = 4096
-
-
 def chunk_layout(num_chunks: int, chunk_bytes: int) -> LayoutConfig:
     """The layout of vLLM's CPU tier with a chunk as one block, cut into equal regions (its
     "layers") of at most 256 KiB and whole 4 KiB pages: the store checksums a region at a
     time and never looks inside a chunk otherwise. vLLM's chunks are whole pages; one that
     is not would be one region."""
-    region = chunk_bytes
-    if chunk_bytes > _MAX_REGION and chunk_bytes % _PAGE == 0:
-        pages = chunk_bytes // _PAGE
-        region = _PAGE * max(d for d in range(1, _MAX_REGION // _PAGE + 1) if pages % d == 0)
+    region = region_bytes(chunk_bytes)
     return LayoutConfig(num_blocks=num_chunks, num_layers=chunk_bytes // region, outer_dim=1, page_size=1, inner_dim=region, dtype_bytes=1)
 
 
@@ -136,15 +116,6 @@ class _Job:
     request: StoreRequest
     is_load: bool
     submitted: float
-
-
-def _capacity_blocks(capacity_blocks: Optional[int], capacity_bytes: Optional[int], chunk_bytes: int) -> int:
-    if (capacity_blocks is None) == (capacity_bytes is None):
-        raise InvalidArgument("the kvxfer tier needs one of capacity_bytes or capacity_blocks (chunks of the CPU tier) in its tier config")
-    n = capacity_blocks if capacity_blocks is not None else int(capacity_bytes) // chunk_bytes  # type: ignore[arg-type]
-    if not isinstance(n, int) or n <= 0:
-        raise InvalidArgument(f"the kvxfer tier's capacity is {n} chunks of {chunk_bytes} bytes; give capacity_bytes of at least one chunk")
-    return n
 
 
 def _make_tier_class() -> type:
@@ -203,7 +174,7 @@ def _make_tier_class() -> type:
                     self._engine,
                     self.directory,
                     self._config,
-                    _capacity_blocks(capacity_blocks, capacity_bytes, chunk_bytes),
+                    capacity_blocks_of(capacity_blocks, capacity_bytes, chunk_bytes, "blocks", "its tier config (a block is a chunk of the CPU tier)"),
                     namespace=self.namespace,
                     durable=durable,
                     buffered=buffered,

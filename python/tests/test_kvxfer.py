@@ -415,3 +415,45 @@ def test_the_offload_connector_example_runs(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.run(use_torch=False, num_blocks=32, steps=6, workdir=str(tmp_path))
+
+
+def _readable(fd, timeout):
+    import select
+
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def test_the_completion_fd_is_readable_once_a_request_ended(engine):
+    cfg = geometry()
+    fd = engine.completion_fd()
+    assert fd == engine.completion_fd() and not _readable(fd, 0)
+    with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+        engine.submit(h, [0, 1], d, [0, 1]).wait(30)
+        assert _readable(fd, 0), "the request was seen to end, so the fd was made readable first"
+        assert int.from_bytes(os.read(fd, 8), "little") == 1
+        assert not _readable(fd, 0)
+    engine.close()
+    with pytest.raises(kvxfer.Shutdown):
+        engine.completion_fd()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed with the engine
+
+
+def test_await_waits_on_the_completion_fd_not_an_executor_thread(engine):
+    cfg = geometry()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def no_executor(*a, **k):
+            raise AssertionError("awaiting a request took an executor thread")
+
+        loop.run_in_executor = no_executor
+        with engine.host_layout(cfg) as h, engine.device_layout(cfg) as d:
+            outside = []
+            t = threading.Thread(target=lambda: outside.extend(engine.submit(h, [i], d, [i]) for i in range(4)))
+            t.start(), t.join()
+            await asyncio.wait_for(asyncio.gather(*outside), 30)
+            await asyncio.wait_for(outside[0], 30)  # ended already: settled at once
+
+    asyncio.run(main())

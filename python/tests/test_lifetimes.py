@@ -533,8 +533,10 @@ def test_a_request_that_ended_with_a_remote_error_keeps_its_arrays_until_the_eng
         assert isinstance(got[0], kvxfer.RemoteError), got
         kept["callback"] = ref
 
-        ref, r = submit()
+        # Read before the submit: the request may end before submit returns, and every
+        # earlier one was counted before its wait, poll or callback saw it end.
         before = e.stats().requests_completed
+        ref, r = submit()
         r.release()   # the engine's sweep sees it end
         kept["sweep"] = ref
         REMOTE = False

@@ -235,3 +235,27 @@ def test_keys_of_every_length_and_kind_name_their_own_blocks(engine, tmp_path):
         assert s.lookup([b"a" * 62, b"ab", b"abc\x00", b"abcd"]) == ([False, True, False, True], 0)
         s.get(keys[::-1], dst, list(range(8))).wait()
         assert [block(b, cfg, i) for i in range(8)] == [block(a, cfg, 7 - i) for i in range(8)]
+
+
+def test_awaiting_store_requests_takes_no_thread(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    src, a = host_pool(engine, cfg, 16)
+    dst, b = host_pool(engine, cfg, 17)
+    fd = engine.completion_fd()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def no_executor(*args, **kwargs):
+            raise AssertionError("awaiting a store request took an executor thread")
+
+        loop.run_in_executor = no_executor
+        with kvxfer.Store(engine, tmp_path / "s", cfg, 8) as s:
+            await asyncio.wait_for(asyncio.gather(*(s.put(src, [i], [b"k%d" % i]) for i in range(4))), 30)
+            await asyncio.wait_for(s.get([b"k2", b"k0"], dst, [0, 1]), 30)
+            with pytest.raises(kvxfer.NotFound):
+                await asyncio.wait_for(s.get([b"absent"], dst, [3]), 30)
+
+    asyncio.run(main())
+    assert block(b, cfg, 0) == block(a, cfg, 2) and block(b, cfg, 1) == block(a, cfg, 0)
+    os.read(fd, 8)  # the fd is still the engine's, and was signalled

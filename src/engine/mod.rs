@@ -10,6 +10,7 @@
 
 mod bounce;
 mod chunk;
+mod completions;
 mod config;
 mod dispatch;
 mod fanout;
@@ -31,6 +32,7 @@ use crate::gpu::{self, Device, Gpu};
 use crate::layout::{LayoutConfig, LayoutKind};
 use crate::memory::{Layout, StorageKind};
 use bounce::BounceRing;
+pub(crate) use completions::Completions;
 use crossbeam_channel::Sender;
 use request::Transfer;
 use router::{Job, Router};
@@ -63,6 +65,8 @@ pub struct Engine {
     threads: Mutex<Threads>,
     /// NIXL with UCX, for remote layouts: started by the first export or import.
     link: Mutex<Option<Arc<crate::remote::Link>>>,
+    /// The completion fd, signalled by every request of this engine (and of its stores).
+    completions: Arc<Completions>,
 }
 
 /// The engine's threads: the dispatcher is joined first (it stops taking requests),
@@ -131,6 +135,7 @@ impl Engine {
             intake: RwLock::new(Intake { accepting: true, tx: req_tx }),
             threads: Mutex::new(Threads::default()),
             link: Mutex::new(None),
+            completions: Arc::default(),
         };
         // If a spawn fails, dropping `engine` stops the threads already started.
         {
@@ -181,6 +186,23 @@ impl Engine {
         (self.ring.free_slots(), self.ring.slots())
     }
 
+    /// An eventfd (non-blocking, close-on-exec) that becomes readable once a request of
+    /// this engine has ended since the caller last read it: a transfer, or a put or get
+    /// of a store on this engine. Read it (8 bytes) to reset it, then poll the requests;
+    /// a request that ends after the read makes it readable again, so none is missed.
+    /// Made by the first call; ends before it are not counted. Owned by the engine and
+    /// closed when it shuts down (`Shutdown` after that); the caller never closes it.
+    pub fn completion_fd(&self) -> Result<std::os::fd::RawFd> {
+        if self.is_shut_down() {
+            bail!(Shutdown, "the engine is shutting down");
+        }
+        self.completions.fd()
+    }
+
+    pub(crate) fn completions(&self) -> &Arc<Completions> {
+        &self.completions
+    }
+
     pub fn stats(&self) -> Stats {
         Stats { slots_quarantined: self.ring.held() as u64, ..self.counters.snapshot() }
     }
@@ -209,12 +231,38 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
     ) -> Result<Arc<Request>> {
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, Some(self.completions.clone()))
+    }
+
+    /// As `submit`, for a transfer the store makes for one of its requests: its end does
+    /// not signal the completion fd, which the store request signals when it ends (a
+    /// signal of its own would come after the store request is seen to end).
+    pub(crate) fn submit_for_store(
+        &self,
+        src: &Arc<Layout>,
+        src_blocks: &[u64],
+        dst: &Arc<Layout>,
+        dst_blocks: &[u64],
+        opts: &TransferOptions,
+    ) -> Result<Arc<Request>> {
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, None)
+    }
+
+    fn submit_signalling(
+        &self,
+        src: &Arc<Layout>,
+        src_blocks: &[u64],
+        dst: &Arc<Layout>,
+        dst_blocks: &[u64],
+        opts: &TransferOptions,
+        completions: Option<Arc<Completions>>,
+    ) -> Result<Arc<Request>> {
         let transfer = self.validate(src, src_blocks, dst, dst_blocks, opts)?;
         if self.counters.inflight.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_inflight {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(self.id, transfer, self.counters.clone(), opts.on_complete.clone()));
+        let req = Arc::new(Request::new(self.id, transfer, self.counters.clone(), completions, opts.on_complete.clone()));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -353,6 +401,7 @@ impl Engine {
         let threads = std::mem::take(&mut *self.threads.lock().unwrap());
         let (router, ring) = (self.router.clone(), self.ring.clone());
         let workers = self.cfg.io_threads;
+        let completions = self.completions.clone();
         let teardown = move || {
             if let Some(t) = threads.dispatcher {
                 let _ = t.join();
@@ -369,6 +418,8 @@ impl Engine {
             for t in threads.stages {
                 let _ = t.join();
             }
+            // Every request of the engine has ended: nothing signals it any more.
+            completions.close();
         };
         // On one of this engine's own threads (a completion callback) the joining would
         // wait for this very thread: hand it to a helper.

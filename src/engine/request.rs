@@ -6,6 +6,7 @@
 //! dispatcher — finalises the request exactly once.
 
 use super::stats::Counters;
+use super::Completions;
 use crate::error::{Error, Status};
 use crate::gpu::{Gate, Gpu};
 use crate::memory::Layout;
@@ -77,6 +78,9 @@ pub struct Request {
     engine: u64,
     transfer: Mutex<Option<Transfer>>,
     counters: Arc<Counters>,
+    /// The engine's completion fd, signalled as the final status is set (none for the
+    /// store's own transfers).
+    completions: Option<Arc<Completions>>,
     on_complete: Mutex<Option<OnComplete>>,
     phase: AtomicU8,
     outstanding: AtomicU64,
@@ -91,11 +95,18 @@ pub struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(engine: u64, transfer: Transfer, counters: Arc<Counters>, on_complete: Option<OnComplete>) -> Request {
+    pub(crate) fn new(
+        engine: u64,
+        transfer: Transfer,
+        counters: Arc<Counters>,
+        completions: Option<Arc<Completions>>,
+        on_complete: Option<OnComplete>,
+    ) -> Request {
         Request {
             engine,
             transfer: Mutex::new(Some(transfer)),
             counters,
+            completions,
             on_complete: Mutex::new(on_complete),
             phase: AtomicU8::new(QUEUED),
             outstanding: AtomicU64::new(1),
@@ -211,7 +222,16 @@ impl Request {
             }
             DELIVERING.with(|d| d.set(outer));
         }
-        *self.final_status.lock().unwrap() = Some(status);
+        {
+            let mut final_status = self.final_status.lock().unwrap();
+            *final_status = Some(status);
+            // Under the lock: whoever sees the status (poll and wait take the lock) sees
+            // it after the fd was made readable, so a caller's read of the fd after that
+            // never leaves a stale wake-up of this request behind.
+            if let Some(c) = &self.completions {
+                c.signal();
+            }
+        }
         self.finished.store(true, Ordering::Release);
         self.done.notify_all();
     }

@@ -151,6 +151,8 @@ pub struct kvx_api {
     pub store_request_error: unsafe extern "C" fn(*const kvx_store_request) -> *const c_char,
     /// ABI 1.4.
     pub store_request_release: unsafe extern "C" fn(*mut kvx_store_request),
+    /// ABI 1.5.
+    pub engine_completion_fd: unsafe extern "C" fn(*const kvx_engine, *mut i32) -> kvx_status,
 }
 
 static API: kvx_api = kvx_api {
@@ -204,6 +206,7 @@ static API: kvx_api = kvx_api {
     store_request_key_error: kvx_store_request_key_error,
     store_request_error: kvx_store_request_error,
     store_request_release: kvx_store_request_release,
+    engine_completion_fd: kvx_engine_completion_fd,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

@@ -48,6 +48,7 @@ pub const KVX_ABI_MAJOR: u32 = 1;
 /// 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
 /// `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
 /// `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
+/// 1.5: `kvx_engine_completion_fd`.
 pub const KVX_ABI_MINOR: u32 = 5;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.

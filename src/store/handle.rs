@@ -174,7 +174,7 @@ impl Store {
         inner.check_side(dst, dst_ids, "destination")?;
         let plain = TransferOptions { on_complete: None, ..opts.clone() };
         inner.engine.check(&inner.shards[0], &[0], dst, &dst_ids[..1], &plain)?;
-        let req = Arc::new(StoreRequest::new(handles.len()));
+        let req = inner.request(handles.len());
         let mut groups: Vec<Vec<GetKey>> = vec![Vec::new(); inner.shards.len()];
         for (i, h) in handles.iter().enumerate() {
             let entry = Entry::of_handle(h.slot, h.generation, h.seal, h.key_len);
@@ -203,7 +203,7 @@ impl Store {
         inner.check_side(src, src_ids, "source")?;
         let plain = TransferOptions { on_complete: None, ..opts.clone() };
         inner.engine.check(src, &src_ids[..1], &inner.shards[0], &[0], &plain)?;
-        let req = Arc::new(StoreRequest::new(handles.len()));
+        let req = inner.request(handles.len());
         let mut groups: Vec<Vec<usize>> = vec![Vec::new(); inner.shards.len()];
         for (i, h) in handles.iter().enumerate() {
             groups[inner.shard_of(h.slot)].push(i);
@@ -213,7 +213,7 @@ impl Store {
             let blocks: Vec<u64> = keys.iter().map(|&i| inner.block_of(handles[i].slot)).collect();
             inner.begin();
             let (opts, group) = worker::on_complete(&inner.tx, &plain, worker::Done::Write(WriteGroup { req: req.clone(), keys }));
-            if let Err(e) = inner.engine.submit(src, &ids, &inner.shards[shard], &blocks, &opts) {
+            if let Err(e) = inner.engine.submit_for_store(src, &ids, &inner.shards[shard], &blocks, &opts) {
                 if let Some(worker::Done::Write(g)) = group.lock().unwrap().take() {
                     for i in g.keys {
                         req.settle(i, e.status, e.message.clone());

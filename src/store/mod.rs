@@ -272,7 +272,7 @@ impl Store {
         inner.check_side(src, src_ids, "source")?;
         let plain = TransferOptions { on_complete: None, ..opts.clone() };
         inner.engine.check(src, &src_ids[..1], &inner.shards[0], &[0], &plain)?;
-        let req = Arc::new(StoreRequest::new(keys.len()));
+        let req = inner.request(keys.len());
         let mut groups: Vec<Vec<worker::PutKey>> = vec![Vec::new(); inner.shards.len()];
         let (mut evicted, mut settled) = (Vec::new(), Vec::new());
         {
@@ -338,7 +338,7 @@ impl Store {
         }
         let plain = TransferOptions { on_complete: None, ..opts.clone() };
         inner.engine.check(&inner.shards[0], &[0], dst, &dst_ids[..1], &plain)?;
-        let req = Arc::new(StoreRequest::new(keys.len()));
+        let req = inner.request(keys.len());
         let mut groups: Vec<Vec<worker::GetKey>> = vec![Vec::new(); inner.shards.len()];
         let mut misses = Vec::new();
         {
@@ -470,6 +470,11 @@ impl Inner {
         Ok(())
     }
 
+    /// A put's or get's request, which signals the engine's completion fd when it ends.
+    fn request(&self, n: usize) -> Arc<StoreRequest> {
+        Arc::new(StoreRequest::signalling(n, self.engine.completions().clone()))
+    }
+
     fn shard_of(&self, slot: u32) -> usize {
         slot as usize % self.shards.len()
     }
@@ -589,7 +594,7 @@ impl Inner {
         let source = worker::PutSource { shard, src: src.clone(), opts: opts.clone(), alone };
         self.begin();
         let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Put(group, source));
-        if let Err(e) = self.engine.submit(src, &src_ids, &self.shards[shard], &dst_ids, &opts) {
+        if let Err(e) = self.engine.submit_for_store(src, &src_ids, &self.shards[shard], &dst_ids, &opts) {
             if let Some(worker::Done::Put(g, _)) = group.lock().unwrap().take() {
                 self.put_failed(g, e.status, &e.message);
             }
@@ -612,7 +617,7 @@ impl Inner {
         let group = worker::GetGroup { req: req.clone(), keys, shard, dst: dst.clone(), opts: opts.clone(), alone };
         self.begin();
         let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Get(group));
-        if let Err(e) = self.engine.submit(&self.shards[shard], &src_ids, dst, &dst_ids, &opts) {
+        if let Err(e) = self.engine.submit_for_store(&self.shards[shard], &src_ids, dst, &dst_ids, &opts) {
             if let Some(worker::Done::Get(g)) = group.lock().unwrap().take() {
                 self.get_failed(g, e.status, &e.message);
             }

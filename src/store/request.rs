@@ -7,8 +7,9 @@
 //! `Ok` when every key is, else the status of the first key (by index) that is not, so a
 //! caller that reads only the request's status never counts a miss as loaded.
 
+use crate::engine::Completions;
 use crate::error::Status;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug)]
@@ -22,11 +23,19 @@ struct State {
 pub struct StoreRequest {
     state: Mutex<State>,
     done: Condvar,
+    /// The engine's completion fd, signalled once every key has its status (none for the
+    /// store's bookkeeping requests, which no caller is handed).
+    completions: Option<Arc<Completions>>,
 }
 
 impl StoreRequest {
     pub(super) fn new(n: usize) -> StoreRequest {
-        StoreRequest { state: Mutex::new(State { keys: vec![None; n], left: n, status: None }), done: Condvar::new() }
+        StoreRequest { state: Mutex::new(State { keys: vec![None; n], left: n, status: None }), done: Condvar::new(), completions: None }
+    }
+
+    /// A request the caller gets back: its end signals the engine's completion fd.
+    pub(super) fn signalling(n: usize, completions: Arc<Completions>) -> StoreRequest {
+        StoreRequest { completions: Some(completions), ..StoreRequest::new(n) }
     }
 
     /// Gives key `i` its status (once; a second is ignored).
@@ -40,6 +49,10 @@ impl StoreRequest {
         if s.left == 0 {
             let first_failed = s.keys.iter().flatten().map(|k| k.0).find(|&st| st != Status::Ok);
             s.status = Some(first_failed.unwrap_or(Status::Ok));
+            // Under the lock, as for a transfer: the status is seen only after the signal.
+            if let Some(c) = &self.completions {
+                c.signal();
+            }
             self.done.notify_all();
         }
     }

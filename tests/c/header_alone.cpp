@@ -35,6 +35,7 @@ static kvx_layout_config positional() { return kvx::layout_config(KVX_LAYOUT_FUL
   kvx_store_counters k = s.stats();
   k.entries += found.leading_hits + found.present.size() + (uint64_t)polled + (uint64_t)waited + (uint64_t)first + why.size() +
                removed.size() + (s.get() != nullptr) + (got.get() != nullptr);
+  k.entries += (uint64_t)e.completion_fd();
   return k;
 }
 

@@ -3,6 +3,9 @@
  * non-empty kvx_last_error() and untouched outputs. Built with -Wall -Wextra -Werror. */
 #include "kvxfer.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -664,6 +667,51 @@ static void remote_calls(kvx_engine *e) {
   kvx_layout_destroy(host);
 }
 
+/* Whether `fd` becomes readable within `ms` milliseconds. */
+static int readable_within(int fd, int ms) {
+  struct pollfd p = {fd, POLLIN, 0};
+  return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+/* The completion fd (1.5): unreadable until a request ends, readable after, reset by a
+ * read, the same fd on each call, closed by kvx_engine_destroy; its bad calls. */
+static void completion_fd(void) {
+  kvx_engine_config ec;
+  kvx_engine_config_init(&ec);
+  ec.device = KVX_DEVICE_EMULATED;
+  ec.bounce_bytes = 1 << 20;
+  ec.slot_bytes = 64 << 10;
+  kvx_engine *e = NULL;
+  OK(kvx_engine_create(&ec, &e));
+  int32_t fd = -7, again = -7;
+  OK(kvx_engine_completion_fd(e, &fd));
+  OK(kvx_engine_completion_fd(e, &again));
+  EXPECT(fd >= 0 && again == fd, "completion fd %d, then %d", fd, again);
+  EXPECT(!readable_within(fd, 0), "readable before any request ended");
+  kvx_layout_config c = geometry(2);
+  kvx_layout *a = NULL, *b = NULL;
+  OK(kvx_layout_create_host(e, &c, 0, &a));
+  OK(kvx_layout_create_host(e, &c, 0, &b));
+  const uint64_t ids[2] = {0, 1};
+  OK(move_blocks(e, a, b, ids, 2));
+  EXPECT(readable_within(fd, 60000), "a transfer ended and the fd never became readable");
+  uint64_t ends = 0;
+  EXPECT(read(fd, &ends, sizeof ends) == (ssize_t)sizeof ends && ends == 1, "one end counted, read %llu", (unsigned long long)ends);
+  EXPECT(!readable_within(fd, 0), "readable after the read reset it");
+
+  int32_t untouched = -7;
+  expect_fail(kvx_engine_completion_fd(NULL, &untouched), KVX_ERR_INVALID_ARG, "completion_fd NULL engine");
+  expect_fail(kvx_engine_completion_fd(e, NULL), KVX_ERR_INVALID_ARG, "completion_fd NULL fd_out");
+  EXPECT(untouched == -7, "a failed completion_fd wrote its output");
+  EXPECT(kvx_get_api(KVX_ABI_MAJOR)->engine_completion_fd == kvx_engine_completion_fd, "table entry completion_fd");
+
+  kvx_layout_destroy(a);
+  kvx_layout_destroy(b);
+  kvx_engine_destroy(e);
+  errno = 0;
+  EXPECT(fcntl(fd, F_GETFD) == -1 && errno == EBADF, "the completion fd outlived its engine");
+}
+
 int main(void) {
   const char *dir = getenv("KVX_TEST_DIR") ? getenv("KVX_TEST_DIR") : "/tmp";
   kvx_engine_config ec;
@@ -701,6 +749,7 @@ int main(void) {
   store_round_trip(e, dir);
   store_bad_calls(e, dir);
   kvx_engine_destroy(e);
+  completion_fd();
   store_outlives_engine(dir);
   EXPECT(bad_calls >= 15, "only %d bad calls", bad_calls);
   printf("%d passed, %d failed\n", checks - failures, failures);

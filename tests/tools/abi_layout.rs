@@ -30,7 +30,8 @@ fn main() {
         request_cancel, request_error, request_release, engine_stats, set_logger, engine_io_backend, engine_config_get,
         engine_export, blob_bytes, blob_destroy, engine_import, store_config_init, store_open, store_close, store_lookup,
         store_release_leases, store_put, store_get, store_remove, store_stats, store_request_wait, store_request_poll,
-        store_request_key_status, store_request_key_error, store_request_error, store_request_release);
+        store_request_key_status, store_request_key_error, store_request_error, store_request_release,
+        engine_completion_fd);
     layout!(kvx_key; bytes, len);
     layout!(kvx_store_config; struct_size, flags, block, capacity_blocks, namespace_bytes, namespace_len, shards);
     layout!(kvx_store_counters; struct_size, entries, capacity, hits, misses, evictions, integrity_failures, puts, dedups,

@@ -1,0 +1,343 @@
+"""kvxfer's SGLang HiCache storage backend driven through SGLang itself (the installed
+sglang==0.5.23, never a copy of its interface): SGLang's own host KV pools
+(`MHATokenToKVPoolHost`, `MLATokenToKVPoolHost`, on the CPU, over SGLang's device pools
+made on the CPU) and `StorageBackendFactory` creating the backend as
+`--hicache-storage-backend dynamic` does, then registering the host pool as SGLang's cache
+controller does. Keys are SGLang's page hashes (`get_storage_hash_str`, what its
+controller asks storage for). The tests make the controller's v1 calls: pages set from
+host pages come back byte for byte into other host pages, a page never stored is a miss,
+a flipped byte fails its page alone, a restart finds the pages and a changed
+configuration does not, and another SGLang version is refused. Run by
+`make integration-test`."""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+# SGLang builds its page hash extension on first use with ninja, which its venv has on
+# no PATH unless activated.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+import kvxfer  # noqa: E402
+import kvxfer.sglang as kv_sglang  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
+
+PAGE = 16  # tokens per page
+DEVICE_TOKENS = 8 * PAGE
+MHA_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
+MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
+
+
+def host_pool(layout="page_first", mla=False, dtype=torch.bfloat16, page=PAGE, layers=4, heads=2, head_dim=64, device_tokens=DEVICE_TOKENS):
+    """SGLang's host KV pool over its device pool, both on the CPU, as its pool assembler
+    builds them (host pool twice the device pool)."""
+    if mla:
+        dev = MLATokenToKVPool(
+            size=device_tokens, page_size=page, dtype=dtype, kv_lora_rank=64, qk_rope_head_dim=16, layer_num=layers,
+            device="cpu", enable_memory_saver=False, start_layer=0, end_layer=layers - 1,
+        )
+        info = dev.get_device_pool_infos()[0].buffer_info
+        return MLATokenToKVPoolHost(
+            info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
+            device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers - 1, target_layer_num=layers,
+        )
+    dev = MHATokenToKVPool(
+        size=device_tokens, page_size=page, dtype=dtype, head_num=heads, head_dim=head_dim, layer_num=layers,
+        device="cpu", enable_memory_saver=False, start_layer=0, end_layer=layers - 1,
+    )
+    info = dev.get_device_pool_infos()[0].buffer_info
+    return MHATokenToKVPoolHost(
+        info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers - 1,
+    )
+
+
+def storage_config(root, model="kvxfer/test-model", tp_rank=0, tp_size=1, mla=False, layout="page_first", **settings):
+    extra = {
+        "backend_name": "kvxfer", "module_path": "kvxfer.sglang", "class_name": "KvxferStorage", "interface_v1": 1,
+        "root_dir": str(root), "capacity_pages": 32, "shards": 2, **settings,
+    }
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla,
+        enable_storage_metrics=False, is_page_first_layout=layout == "page_first", model_name=model,
+        extra_config={k: v for k, v in extra.items() if v is not None},
+    )
+
+
+def attach(pool, config):
+    """The backend as SGLang's cache controller attaches it: the factory creates it from
+    the extra config, then the host pool is registered."""
+    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def page_hashes(n, seed=0, page=PAGE):
+    """SGLang's storage keys of the first `n` pages of a token sequence."""
+    return get_storage_hash_str(list(range(seed * 100000, seed * 100000 + n * page)), None, page_size=page)
+
+
+def page_bytes(pool, page):
+    """The bytes of one host page, wherever the layout keeps them."""
+    return pool.get_data_page(page * pool.page_size).contiguous().view(torch.uint8).clone()
+
+
+def fill_pages(pool, pages, seed):
+    """Writes random bytes into host pages, as a device -> host backup would."""
+    g = torch.Generator().manual_seed(seed)
+    for p in pages:
+        flat = pool.get_data_page(p * pool.page_size)
+        data = torch.randint(0, 256, (flat.numel() * flat.element_size(),), dtype=torch.uint8, generator=g)
+        pool.set_from_flat_data_page(p * pool.page_size, data.view(pool.dtype))
+
+
+def token_indices(pages, page=PAGE):
+    """Host token indices of whole pages, as the controller passes them."""
+    return torch.cat([torch.arange(p * page, (p + 1) * page, dtype=torch.int64) for p in pages])
+
+
+@pytest.fixture
+def pool():
+    return host_pool()
+
+
+@pytest.fixture
+def backend(tmp_path, pool):
+    b = attach(pool, storage_config(tmp_path))
+    yield b
+    b.close()
+
+
+def test_sglangs_factory_loads_the_backend_by_module_path(backend):
+    assert type(backend).__name__ == "KvxferStorage" and type(backend).__module__ == "kvxfer.sglang"
+    assert os.path.isfile(os.path.join(backend.directory, "config.json"))
+
+
+@pytest.mark.parametrize("layout,mla", [(lay, False) for lay in MHA_LAYOUTS] + [(lay, True) for lay in MLA_LAYOUTS])
+def test_pages_come_back_byte_exact_into_other_pages(tmp_path, layout, mla):
+    pool = host_pool(layout, mla=mla)
+    b = attach(pool, storage_config(tmp_path, mla=mla, layout=layout))
+    try:
+        keys = page_hashes(3)
+        fill_pages(pool, [1, 2, 3], seed=7)
+        want = [page_bytes(pool, p) for p in (1, 2, 3)]
+        assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+        assert b.batch_exists(keys) == 3
+        fill_pages(pool, [9, 10, 11], seed=8)  # stale bytes in the pages loaded into
+        assert b.batch_get_v1(keys, token_indices([11, 9, 10])) == [True] * 3
+        for p, w in zip((11, 9, 10), want):
+            assert torch.equal(page_bytes(pool, p), w), f"{layout}: host page {p} differs"
+        # The pages they were stored from are as they were.
+        assert all(torch.equal(page_bytes(pool, p), w) for p, w in zip((1, 2, 3), want))
+    finally:
+        b.close()
+
+
+def test_pages_larger_than_a_bounce_slot_come_back_exact(tmp_path):
+    """A page_first page's K (and V) piece of 4.5 MiB: regions past kvxfer's default
+    2 MiB slot, which the backend sizes its slots for."""
+    pool = host_pool("page_first", page=64, layers=72, heads=4, head_dim=128, device_tokens=4 * 64)
+    b = attach(pool, storage_config(tmp_path, capacity_pages=4))
+    try:
+        keys = page_hashes(2, page=64)
+        fill_pages(pool, [0, 1], seed=3)
+        want = [page_bytes(pool, p) for p in (0, 1)]
+        assert b.batch_set_v1(keys, token_indices([0, 1], 64)) == [True, True]
+        assert b.batch_get_v1(keys, token_indices([5, 6], 64)) == [True, True]
+        assert torch.equal(page_bytes(pool, 5), want[0]) and torch.equal(page_bytes(pool, 6), want[1])
+    finally:
+        b.close()
+
+
+def test_a_page_never_stored_is_a_miss(backend, pool):
+    keys = page_hashes(4)
+    fill_pages(pool, [1, 2, 3, 4], seed=1)
+    want = [page_bytes(pool, p) for p in (1, 2, 3, 4)]
+    # Pages 0, 1 and 3 stored; page 2 never.
+    stored = [keys[0], keys[1], keys[3]]
+    assert backend.batch_set_v1(stored, token_indices([1, 2, 4])) == [True] * 3
+    assert backend.batch_exists(keys) == 2  # the leading run SGLang prefetches
+    assert not backend.exists(keys[2]) and backend.exists(keys[3])
+    assert backend.batch_get_v1(keys, token_indices([10, 11, 12, 13])) == [True, True, False, True]
+    assert torch.equal(page_bytes(pool, 10), want[0]) and torch.equal(page_bytes(pool, 11), want[1])
+    assert torch.equal(page_bytes(pool, 13), want[3])
+
+
+def test_a_flipped_byte_fails_that_page_alone(backend, pool):
+    keys = page_hashes(3)
+    fill_pages(pool, [1, 2, 3], seed=2)
+    want = [page_bytes(pool, p) for p in (1, 2, 3)]
+    assert backend.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    # Flip a byte of page 2's piece in the data file that holds it.
+    piece = bytes(want[1][:256].numpy())
+    found = False
+    for name in sorted(os.listdir(backend.directory)):
+        if not name.startswith("data-") or name.endswith(".kvxsum"):
+            continue
+        path = os.path.join(backend.directory, name)
+        with open(path, "r+b") as f:
+            data = f.read()
+            at = data.find(piece)
+            if at >= 0:
+                f.seek(at + 100)
+                f.write(bytes([data[at + 100] ^ 0x40]))
+                f.flush()
+                os.fsync(f.fileno())
+                found = True
+    assert found, "page 2's bytes are in no data file"
+    assert backend.batch_get_v1(keys, token_indices([10, 11, 12])) == [True, False, True]
+    assert torch.equal(page_bytes(pool, 10), want[0]) and torch.equal(page_bytes(pool, 12), want[2])
+    # The damaged entry is dropped: SGLang's next query misses it and recomputes.
+    assert not backend.exists(keys[1]) and backend.batch_exists(keys) == 1
+    stats = backend._store.stats()
+    assert stats.integrity_failures == 1 and stats.entries == 2
+
+
+def test_a_key_held_already_is_stored_without_a_write(backend, pool):
+    keys = page_hashes(2)
+    fill_pages(pool, [1, 2], seed=4)
+    assert backend.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    assert backend.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    stats = backend._store.stats()
+    assert stats.entries == 2 and stats.dedups == 2
+
+
+def test_a_restart_of_the_same_configuration_finds_its_pages(tmp_path):
+    keys = page_hashes(3, seed=5)
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path))
+    fill_pages(pool, [1, 2, 3], seed=5)
+    want = [page_bytes(pool, p) for p in (1, 2, 3)]
+    assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    b.close()
+    # A new process: SGLang's page hashes are SHA-256 over the tokens (and the request's
+    # extra key and cache salt), so the same tokens give the same keys in any process.
+    code = (
+        "from sglang.srt.mem_cache.utils import get_storage_hash_str\n"
+        f"print(' '.join(get_storage_hash_str(list(range(500000, 500000 + 3 * {PAGE})), None, page_size={PAGE})))\n"
+    )
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-3:] == keys
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path))
+    try:
+        assert b.batch_exists(keys) == 3
+        assert b.batch_get_v1(keys, token_indices([4, 5, 6])) == [True] * 3
+        assert all(torch.equal(page_bytes(pool, p), w) for p, w in zip((4, 5, 6), want))
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model": "kvxfer/other-model"},
+        {"namespace": "weights-rev-2"},
+        {"tp_rank": 1, "tp_size": 2},
+        {"dtype": torch.float16},
+        {"layout": "layer_first"},
+        {"page": 2 * PAGE},
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_a_changed_configuration_does_not_find_them(tmp_path, change):
+    keys = page_hashes(3, seed=6)
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path))
+    fill_pages(pool, [1, 2, 3], seed=6)
+    assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    b.close()
+    pool = host_pool(change.get("layout", "page_first"), dtype=change.get("dtype", torch.bfloat16), page=change.get("page", PAGE))
+    config = {k: v for k, v in change.items() if k in ("model", "namespace", "tp_rank", "tp_size", "layout")}
+    b = attach(pool, storage_config(tmp_path, **config))
+    try:
+        assert b.batch_exists(keys) == 0
+        assert b.batch_get_v1(keys, token_indices([4, 5, 6], pool.page_size)) == [False] * 3
+    finally:
+        b.close()
+
+
+def test_a_second_process_of_the_same_rank_takes_a_store_of_its_own(tmp_path):
+    """Data-parallel replicas of a rank: a store has one owner, so the second opens the
+    next directory and both serve pages."""
+    pools = [host_pool(), host_pool()]
+    first, second = (attach(p, storage_config(tmp_path)) for p in pools)
+    try:
+        assert first.directory != second.directory
+        for i, (b, p) in enumerate(((first, pools[0]), (second, pools[1]))):
+            keys = page_hashes(2, seed=10 + i)
+            fill_pages(p, [1, 2], seed=10 + i)
+            want = [page_bytes(p, 1), page_bytes(p, 2)]
+            assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+            assert b.batch_get_v1(keys, token_indices([3, 4])) == [True, True]
+            assert torch.equal(page_bytes(p, 3), want[0]) and torch.equal(page_bytes(p, 4), want[1])
+    finally:
+        first.close()
+        second.close()
+
+
+def test_clear_empties_the_store(backend, pool):
+    keys = page_hashes(2)
+    fill_pages(pool, [1, 2], seed=9)
+    assert backend.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    backend.clear()
+    assert backend.batch_exists(keys) == 0
+    assert backend.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    assert backend.batch_exists(keys) == 2
+
+
+def test_a_config_without_interface_v1_is_refused(tmp_path, pool):
+    config = storage_config(tmp_path, interface_v1=None)
+    with pytest.raises(kvxfer.InvalidArgument, match="interface_v1"):
+        StorageBackendFactory.create_backend("dynamic", config, pool)
+
+
+def test_an_unknown_setting_is_refused(tmp_path, pool):
+    with pytest.raises(kvxfer.InvalidArgument, match="capacity_byte"):
+        StorageBackendFactory.create_backend("dynamic", storage_config(tmp_path, capacity_pages=None, capacity_byte=1 << 30), pool)
+
+
+def test_an_mla_model_over_several_attention_tp_ranks_is_refused(tmp_path):
+    pool = host_pool(mla=True)
+    with pytest.raises(kvxfer.Unsupported, match="MLA model with attention TP size 2"):
+        StorageBackendFactory.create_backend("dynamic", storage_config(tmp_path, mla=True, tp_rank=1, tp_size=2), pool)
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+def test_a_layout_without_a_zero_copy_description_is_refused(tmp_path, mla):
+    pool = host_pool("page_unified", mla=mla)
+    with pytest.raises(kvxfer.Unsupported, match="page_unified"):
+        attach(pool, storage_config(tmp_path, mla=mla, layout="page_unified"))
+
+
+def test_a_pool_beside_the_kv_pool_is_refused(backend, pool):
+    backend.register_mem_host_pool_v2(pool, PoolName.KV)  # the KV pool itself, as SGLang registers it
+    with pytest.raises(kvxfer.Unsupported, match="swa pool"):
+        backend.register_mem_host_pool_v2(host_pool(), PoolName.SWA)
+
+
+def test_another_sglang_version_is_refused_naming_the_supported_one(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.24")
+    with pytest.raises(kvxfer.Unsupported, match=r"supports SGLang 0\.5\.23.*SGLang 0\.5\.24 is installed"):
+        kv_sglang.check_sglang_version()
+
+
+def test_kvxfer_and_its_sglang_module_import_without_sglang():
+    code = (
+        "import sys; sys.modules['sglang'] = None\n"
+        "import kvxfer, kvxfer.sglang\n"
+        "assert len(kvxfer.sglang.page_key('ab' * 32)) == 32\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -1,0 +1,30 @@
+"""kvxfer.tier: namespaces, store keys and chunk layouts, shared by the runtime plug-ins."""
+
+import kvxfer
+from kvxfer.tier import MAX_REGION, chunk_layout, namespace_of, store_key
+
+
+def test_a_namespace_is_the_kind_and_a_digest_of_every_field():
+    a = namespace_of("lmcache", {"model": "m", "dtype": "bf16"})
+    assert a == namespace_of("lmcache", {"dtype": "bf16", "model": "m"}), "field order does not matter"
+    assert a.startswith(b"lmcache ") and len(a) == len(b"lmcache ") + 64
+    assert a != namespace_of("lmcache", {"model": "m", "dtype": "fp8"})
+    assert a != namespace_of("vllm", {"model": "m", "dtype": "bf16"})
+
+
+def test_a_key_past_64_bytes_is_its_digest():
+    assert store_key(b"k" * 64) == b"k" * 64
+    long = store_key(b"k" * 65)
+    assert len(long) == 64 and long != store_key(b"k" * 66)
+
+
+def test_a_chunk_is_one_block_of_equal_regions_of_at_most_256_kib():
+    for chunk in (1000, MAX_REGION, 4096 * 3 * 67, 32 << 20, 3 * 5 * 7 * 11 * 13 * 17 * 19):
+        c = chunk_layout(2, chunk)
+        region = c.inner_dim
+        assert c.block_bytes == chunk and c.num_blocks == 2 and region <= max(chunk, 1) and chunk % region == 0
+        assert region <= MAX_REGION or chunk <= MAX_REGION
+        if chunk % 4096 == 0 and chunk > MAX_REGION:
+            assert region % 4096 == 0
+    assert chunk_layout(1, 32 << 20).inner_dim == MAX_REGION
+    assert isinstance(chunk_layout(1, 10), kvxfer.LayoutConfig)
