@@ -52,15 +52,20 @@ class _Keys:
     key is its UTF-8 bytes; their lengths are checked by the library (1 to 64 bytes).
     The keys are joined into one buffer and the array is packed from (pointer, length)
     pairs in one go: a job of hundreds of keys costs its submitter microseconds, not a
-    millisecond of per-key ctypes calls."""
+    millisecond of per-key ctypes calls. One key (a runtime's tier looks its keys up one
+    at a time) skips the joining: its array is packed from its own bytes."""
 
     def __init__(self, keys: Iterable[Key]):
         if isinstance(keys, (bytes, bytearray, memoryview, str)):
             raise InvalidArgument("keys must be a sequence of keys, not one key; wrap a single key in a list")
         bs = [k if type(k) is bytes else _key_bytes(i, k) for i, k in enumerate(keys)]
         self.n = len(bs)
-        self._buf = b"".join(bs)
+        self._buf = bs[0] if self.n == 1 else b"".join(bs)
         # A length past uint32 would wrap: saturated, so the library refuses it.
+        if self.n == 1:
+            packed = struct.pack("@PI0P", ctypes.cast(self._buf, ctypes.c_void_p).value or 0, min(len(self._buf), 0xFFFFFFFF))
+            self.array = _ONE_KEY.from_buffer_copy(packed)
+            return
         lens = [min(len(b), 0xFFFFFFFF) for b in bs]
         pairs: List[int] = [0] * (2 * self.n)
         pairs[0::2] = islice(accumulate(lens, initial=ctypes.cast(self._buf, ctypes.c_void_p).value or 0), self.n)
@@ -68,6 +73,9 @@ class _Keys:
         # Native alignment: "0P" pads each (pointer, uint32) to kvx_key's size.
         packed = struct.pack("@" + "PI0P" * self.n, *pairs)
         self.array = (n.KeyC * max(self.n, 1)).from_buffer_copy(packed.ljust(ctypes.sizeof(n.KeyC) * max(self.n, 1), b"\0"))
+
+
+_ONE_KEY = n.KeyC * 1
 
 
 def _key_bytes(i: int, k: Any) -> bytes:

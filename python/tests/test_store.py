@@ -237,6 +237,27 @@ def test_keys_of_every_length_and_kind_name_their_own_blocks(engine, tmp_path):
         assert [block(b, cfg, i) for i in range(8)] == [block(a, cfg, 7 - i) for i in range(8)]
 
 
+def test_a_call_of_one_key_names_exactly_that_key(engine, tmp_path):
+    """A call of one key (how runtimes' tiers look keys up) passes that key's bytes alone:
+    each kind and length finds its own block, and a prefix or an extension of it none."""
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 19)
+    dst, b = host_pool(engine, cfg, 20)
+    keys = [b"k", b"\x00" * 64, "ключ", bytearray(b"ab"), memoryview(b"abc"), b"a" * 63, b"abcd", b"\x00"]
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 16) as s:
+        for i, k in enumerate(keys):
+            s.put(src, [i], [k]).wait()
+        for i, k in enumerate(keys):
+            assert s.lookup([k]) == ([True], 1)
+            s.get([k], dst, [i]).wait()
+            assert block(b, cfg, i) == block(a, cfg, i)
+        assert [s.lookup([k])[0][0] for k in (b"a" * 62, b"abc\x00", b"\x00" * 63, b"ab\x00")] == [False] * 4
+        with pytest.raises(kvxfer.InvalidArgument):
+            s.lookup([b""])
+        with pytest.raises(kvxfer.InvalidArgument):
+            s.lookup([b"a" * 65])
+
+
 def test_awaiting_store_requests_takes_no_thread(engine, tmp_path):
     cfg = geometry(blocks=4)
     src, a = host_pool(engine, cfg, 16)
