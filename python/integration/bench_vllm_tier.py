@@ -17,11 +17,17 @@ Both tiers are built by vLLM (`TieringOffloadingSpec`, as `vllm serve` builds th
 `submit_store`/`submit_load` of the tier; its latency runs from that call to the step
 whose `get_finished_jobs` returns it (so it includes up to one step of waiting).
 
-Runs alternate tiers (kvxfer, fs, kvxfer, fs, ...) for every chunk size and medium, each
-in a fresh directory. Between store and load the page cache is dropped (disk medium,
-needs root) so the loads are cold. GB/s is 10^9 bytes per second of the phase (first
-request to last job reported); CPU s/GB is the process's user + system time over the
-phase (every thread: the tier's, vLLM's, the driver's) per 10^9 bytes.
+`raw` is the medium's limit, measured in the same run: first a sweep of I/O sizes and
+thread counts (`--raw-io-sizes`, `--raw-threads`; each thread writes then reads a file of
+its own, `O_DIRECT` on disk), then, in every round, the same bytes as the tiers' runs at
+the sweep's fastest setting for each direction.
+
+An untimed store and load of each tier on each medium comes first (`--warmup-gib`). Runs
+then alternate (kvxfer, fs, raw, kvxfer, ...) for every chunk size and medium, each in a
+fresh directory. Between store and load the page cache is dropped (disk medium, needs
+root) so the loads are cold. GB/s is 10^9 bytes per second of the phase (first request to
+last job reported); CPU s/GB is the process's user + system time over the phase (every
+thread: the tier's, vLLM's, the driver's) per 10^9 bytes.
 
     PYTHONPATH=python KVX_LIBRARY=target/release/libkvxfer.so \\
         target/vllm-venv/bin/python python/integration/bench_vllm_tier.py [--json out.json]
@@ -78,7 +84,7 @@ def size_name(n: int) -> str:
     return f"{n >> 20} MiB" if n >= MiB else f"{n >> 10} KiB"
 
 
-def tier_config(tier: str, root: str, medium: str, total_bytes: int) -> Dict[str, Any]:
+def tier_config(args: argparse.Namespace, tier: str, root: str, medium: str, total_bytes: int) -> Dict[str, Any]:
     if tier == "kvxfer":
         # Page-cache I/O on tmpfs (docs/vllm.md), direct I/O on disk; room for every chunk.
         return {
@@ -87,9 +93,10 @@ def tier_config(tier: str, root: str, medium: str, total_bytes: int) -> Dict[str
             "root_dir": root,
             "capacity_bytes": total_bytes + total_bytes // 4,
             "buffered": medium == "shm",
+            **args.kvxfer_config,
         }
     # vLLM's defaults: 16 read and 16 write threads, O_DIRECT where the file system takes it.
-    return {"type": "fs", "root_dir": root}
+    return {"type": "fs", "root_dir": root, **args.fs_config}
 
 
 def make_manager(cfg: Dict[str, Any], chunk_bytes: int, cpu_bytes: int) -> Any:
@@ -163,7 +170,7 @@ class Run:
         cpu_chunks = 2 * args.inflight * self.chunks_per_job
         self.root = os.path.join(args.shm_dir if medium == "shm" else args.disk_dir, f"{tier}-{uuid.uuid4().hex[:8]}")
         os.makedirs(self.root)
-        self.m = make_manager(tier_config(tier, self.root, medium, self.total_bytes), chunk_bytes, cpu_chunks * chunk_bytes)
+        self.m = make_manager(tier_config(args, tier, self.root, medium, self.total_bytes), chunk_bytes, cpu_chunks * chunk_bytes)
         (self.tier,) = self.m.secondary_tiers
         self.view = np.asarray(self.m.primary_tier.get_kv_memoryview()).view(np.uint8)
         # The chunks' bytes: random (what kvxfer checksums is not all zeros), written once.
@@ -184,7 +191,8 @@ class Run:
             from vllm.v1.kv_offload.tiering.fs import manager as fs_manager
 
             return {"fs_io_C": fs_io._HAS_FSIO_C, "batch_lookup_C": fs_manager._HAS_BATCH_LOOKUP_C, "o_direct": t._use_o_direct, "threads": len(t._pool._threads)}
-        return {"buffered": self.medium == "shm", "io_threads": t._engine.config().io_threads, "shards": 4}
+        c, cfg = t._engine.config(), tier_config(self.args, "kvxfer", self.root, self.medium, self.total_bytes)
+        return {"buffered": bool(cfg.get("buffered")), "shards": cfg.get("shards", 4), "io_threads": c.io_threads, "io_backend": c.io_backend, "slot_bytes": c.slot_bytes}
 
     def job_keys(self, j: int) -> List[Any]:
         return self.keys[j * self.chunks_per_job : (j + 1) * self.chunks_per_job]
@@ -292,62 +300,125 @@ class Run:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class RawRun:
-    """The medium's limit for the same bytes: `--inflight` threads, each writing then
-    reading its own file in chunk-sized I/Os (`O_DIRECT` on disk, page-cache I/O on
-    tmpfs), no vLLM, no key, no checksum. Timed and dropped as the tiers' runs are."""
+def raw_worker(path: str, flags: int, buf: mmap.mmap, count: int, write: bool) -> None:
+    """`count` I/Os of `len(buf)` bytes, one after another, to or from one file."""
+    fd = os.open(path, (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | flags, 0o644)
+    try:
+        size = len(buf)
+        for c in range(count):
+            n = os.pwrite(fd, buf, c * size) if write else os.preadv(fd, [buf], c * size)
+            if n != size:
+                raise OSError(f"raw {'write' if write else 'read'} of {path} moved {n} of {size} bytes")
+    finally:
+        os.close(fd)
 
-    def __init__(self, args: argparse.Namespace, chunk_bytes: int, medium: str):
-        self.args, self.chunk_bytes, self.medium = args, chunk_bytes, medium
-        chunks_per_job = max(1, args.job_mib * MiB // chunk_bytes)
-        num_jobs = max(1, int(args.gib * (1 << 30)) // (chunks_per_job * chunk_bytes))
-        self.total_bytes = num_jobs * chunks_per_job * chunk_bytes
-        self.per_file = self.total_bytes // args.inflight // chunk_bytes
-        self.root = os.path.join(args.shm_dir if medium == "shm" else args.disk_dir, f"raw-{uuid.uuid4().hex[:8]}")
-        os.makedirs(self.root)
+
+class RawFiles:
+    """The medium without vLLM, a key or a checksum: `threads` threads, each writing then
+    reading a file of its own in `io_bytes` I/Os (`O_DIRECT` on disk, page-cache I/O on
+    tmpfs), from page-aligned buffers of random bytes. The files are allocated before
+    the writes are timed, as kvxfer's store allocates its data files when it opens."""
+
+    def __init__(self, root: str, medium: str, io_bytes: int, threads: int, total_bytes: int):
+        self.root, self.medium, self.io_bytes, self.threads = root, medium, io_bytes, threads
+        self.count = max(1, total_bytes // threads // io_bytes)
+        self.moved = self.count * io_bytes * threads
         self.flags = os.O_DIRECT if medium == "disk" else 0
-        # Page-aligned buffers (O_DIRECT), random bytes as the tiers move.
         self.bufs = []
-        for i in range(args.inflight):
-            m = mmap.mmap(-1, chunk_bytes)
-            m.write(np.random.default_rng(i).integers(0, 256, chunk_bytes, dtype=np.uint8).tobytes())
+        for i in range(threads):
+            m = mmap.mmap(-1, io_bytes)
+            m.write(np.random.default_rng(i).integers(0, 256, io_bytes, dtype=np.uint8).tobytes())
             self.bufs.append(m)
 
-    def _each(self, write: bool) -> Dict[str, Any]:
-        def worker(i: int) -> None:
-            path = os.path.join(self.root, f"f{i}")
-            fd = os.open(path, (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | self.flags, 0o644)
-            try:
-                for c in range(self.per_file):
-                    off = c * self.chunk_bytes
-                    n = os.pwrite(fd, self.bufs[i], off) if write else os.preadv(fd, [self.bufs[i]], off)
-                    if n != self.chunk_bytes:
-                        raise OSError(f"raw {'write' if write else 'read'} of {path} moved {n} of {self.chunk_bytes} bytes")
-            finally:
-                os.close(fd)
-
-        moved = self.per_file * self.chunk_bytes * self.args.inflight
-        c0, t0 = cpu_seconds(), time.perf_counter()
-        with ThreadPoolExecutor(self.args.inflight) as pool:
-            list(pool.map(worker, range(self.args.inflight)))
-        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-        return {"bytes": moved, "seconds": wall, "gbps": moved / wall / GB, "cpu_s_per_gb": cpu / (moved / GB),
-                "scheduler_cpu_s_per_gb": 0.0, "jobs": 0, "failed_jobs": 0, "latency_ms": []}
-
-    def store(self) -> Dict[str, Any]:
-        return self._each(True)
-
-    def load(self) -> Dict[str, Any]:
-        if self.medium == "disk":
+    def run(self, write: bool) -> Dict[str, Any]:
+        """Every thread's file written (or read) once; timed like a tier's phase."""
+        paths = [os.path.join(self.root, f"raw-{self.io_bytes}-{self.threads}-{i}") for i in range(self.threads)]
+        if write:
+            for path in paths:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+                try:
+                    os.posix_fallocate(fd, 0, self.count * self.io_bytes)
+                finally:
+                    os.close(fd)
+        elif self.medium == "disk":
             drop_page_cache()
-        return self._each(False)
-
-    def describe(self) -> Dict[str, Any]:
-        return {"threads": self.args.inflight, "o_direct": self.medium == "disk"}
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        with ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(lambda i: raw_worker(paths[i], self.flags, self.bufs[i], self.count, write), range(self.threads)))
+        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        return {"bytes": self.moved, "seconds": wall, "gbps": self.moved / wall / GB, "cpu_s_per_gb": cpu / (self.moved / GB),
+                "scheduler_cpu_s_per_gb": None, "jobs": 0, "failed_jobs": 0, "latency_ms": [],
+                "io_bytes": self.io_bytes, "threads": self.threads}
 
     def close(self) -> None:
         for m in self.bufs:
             m.close()
+
+
+def raw_sweep(args: argparse.Namespace, medium: str) -> Dict[str, Any]:
+    """The medium's limit: every I/O size of `--raw-io-sizes` with every thread count of
+    `--raw-threads`, `--raw-mib` written then read (cold on disk) at each; the fastest
+    setting per direction is what the rounds' `raw` runs use."""
+    root = os.path.join(args.shm_dir if medium == "shm" else args.disk_dir, f"sweep-{uuid.uuid4().hex[:8]}")
+    os.makedirs(root)
+    points = []
+    try:
+        for io_bytes in [parse_size(x) for x in args.raw_io_sizes.split(",")]:
+            for threads in [int(x) for x in args.raw_threads.split(",")]:
+                files = RawFiles(root, medium, io_bytes, threads, args.raw_mib * MiB)
+                try:
+                    w, r = files.run(True), files.run(False)
+                finally:
+                    files.close()
+                    for f in os.listdir(root):
+                        os.unlink(os.path.join(root, f))
+                points.append({"io_bytes": io_bytes, "threads": threads, "store_gbps": w["gbps"], "load_gbps": r["gbps"]})
+                print(f"raw sweep {medium:4} {size_name(io_bytes):>7} x {threads:2} threads: write {w['gbps']:6.2f} GB/s, read {r['gbps']:6.2f} GB/s", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    best = {d: max(points, key=lambda p: p[f"{d}_gbps"]) for d in ("store", "load")}
+    return {"points": points, "best": {d: {"io_bytes": b["io_bytes"], "threads": b["threads"]} for d, b in best.items()}}
+
+
+class RawRun:
+    """The medium's limit in a round: the same bytes as a tier's run, written at the
+    sweep's fastest write setting and read at its fastest read setting (the files laid
+    out again, untimed, when the two differ); dropped as the tiers' runs are."""
+
+    def __init__(self, args: argparse.Namespace, chunk_bytes: int, medium: str, best: Dict[str, Dict[str, int]]):
+        self.medium, self.best = medium, best
+        chunks_per_job = max(1, args.job_mib * MiB // chunk_bytes)
+        num_jobs = max(1, int(args.gib * (1 << 30)) // (chunks_per_job * chunk_bytes))
+        self.total_bytes = num_jobs * chunks_per_job * chunk_bytes
+        self.root = os.path.join(args.shm_dir if medium == "shm" else args.disk_dir, f"raw-{uuid.uuid4().hex[:8]}")
+        os.makedirs(self.root)
+
+    def _files(self, direction: str) -> RawFiles:
+        b = self.best[direction]
+        return RawFiles(self.root, self.medium, b["io_bytes"], b["threads"], self.total_bytes)
+
+    def store(self) -> Dict[str, Any]:
+        files = self._files("store")
+        try:
+            return files.run(True)
+        finally:
+            files.close()
+
+    def load(self) -> Dict[str, Any]:
+        files = self._files("load")
+        try:
+            if self.best["load"] != self.best["store"]:
+                for f in os.listdir(self.root):
+                    os.unlink(os.path.join(self.root, f))
+                files.run(True)
+            return files.run(False)
+        finally:
+            files.close()
+
+    def describe(self) -> Dict[str, Any]:
+        return {d: f"{size_name(b['io_bytes'])} I/Os x {b['threads']} threads" for d, b in self.best.items()} | {"o_direct": self.medium == "disk"}
+
+    def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -389,13 +460,15 @@ def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "gbps": statistics.median(r["gbps"] for r in rs),
             "gbps_all": [round(r["gbps"], 3) for r in rs],
             "cpu_s_per_gb": statistics.median(r["cpu_s_per_gb"] for r in rs),
-            "scheduler_cpu_s_per_gb": statistics.median(r["scheduler_cpu_s_per_gb"] for r in rs),
+            "scheduler_cpu_s_per_gb": None if tier == "raw" else statistics.median(r["scheduler_cpu_s_per_gb"] for r in rs),
             "p50_ms": percentile(lat, 50),
             "p99_ms": percentile(lat, 99),
             "p999_ms": percentile(lat, 99.9),
             "jobs": len(lat),
             "failed_jobs": sum(r["failed_jobs"] for r in rs),
         })
+        if tier == "raw":
+            rows[-1].update(io_bytes=rs[0]["io_bytes"], threads=rs[0]["threads"])
     by = {(r["tier"], r["chunk_bytes"], r["medium"], r["direction"]): r for r in rows}
     for r in rows:
         fs = by.get(("fs", r["chunk_bytes"], r["medium"], r["direction"]))
@@ -417,8 +490,9 @@ def table(rows: List[Dict[str, Any]]) -> str:
     for r in rows:
         ratio = f"{r['ratio_vs_fs']:.2f}×" if r["tier"] == "kvxfer" and r["ratio_vs_fs"] is not None else ""
         tiered = r["tier"] != "raw"
+        name = r["tier"] if tiered else f"raw ({size_name(r['io_bytes'])} × {r['threads']})"
         out.append(
-            f"| {size_name(r['chunk_bytes'])} | {r['medium']} | {r['direction']} | {r['tier']} | {r['gbps']:.2f} | "
+            f"| {size_name(r['chunk_bytes'])} | {r['medium']} | {r['direction']} | {name} | {r['gbps']:.2f} | "
             f"{num(r['of_raw'], '.2f') if tiered else ''} | {num(r['p50_ms'], '.1f')} | {num(r['p99_ms'], '.1f')} | "
             f"{num(r['p999_ms'], '.1f')} | {r['cpu_s_per_gb']:.2f} | {num(r['scheduler_cpu_s_per_gb'], '.2f') if tiered else ''} | {ratio} |"
         )
@@ -455,6 +529,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--job-mib", type=int, default=32, help="MiB per request, one tier job (default 32)")
     p.add_argument("--inflight", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--step-ms", type=float, default=1.0, help="pause between scheduler steps (default 1)")
+    p.add_argument("--raw-io-sizes", default="64K,256K,1M,4M", help="I/O sizes of the raw sweep (default 64K,256K,1M,4M)")
+    p.add_argument("--raw-threads", default="1,2,4,8,16", help="thread counts of the raw sweep (default 1,2,4,8,16)")
+    p.add_argument("--raw-mib", type=int, default=256, help="MiB written then read at each point of the raw sweep (default 256)")
+    p.add_argument("--warmup-gib", type=float, default=0.25, help="an untimed store and load of each tier on each medium first, GiB (default 0.25; 0: none)")
+    p.add_argument("--kvxfer-config", type=json.loads, default={}, metavar="JSON", help='keys added to kvxfer\'s tier config, e.g. \'{"engine": {"io_threads": 8}}\'')
+    p.add_argument("--fs-config", type=json.loads, default={}, metavar="JSON", help="keys added to vLLM's fs tier config")
     p.add_argument("--json", metavar="FILE", help="write the table's rows, every run and the setup as JSON")
     p.add_argument("--md", metavar="FILE", help="write the table as Markdown, with a title line (for docs/results/)")
     args = p.parse_args(argv)
@@ -467,20 +547,34 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.makedirs(d, exist_ok=True)
     runs: List[Dict[str, Any]] = []
     setup: Dict[str, Any] = {}
+    sweeps = {medium: raw_sweep(args, medium) for medium in media} if "raw" in tiers else {}
+    if args.warmup_gib > 0:
+        # The first runs of a process are slower whatever the tier (first use of vLLM's
+        # and numpy's code paths, of the file system's and the allocator's memory).
+        warm = argparse.Namespace(**{**vars(args), "gib": args.warmup_gib})
+        for medium in media:
+            for tier in tiers:
+                if tier != "raw":
+                    run = Run(warm, tier, chunks[0], medium)
+                    try:
+                        run.store(), run.load()
+                    finally:
+                        run.close()
     for rnd in range(args.rounds):
         for chunk in chunks:
             for medium in media:
                 for tier in tiers:
-                    run = RawRun(args, chunk, medium) if tier == "raw" else Run(args, tier, chunk, medium)
+                    run = RawRun(args, chunk, medium, sweeps[medium]["best"]) if tier == "raw" else Run(args, tier, chunk, medium)
                     try:
                         setup.setdefault(f"{tier} {medium}", run.describe())
                         for direction, phase in (("store", run.store), ("load", run.load)):
                             r = phase()
                             r.update(tier=tier, chunk_bytes=chunk, medium=medium, direction=direction, round=rnd)
                             runs.append(r)
+                            sched = "" if r["scheduler_cpu_s_per_gb"] is None else f"  (scheduler thread {r['scheduler_cpu_s_per_gb']:5.2f})"
                             print(
                                 f"round {rnd} {tier:6} {size_name(chunk):>7} {medium:4} {direction:5} "
-                                f"{r['gbps']:6.2f} GB/s  {r['cpu_s_per_gb']:5.2f} CPU s/GB  (scheduler thread {r['scheduler_cpu_s_per_gb']:5.2f})  {r['jobs']} jobs",
+                                f"{r['gbps']:6.2f} GB/s  {r['cpu_s_per_gb']:5.2f} CPU s/GB{sched}  {r['jobs']} jobs",
                                 file=sys.stderr,
                                 flush=True,
                             )
@@ -494,7 +588,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             f.write(f"# kvxfer's vLLM tier against vLLM's fs tier, {args.gib:g} GiB a direction, {args.rounds} runs a line\n\n{text}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "machine": machine(args), "setup": setup, "rows": rows, "runs": runs}, f, indent=1)
+            json.dump({"args": vars(args), "machine": machine(args), "setup": setup, "raw_sweeps": sweeps, "rows": rows, "runs": runs}, f, indent=1)
     return 0
 
 
