@@ -119,7 +119,7 @@ tsan:
 	RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=target/tsan \
 	  KVX_STRESS=8x200 TSAN_OPTIONS=halt_on_error=1 KVX_TEST_DIR=$(TEST_DIR) \
 	  $(CARGO) +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
-	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped --test store
+	  --test stress --test requests --test roundtrip --test faults --test integrity --test backends --test mapped --test store --test priority
 
 # The ABI boundary's pointer code under Miri (undefined behaviour such as a reference
 # over a caller's smaller, older struct); nightly's miri component, not part of make test.
@@ -226,7 +226,7 @@ exports-test: build
 bench-smoke: build $(TEST_DIR) nixl-libs
 	./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR)
 	./cpp_examples/bench --store --shards 2 --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR)
-	./cpp_examples/bench --mix --num-blocks 8 --blocks-per-batch 2 --onboard-sizes 1,4 --onboards 5 --background-shares 0.5 --num-layers 4 --dir $(TEST_DIR)
+	./cpp_examples/bench --mix --critical --num-blocks 8 --blocks-per-batch 2 --onboard-sizes 1,4 --onboards 5 --background-shares 0.5 --num-layers 4 --dir $(TEST_DIR)
 	@if [ "$$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then \
 	  ./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir /dev/shm --mapped; \
 	else echo "bench-smoke: --mapped skipped: /dev/shm is not tmpfs here"; fi

@@ -28,6 +28,7 @@ fn main() {
         .with_src(crate_dir.join("src/ffi/logger.rs"))
         .with_src(crate_dir.join("src/ffi/remote.rs"))
         .with_src(crate_dir.join("src/ffi/store.rs"))
+        .with_src(crate_dir.join("src/ffi/slots.rs"))
         .with_src(crate_dir.join("src/ffi/api.rs"))
         .generate()
         .expect("cbindgen could not generate the header");

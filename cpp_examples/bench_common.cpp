@@ -67,7 +67,8 @@ struct Pending {
       "                  with --background-depth requests in flight: onboard p50/p99/p99.9 us, p99 over alone, and the\n"
       "                  background's achieved rate against its target\n"
       "  --onboard-sizes N,N,.. (4,32,256)  --onboards N (200; more where they take under a second)\n"
-      "  --background-shares F,F,.. (0.5,0.9)  --background-depth N (4)\n");
+      "  --background-shares F,F,.. (0.5,0.9)  --background-depth N (4)\n"
+      "  --critical      --mix: each level twice, onboards in arrival order (fifo) and marked KVX_XFER_CRITICAL\n");
   std::exit(code);
 }
 
@@ -173,6 +174,7 @@ Options parse(int argc, char **argv) {
     if (a == "--remote") { o.remote = true; continue; }
     if (a == "--store") { o.store = true; continue; }
     if (a == "--mix") { o.mix = true; continue; }
+    if (a == "--critical") { o.critical = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());

@@ -38,6 +38,9 @@ struct Options {
   std::vector<double> background_shares{0.5, 0.9};
   size_t onboards = 200;
   unsigned background_depth = 4;
+  // --critical: each level also with the onboards marked KVX_XFER_CRITICAL, beside the
+  // plain ones (served in arrival order).
+  bool critical = false;
 };
 
 // The command line as Options; prints the usage and exits on --help or a bad flag.

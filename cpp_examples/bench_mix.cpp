@@ -162,6 +162,7 @@ void Background::stop() {
 // One level of one size: its onboards' latencies, and what the background did meanwhile.
 struct Level {
   double share = 0;  // 0: alone
+  bool critical = false;  // the onboards were KVX_XFER_CRITICAL
   std::vector<double> us;
   double window_s = 0;
   uint64_t completed = 0;
@@ -170,10 +171,14 @@ struct Level {
 
 // Onboards from the hot file, one at a time, cycling through `ids`: after the warm-up,
 // `count` of them and as many more as fill `min_window_s`. Their latencies, and the wall
-// time and background completions over them.
+// time and background completions over them. `critical`: marked KVX_XFER_CRITICAL.
 Level onboard(kvx::Engine &e, const kvx::Layout &hot, const kvx::Layout &device, const std::vector<std::vector<uint64_t>> &ids,
-              size_t count, double min_window_s, const Background &bg) {
+              size_t count, double min_window_s, const Background &bg, bool critical) {
   Level l;
+  l.critical = critical;
+  kvx_transfer_options opts;
+  kvx_transfer_options_init(&opts);
+  opts.flags = critical ? KVX_XFER_CRITICAL : 0;
   Clock::time_point t0;
   uint64_t c0 = 0;
   for (size_t i = 0;; i++) {
@@ -181,7 +186,7 @@ Level onboard(kvx::Engine &e, const kvx::Layout &hot, const kvx::Layout &device,
     if (i >= WARMUP_ONBOARDS + count && seconds_since(t0) >= min_window_s) break;
     const auto &v = ids[i % ids.size()];
     auto s = Clock::now();
-    e.submit(hot, v, device, v).wait();
+    e.submit(hot, v, device, v, &opts).wait();
     if (i >= WARMUP_ONBOARDS) l.us.push_back(us_since(s));
   }
   l.window_s = seconds_since(t0);
@@ -231,15 +236,17 @@ void MixRun::print_row(uint64_t size, const Level &l, const Level &alone) const 
     std::snprintf(background, sizeof background, "%3.0f%%: %.2f of %.2f GB/s (%.1f%%) %s; issue lag p99 %.0f us, max %.0f us", 100 * l.share,
                   achieved, target, 100 * achieved / target, kept(l) ? "kept" : "MISSED", percentile(l.lag_us, 0.99),
                   percentile(l.lag_us, 1.0));
-  std::printf("  %7llu %9zu %9.1f %9.1f %9.1f %9.2f %8.2fx  %s\n", (unsigned long long)size, l.us.size(), p.p50, p.p99, p.p999,
-              size * block_bytes_ / p.p50 / 1e3, p.p99 / alone_p99, background);
+  std::printf("  %7llu %-8s %9zu %9.1f %9.1f %9.1f %9.2f %8.2fx  %s\n", (unsigned long long)size, l.critical ? "critical" : "fifo",
+              l.us.size(), p.p50, p.p99, p.p999, size * block_bytes_ / p.p50 / 1e3, p.p99 / alone_p99, background);
   if (o_.json)
-    std::printf("{\"mode\": \"mix\", \"onboard_blocks\": %llu, \"block_bytes\": %llu, \"onboards\": %zu, \"background_share\": %.3f, "
+    std::printf("{\"mode\": \"mix\", \"onboard_blocks\": %llu, \"critical\": %s, \"block_bytes\": %llu, \"onboards\": %zu, "
+                "\"background_share\": %.3f, "
                 "\"p50_us\": %.2f, \"p99_us\": %.2f, \"p999_us\": %.2f, \"p99_vs_alone\": %.3f, \"background_blocks\": %llu, "
                 "\"background_depth\": %u, \"background_alone_gbps\": %.3f, \"background_target_gbps\": %.3f, "
                 "\"background_gbps\": %.3f, \"background_kept\": %s, \"background_lag_p99_us\": %.2f, \"buffered\": %s, "
                 "\"io_backend\": \"%s\"}\n",
-                (unsigned long long)size, (unsigned long long)block_bytes_, l.us.size(), l.share, p.p50, p.p99, p.p999,
+                (unsigned long long)size, l.critical ? "true" : "false", (unsigned long long)block_bytes_, l.us.size(), l.share, p.p50,
+                p.p99, p.p999,
                 p.p99 / alone_p99, (unsigned long long)o_.blocks_per_batch, o_.background_depth, alone_rps_ * request_bytes / 1e9,
                 target, l.share > 0 ? achieved : 0.0, kept(l) ? "true" : "false", percentile(l.lag_us, 0.99),
                 o_.buffered ? "true" : "false", io_backend_name(e_.io_backend()));
@@ -268,27 +275,35 @@ int MixRun::run() {
   const double request_bytes = (double)o_.blocks_per_batch * block_bytes_;
   std::printf("background alone: %u request(s) in flight back to back, %.0f requests/s = %.2f GB/s over %.1f s\n", depth, alone_rps_,
               alone_rps_ * request_bytes / 1e9, ALONE_SECONDS);
-  std::printf("  %7s %9s %9s %9s %9s %9s %9s  %s\n", "blocks", "onboards", "p50 us", "p99 us", "p99.9 us", "GB/s p50", "p99/alone",
-              "background: share of its alone rate, achieved of target");
+  std::printf("  %7s %-8s %9s %9s %9s %9s %9s %9s  %s\n", "blocks", "onboard", "onboards", "p50 us", "p99 us", "p99.9 us", "GB/s p50",
+              "p99/alone", "background: share of its alone rate, achieved of target");
 
+  // fifo: onboards served in arrival order with the offloads; critical: KVX_XFER_CRITICAL.
+  std::vector<bool> classes{false};
+  if (o_.critical) classes.push_back(true);
   bool all_kept = true;
   for (uint64_t size : o_.onboard_sizes) {
     const auto ids = request_ids(o_.num_blocks, size, WARMUP_ONBOARDS + o_.onboards, true);
-    Level alone = onboard(e_, hot_, device_, ids, o_.onboards, MIN_WINDOW_SECONDS, bg);
-    print_row(size, alone, alone);
+    std::vector<Level> alone;
+    for (bool critical : classes) {
+      alone.push_back(onboard(e_, hot_, device_, ids, o_.onboards, MIN_WINDOW_SECONDS, bg, critical));
+      print_row(size, alone.back(), alone.back());
+    }
     for (double share : o_.background_shares) {
-      bg.start(share * alone_rps_);
-      std::this_thread::sleep_for(std::chrono::duration<double>(RAMP_SECONDS));
-      Level l = onboard(e_, hot_, device_, ids, o_.onboards, MIN_WINDOW_SECONDS, bg);
-      bg.stop();
-      l.share = share;
-      l.lag_us = bg.lag_us();
-      all_kept &= kept(l);
-      print_row(size, l, alone);
+      for (size_t c = 0; c < classes.size(); c++) {
+        bg.start(share * alone_rps_);
+        std::this_thread::sleep_for(std::chrono::duration<double>(RAMP_SECONDS));
+        Level l = onboard(e_, hot_, device_, ids, o_.onboards, MIN_WINDOW_SECONDS, bg, classes[c]);
+        bg.stop();
+        l.share = share;
+        l.lag_us = bg.lag_us();
+        all_kept &= kept(l);
+        print_row(size, l, alone[c]);
+      }
     }
   }
-  std::printf("p99/alone: the onboards' p99 beside the background over their p99 alone, same blocks, same process; a background "
-              "keeps its rate at %.0f%% of its target or more\n",
+  std::printf("p99/alone: the onboards' p99 beside the background over their p99 alone (of the same kind: fifo or critical), same "
+              "blocks, same process; a background keeps its rate at %.0f%% of its target or more\n",
               100 * KEPT);
   if (!all_kept)
     std::printf("a background MISSED its rate (its lines above): beside the onboards it did not move what it was offered\n");

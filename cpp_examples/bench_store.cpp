@@ -137,8 +137,13 @@ Batches StoreRun::batches(uint64_t gen) const {
   return b;
 }
 
-// One plain pass: each batch's blocks as one request per file they fall in, every
-// request submitted at once, then all waited for (a batch is done with its last).
+// Batches in flight at once in a pass: every batch of a small run, and for a run of many
+// small blocks few enough that a batch's requests (one per shard) stay under the engine's
+// max_inflight (1024 by default).
+static constexpr size_t kWindow = 128;
+
+// One plain pass: each batch's blocks as one request per file they fall in, up to
+// kWindow batches in flight, waited for in order (a batch is done with its last).
 Timed StoreRun::plain_pass(const kvx::Layout &mem, bool to_files, const std::vector<kvx::Layout> &files) {
   const Batches b = batches(0);
   struct Part {
@@ -149,7 +154,14 @@ Timed StoreRun::plain_pass(const kvx::Layout &mem, bool to_files, const std::vec
   Timed t;
   const double cpu0 = cpu_seconds();
   const auto t0 = Clock::now();
+  size_t waited = 0;
+  auto wait_next = [&] {
+    for (auto &r : parts[waited].reqs) r.wait();
+    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - parts[waited].submitted).count());
+    parts[waited++].reqs.clear();
+  };
   for (const auto &ids : b.ids) {
+    if (parts.size() - waited == kWindow) wait_next();
     Part p{{}, Clock::now()};
     for (uint32_t k = 0; k < o_.shards; k++) {
       std::vector<uint64_t> mem_ids, file_ids;
@@ -160,30 +172,33 @@ Timed StoreRun::plain_pass(const kvx::Layout &mem, bool to_files, const std::vec
     }
     parts.push_back(std::move(p));
   }
-  for (auto &p : parts) {
-    for (auto &r : p.reqs) r.wait();
-    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - p.submitted).count());
-  }
+  while (waited < parts.size()) wait_next();
   t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   t.cpu_s = cpu_seconds() - cpu0;
   return t;
 }
 
-// Submits every batch of `b` with `submit(i)`, then waits for them in order: one pass.
+// Submits the batches of `b` with `submit(i)`, up to kWindow in flight, and waits for
+// them in order: one pass.
 template <typename Submit>
 static Timed store_pass(const Batches &b, Submit submit) {
   std::vector<std::pair<kvx::StoreRequest, Clock::time_point>> reqs;
   Timed t;
   const double cpu0 = cpu_seconds();
   const auto t0 = Clock::now();
+  size_t waited = 0;
+  auto wait_next = [&] {
+    auto &[r, ts] = reqs[waited++];
+    r.wait();
+    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - ts).count());
+    r = kvx::StoreRequest(nullptr);  // its keys and statuses freed as the pass goes
+  };
   for (size_t i = 0; i < b.ids.size(); i++) {
+    if (reqs.size() - waited == kWindow) wait_next();
     const auto ts = Clock::now();
     reqs.emplace_back(submit(i), ts);
   }
-  for (auto &[r, ts] : reqs) {
-    r.wait();
-    t.batch_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - ts).count());
-  }
+  while (waited < reqs.size()) wait_next();
   t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   t.cpu_s = cpu_seconds() - cpu0;
   return t;

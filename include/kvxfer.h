@@ -25,7 +25,9 @@
 // 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
 // `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
 // `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
-// 1.5: `kvx_engine_completion_fd`.
+// 1.5: `kvx_engine_completion_fd`, `KVX_XFER_CRITICAL`; slot handles: `kvx_slot_handle`,
+// `KVX_STORE_DATA_ONLY`, `KVX_RESERVED_*`, `kvx_store_lease_slots`, `_reserve_slots`,
+// `_commit_slots`, `_abort_slots`, `_read_slots`, `_write_slots`.
 #define KVX_ABI_MINOR 5
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -114,6 +116,35 @@
 // `kvx_store_lookup` flag (1.4): lease each hit, so it is neither evicted nor reused
 // until a get of it (which spends the lease) or `kvx_store_release_leases`.
 #define KVX_LOOKUP_LEASE 1
+
+// `kvx_transfer_options.flags` (1.5): latency-critical, a transfer its caller waits for
+// (an onboard before a request's first token). The engine serves it ahead of transfers
+// without the flag at every stage they share (the dispatcher, hence the bounce slots,
+// the I/O workers, the copy thread and the device's streams), while those keep at least
+// one turn in four, so they never starve. Without it (flags 0, as every caller before
+// 1.5 passes) transfers are served in the order they came. A library older than 1.5
+// refuses the flag with `KVX_ERR_INVALID_ARG`.
+#define KVX_XFER_CRITICAL 1
+
+// `kvx_store_config.flags` (1.5): open a store another process owns, to move the slots
+// its owner hands out (`kvx_store_read_slots`, `kvx_store_write_slots`): no lock, nothing
+// written but those slots' data, `KVX_STORE_CREATE` ignored; the calls that touch keys
+// (lookup, put, get, remove, leases, reserve, commit, abort) are `KVX_ERR_INVALID_ARG`.
+#define KVX_STORE_DATA_ONLY 16
+
+// `kvx_store_reserve_slots` (1.5): the key has a slot to write; its handle is set.
+#define KVX_RESERVED_WRITE 1
+
+// `kvx_store_reserve_slots` (1.5): the store holds the key already; nothing to write.
+#define KVX_RESERVED_HELD 2
+
+// `kvx_store_reserve_slots` (1.5): another put of the key is in flight; look it up once
+// that has ended.
+#define KVX_RESERVED_IN_FLIGHT 3
+
+// `kvx_store_reserve_slots` (1.5): full, and every entry is held; the key fails alone
+// (as `KVX_ERR_BUSY` for a put).
+#define KVX_RESERVED_NO_ROOM 4
 
 // Bytes an engine exported (`kvx_engine_export`): read them with `kvx_blob_bytes`,
 // free with `kvx_blob_destroy`. (1.3)
@@ -218,7 +249,7 @@ typedef struct kvx_transfer_options {
   uint32_t layer_begin;
   // One past the last layer to move; 0 means all layers.
   uint32_t layer_end;
-  // None defined yet; must be 0.
+  // `KVX_XFER_*`, or 0.
   uint32_t flags;
   // Optional completion callback.
   kvx_completion_fn on_complete;
@@ -290,6 +321,24 @@ typedef struct kvx_store_counters {
   // Bytes of the blocks held (`entries` × block bytes).
   uint64_t bytes;
 } kvx_store_counters;
+
+// A slot handle (1.5): a slot of a store that its owner hands to a process which opened
+// the store `KVX_STORE_DATA_ONLY`, to read (`kvx_store_lease_slots`) or to write
+// (`kvx_store_reserve_slots`). Plain bytes of a fixed size (48) and layout for ABI 1:
+// copy it, ship it to another process of the same host, pass it back unchanged.
+typedef struct kvx_slot_handle {
+  // The key's digest (xxh3-128, little-endian).
+  uint8_t key_digest[16];
+  // The entry's generation (a read handle) or the reservation's (a write handle).
+  uint64_t generation;
+  // The block's seal in a read handle; 0 in a write handle.
+  uint64_t seal;
+  // The owner's open that handed it out.
+  uint64_t epoch;
+  uint32_t slot;
+  // The key's length in bytes.
+  uint32_t key_len;
+} kvx_slot_handle;
 
 // Every function of ABI 1: the 1.0 functions, then each minor's additions
 // (`docs/c-api.md#loading-kvxfer-as-a-plugin`). Append-only: new functions go at the end
@@ -422,6 +471,41 @@ typedef struct kvx_api {
   void (*store_request_release)(struct kvx_store_request*);
   // ABI 1.5.
   kvx_status (*engine_completion_fd)(const struct kvx_engine*, int32_t*);
+  // ABI 1.5.
+  kvx_status (*store_lease_slots)(struct kvx_store*,
+                                  const struct kvx_key*,
+                                  size_t,
+                                  struct kvx_slot_handle*,
+                                  uint8_t*);
+  // ABI 1.5.
+  kvx_status (*store_reserve_slots)(struct kvx_store*,
+                                    const struct kvx_key*,
+                                    size_t,
+                                    struct kvx_slot_handle*,
+                                    uint32_t*);
+  // ABI 1.5.
+  kvx_status (*store_commit_slots)(struct kvx_store*,
+                                   const struct kvx_slot_handle*,
+                                   size_t,
+                                   kvx_status*);
+  // ABI 1.5.
+  kvx_status (*store_abort_slots)(struct kvx_store*, const struct kvx_slot_handle*, size_t);
+  // ABI 1.5.
+  kvx_status (*store_read_slots)(struct kvx_store*,
+                                 const struct kvx_slot_handle*,
+                                 size_t,
+                                 const struct kvx_layout*,
+                                 const uint64_t*,
+                                 const struct kvx_transfer_options*,
+                                 struct kvx_store_request**);
+  // ABI 1.5.
+  kvx_status (*store_write_slots)(struct kvx_store*,
+                                  const struct kvx_layout*,
+                                  const uint64_t*,
+                                  const struct kvx_slot_handle*,
+                                  size_t,
+                                  const struct kvx_transfer_options*,
+                                  struct kvx_store_request**);
 } kvx_api;
 
 #define KVX_OK 0
@@ -518,13 +602,13 @@ kvx_status kvx_engine_stats(const struct kvx_engine *e, struct kvx_stats *out);
 
 // (1.5) The engine's completion fd: an eventfd (non-blocking, close-on-exec) that
 // becomes readable once a request of this engine has ended since it was last read — a
-// transfer, or a put or get of a store on this engine. For a caller that waits on many
-// things at once (poll, epoll, an event loop): when it is readable, read 8 bytes from it
-// (the count of ends, which resets it), then poll the requests it waits for. A request
-// ends (its status is final) before it makes the fd readable, so one that ends after
-// the read makes it readable again: no end is missed. The fd is made by the first call,
-// and ends before that are not counted: poll the requests submitted before it once.
-// Each call returns the same fd.
+// transfer, or a put, get, slot read or slot write of a store on this engine. For a
+// caller that waits on many things at once (poll, epoll, an event loop): when it is
+// readable, read 8 bytes from it (the count of ends, which resets it), then poll the
+// requests it waits for. A request ends (its status is final) before it makes the fd
+// readable, so one that ends after the read makes it readable again: no end is missed.
+// The fd is made by the first call, and ends before that are not counted: poll the
+// requests submitted before it once. Each call returns the same fd.
 // The engine owns it: do not close it; `kvx_engine_destroy` closes it (unregister it
 // from your poller first). `KVX_ERR_SHUTDOWN` once the engine is shutting down.
 kvx_status kvx_engine_completion_fd(const struct kvx_engine *e, int32_t *fd_out);
@@ -685,7 +769,8 @@ void kvx_store_config_init(struct kvx_store_config *cfg);
 // Opens the store in the directory `dir` (UTF-8 or any bytes, NUL-terminated), or makes
 // it there with `KVX_STORE_CREATE`. The process then owns the store until
 // `kvx_store_close`: a second open of it, here or in another process, is
-// `KVX_ERR_BUSY` naming the owner's pid. A store made with another geometry, capacity,
+// `KVX_ERR_BUSY` naming the owner's pid; `KVX_STORE_DATA_ONLY` (1.5) opens a store
+// another process owns, to move the slots it hands out. A store made with another geometry, capacity,
 // shard count or namespace is `KVX_ERR_INCOMPATIBLE` naming which. The store keeps the
 // engine's memory alive until it is closed (see `kvx_engine_destroy`). `cfg`, `dir` and
 // what they point to are read during the call only. On success `*out` is the store;
@@ -793,6 +878,81 @@ const char *kvx_store_request_error(const struct kvx_store_request *r);
 // Frees the handle; the put or get still completes (a store close waits for it). NULL is
 // a no-op.
 void kvx_store_request_release(struct kvx_store_request *r);
+
+// As `kvx_store_lookup` with `KVX_LOOKUP_LEASE`, for a data-only process: where the
+// store holds `keys[i]`, i < `n`, `present_out[i]` is 1 and `handles_out[i]` the handle to
+// read it with (`kvx_store_read_slots` in any process); else 0 and a zeroed handle. Each
+// hit stays leased (neither evicted nor its slot reused) until
+// `kvx_store_release_leases`. Owner only. `handles_out` and `present_out` hold `n`
+// elements, written only on `KVX_OK`.
+kvx_status kvx_store_lease_slots(struct kvx_store *s,
+                                 const struct kvx_key *ks,
+                                 size_t n,
+                                 struct kvx_slot_handle *handles_out,
+                                 uint8_t *present_out);
+
+// Reserves a slot for each of `keys[i]`, i < `n`, not held, as a put would (evicting the
+// least recently used entry nothing holds), for a data-only process to write with
+// `kvx_store_write_slots`; `kvx_store_commit_slots` then makes them entries, or
+// `kvx_store_abort_slots` gives them back. `reservations_out[i]` is `KVX_RESERVED_WRITE`
+// (and `handles_out[i]` the handle to write with), `KVX_RESERVED_HELD`,
+// `KVX_RESERVED_IN_FLIGHT` or `KVX_RESERVED_NO_ROOM` (a zeroed handle for these). A
+// reservation neither committed nor aborted keeps its slot until the owner reopens the
+// store. Owner only. `handles_out` and `reservations_out` hold `n` elements, written
+// only on `KVX_OK`.
+kvx_status kvx_store_reserve_slots(struct kvx_store *s,
+                                   const struct kvx_key *ks,
+                                   size_t n,
+                                   struct kvx_slot_handle *handles_out,
+                                   uint32_t *reservations_out);
+
+// Makes the slots of write handles `handles[i]`, i < `n`, entries once their writes
+// completed: `statuses_out[i]` is `KVX_OK`; `KVX_ERR_INVALID_ARG` for a handle this open
+// did not reserve (already committed or aborted, from an earlier open of the store, or
+// never handed out); `KVX_ERR_INTEGRITY` for a block not completely written through this
+// handle (its write did not finish, or another write of the slot landed on it: never an
+// entry over other bytes); `KVX_ERR_CANCELLED` for a key removed meanwhile. Owner only.
+// A handle of a slot past the capacity is `KVX_ERR_OUT_OF_RANGE` for the call.
+// `statuses_out` holds `n` statuses, written only on `KVX_OK`.
+kvx_status kvx_store_commit_slots(struct kvx_store *s,
+                                  const struct kvx_slot_handle *handles,
+                                  size_t n,
+                                  kvx_status *statuses_out);
+
+// Gives back the reserved slots of write handles `handles[i]`, i < `n`, unwritten (a
+// handle not reserved is skipped). A write of one still in flight cannot be committed
+// under the key its slot goes to next. Owner only.
+kvx_status kvx_store_abort_slots(struct kvx_store *s,
+                                 const struct kvx_slot_handle *handles,
+                                 size_t n);
+
+// Loads the slots of read handles `handles[i]`, i < `n`, into block `dst_ids[i]` of
+// `dst`, asynchronously (in a data-only open, or the owner's). Per key: `KVX_OK`, or
+// `KVX_ERR_INTEGRITY` where the slot no longer holds the entry the handle names, or its
+// block fails its checksums (a miss); else the transfer's status. `opts` and `dst` as for
+// `kvx_store_get`. A handle of a slot past the capacity is `KVX_ERR_OUT_OF_RANGE`. On
+// success `*out_request` is the request; free it with `kvx_store_request_release`.
+kvx_status kvx_store_read_slots(struct kvx_store *s,
+                                const struct kvx_slot_handle *handles,
+                                size_t n,
+                                const struct kvx_layout *dst,
+                                const uint64_t *dst_ids,
+                                const struct kvx_transfer_options *opts,
+                                struct kvx_store_request **out_request);
+
+// Writes block `src_ids[i]` of `src` to the slot of write handle `handles[i]`, i < `n`,
+// asynchronously; the owner then commits (or aborts) the handles. Whole blocks only; a
+// handle is written once. Per key: `KVX_OK` once its block is written and sealed, else the
+// transfer's status. `opts` and `src` as for `kvx_store_put`. A handle of a slot past
+// the capacity is `KVX_ERR_OUT_OF_RANGE`. On success `*out_request` is the request; free
+// it with `kvx_store_request_release`.
+kvx_status kvx_store_write_slots(struct kvx_store *s,
+                                 const struct kvx_layout *src,
+                                 const uint64_t *src_ids,
+                                 const struct kvx_slot_handle *handles,
+                                 size_t n,
+                                 const struct kvx_transfer_options *opts,
+                                 struct kvx_store_request **out_request);
 
 // `(KVX_ABI_MAJOR << 16) | KVX_ABI_MINOR` of the loaded library.
 uint32_t kvx_abi_version(void);

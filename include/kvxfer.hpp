@@ -318,6 +318,61 @@ class Store {
     return c;
   }
 
+  // Slot handles (1.5): the owner hands slots to a process that opened the store with
+  // KVX_STORE_DATA_ONLY (kvx_slot_handle is plain bytes: copy it there as it is).
+  struct Leased {
+    std::vector<uint8_t> present;          // 1 where the store holds the key
+    std::vector<kvx_slot_handle> handles;  // the handle to read it, where present
+  };
+  struct Reserved {
+    std::vector<uint32_t> kinds;           // KVX_RESERVED_WRITE, _HELD, _IN_FLIGHT or _NO_ROOM
+    std::vector<kvx_slot_handle> handles;  // the handle to write, where KVX_RESERVED_WRITE
+  };
+  // Owner: leases each hit (until release_leases) and hands out its handle to read.
+  Leased lease_slots(const std::vector<kvx_key> &keys) {
+    Leased l;
+    l.present.resize(keys.size());
+    l.handles.resize(keys.size());
+    check(kvx_store_lease_slots(h_.get(), keys.data(), keys.size(), l.handles.data(), l.present.data()));
+    return l;
+  }
+  // Owner: reserves a slot for each key not held, to be written, then committed or aborted.
+  Reserved reserve_slots(const std::vector<kvx_key> &keys) {
+    Reserved r;
+    r.kinds.resize(keys.size());
+    r.handles.resize(keys.size());
+    check(kvx_store_reserve_slots(h_.get(), keys.data(), keys.size(), r.handles.data(), r.kinds.data()));
+    return r;
+  }
+  // Owner: each handle's status: KVX_OK (an entry now), KVX_ERR_INTEGRITY (not completely
+  // written through this handle), KVX_ERR_INVALID_ARG (not reserved by this open),
+  // KVX_ERR_CANCELLED (the key was removed meanwhile).
+  std::vector<kvx_status> commit_slots(const std::vector<kvx_slot_handle> &handles) {
+    std::vector<kvx_status> out(handles.size(), KVX_OK);
+    check(kvx_store_commit_slots(h_.get(), handles.data(), handles.size(), out.data()));
+    return out;
+  }
+  // Owner: gives the reserved slots back unwritten.
+  void abort_slots(const std::vector<kvx_slot_handle> &handles) {
+    check(kvx_store_abort_slots(h_.get(), handles.data(), handles.size()));
+  }
+  // Data: loads the slot of handles[i] into block dst_ids[i] of `dst`.
+  StoreRequest read_slots(const std::vector<kvx_slot_handle> &handles, const Layout &dst, const std::vector<uint64_t> &dst_ids,
+                          const kvx_transfer_options *opts = nullptr) {
+    if (dst_ids.size() != handles.size()) throw Error(KVX_ERR_INVALID_ARG, "handles and dst_ids differ in length");
+    kvx_store_request *r = nullptr;
+    check(kvx_store_read_slots(h_.get(), handles.data(), handles.size(), dst.get(), dst_ids.data(), opts, &r));
+    return StoreRequest(r);
+  }
+  // Data: writes block src_ids[i] of `src` to the slot of handles[i] (whole blocks).
+  StoreRequest write_slots(const Layout &src, const std::vector<uint64_t> &src_ids, const std::vector<kvx_slot_handle> &handles,
+                           const kvx_transfer_options *opts = nullptr) {
+    if (src_ids.size() != handles.size()) throw Error(KVX_ERR_INVALID_ARG, "src_ids and handles differ in length");
+    kvx_store_request *r = nullptr;
+    check(kvx_store_write_slots(h_.get(), src.get(), src_ids.data(), handles.data(), handles.size(), opts, &r));
+    return StoreRequest(r);
+  }
+
  private:
   std::unique_ptr<kvx_store, detail::StoreDelete> h_;
 };

@@ -173,20 +173,28 @@ mod plan {
         }
     }
 
-    /// Whether deferred devices' streams are held, and how many fences of theirs are
-    /// being waited on.
+    /// Whether deferred devices' streams are held (all, or bulk copies' only), and how
+    /// many fences of theirs are being waited on.
     struct Streams {
         held: bool,
+        bulk_held: bool,
         waiting: u64,
     }
 
-    static STREAMS: Mutex<Streams> = Mutex::new(Streams { held: false, waiting: 0 });
+    static STREAMS: Mutex<Streams> = Mutex::new(Streams { held: false, bulk_held: false, waiting: 0 });
     static STREAMS_CHANGED: Condvar = Condvar::new();
 
     /// Holds (`true`) or lets run (`false`) every deferred device's stream: a held stream
     /// queues what it is given and runs none of it.
     pub fn hold_device_streams(held: bool) {
         STREAMS.lock().unwrap().held = held;
+        STREAMS_CHANGED.notify_all();
+    }
+
+    /// Holds (`true`) or lets run (`false`) the bulk copies' stream of every deferred
+    /// device; latency-critical copies' streams keep running.
+    pub fn hold_bulk_device_stream(held: bool) {
+        STREAMS.lock().unwrap().bulk_held = held;
         STREAMS_CHANGED.notify_all();
     }
 
@@ -198,10 +206,11 @@ mod plan {
         s.waiting > 0
     }
 
-    /// A deferred stream is about to start a job: waits while the streams are held.
-    pub(crate) fn device_job_starts() {
+    /// A deferred stream (`critical`: latency-critical copies') is about to start a job:
+    /// waits while it is held.
+    pub(crate) fn device_job_starts(critical: bool) {
         let s = STREAMS.lock().unwrap();
-        drop(STREAMS_CHANGED.wait_while(s, |s| s.held).unwrap());
+        drop(STREAMS_CHANGED.wait_while(s, |s| s.held || (s.bulk_held && !critical)).unwrap());
     }
 
     /// A thread starts (`true`) or stops waiting on a deferred device's fence.

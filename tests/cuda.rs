@@ -43,6 +43,11 @@ fn main() {
         case("dense_host_spans_land_byte_exact_on_every_device_kind", dense_host_spans_land_byte_exact_on_every_device_kind)
             .unless(no_gpu.clone()),
         case("an_offload_waits_for_the_callers_event", an_offload_waits_for_the_callers_event).unless(no_gpu.clone()),
+        case(
+            "critical_transfers_beside_bulk_ones_land_byte_exact_on_every_device_kind",
+            critical_transfers_beside_bulk_ones_land_byte_exact_on_every_device_kind,
+        )
+        .unless(no_gpu.clone()),
         case("every_call_leaves_the_callers_own_context_current", every_call_leaves_the_callers_own_context_current).unless(no_gpu.clone()),
         case("a_pinned_layout_over_an_unpinned_page_is_refused", a_pinned_layout_over_an_unpinned_page_is_refused).unless(no_gpu.clone()),
         case("a_request_waiting_for_its_event_holds_up_no_other", a_request_waiting_for_its_event_holds_up_no_other).unless(no_gpu),
@@ -264,6 +269,43 @@ fn dense_host_spans_land_byte_exact_on_every_device_kind() {
                 check(&back, 63, 61, &round, layers.clone(), &format!("{what}, and back"));
             }
         }
+    }
+}
+
+/// Latency-critical copies take their direction's second stream and fence lanes of their
+/// own: with bulk transfers both ways in flight on the first streams, critical ones both
+/// ways (region-kernel batches for the small regions of layer-separate kinds, plain copies
+/// for contiguous ones) land byte-exact, and so do the bulk ones.
+fn critical_transfers_beside_bulk_ones_land_byte_exact_on_every_device_kind() {
+    let e = gpu_engine();
+    let c = cfg(64, 4, 2, 16, 512, 2);
+    let critical = TransferOptions { critical: true, ..Default::default() };
+    for kind in KINDS {
+        let disk = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Disk);
+        let (dev, pinned, dev2) = (
+            make_layout(&e, &c, kind, StorageKind::Device),
+            make_layout(&e, &c, kind, StorageKind::Pinned),
+            make_layout(&e, &c, kind, StorageKind::Device),
+        );
+        fill(&disk, 71);
+        fill(&dev, 73);
+        fill(&pinned, 72);
+        fill(&dev2, 74);
+        // Bulk: disk blocks 0..16 to device 0..16, device 16..32 to disk 16..32.
+        let (lo, hi): (Vec<u64>, Vec<u64>) = ((0..16).collect(), (16..32).collect());
+        let bulk =
+            [e.submit(&disk, &lo, &dev, &lo, &Default::default()).unwrap(), e.submit(&dev, &hi, &disk, &hi, &Default::default()).unwrap()];
+        // Critical: pinned 32..48 to the other device layout's 32..48, its 48..64 to pinned 48..64.
+        let (up, down): (Vec<u64>, Vec<u64>) = ((32..48).collect(), (48..64).collect());
+        let crit = [e.submit(&pinned, &up, &dev2, &up, &critical).unwrap(), e.submit(&dev2, &down, &pinned, &down, &critical).unwrap()];
+        for r in crit.iter().chain(&bulk) {
+            assert_eq!(r.wait(Some(std::time::Duration::from_secs(60))), Status::Ok, "{kind:?}");
+        }
+        let same = |v: &[u64]| v.iter().map(|&b| (b, b)).collect::<Vec<_>>();
+        check(&dev, 73, 71, &same(&lo), 0..4, &format!("bulk disk -> device {kind:?}"));
+        check(&disk, 71, 73, &same(&hi), 0..4, &format!("bulk device -> disk {kind:?}"));
+        check(&dev2, 74, 72, &same(&up), 0..4, &format!("critical pinned -> device {kind:?}"));
+        check(&pinned, 72, 74, &same(&down), 0..4, &format!("critical device -> pinned {kind:?}"));
     }
 }
 

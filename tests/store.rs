@@ -525,7 +525,7 @@ fn a_put_never_evicts_a_key_of_its_own_batch() {
 }
 
 fn handle_line(tag: &str, k: u64, h: &SlotHandle) -> String {
-    format!("{tag} {k} {} {} {:x} {} {}\n", h.slot, h.generation, h.key_digest, h.key_len, h.seal)
+    format!("{tag} {k} {} {} {:x} {} {} {}\n", h.slot, h.generation, h.key_digest, h.key_len, h.seal, h.epoch)
 }
 
 fn parse_handles(text: &str, tag: &str) -> Vec<(u64, SlotHandle)> {
@@ -539,6 +539,7 @@ fn parse_handles(text: &str, tag: &str) -> Vec<(u64, SlotHandle)> {
                 key_digest: u128::from_str_radix(f[4], 16).unwrap(),
                 key_len: f[5].parse().unwrap(),
                 seal: f[6].parse().unwrap(),
+                epoch: f[7].parse().unwrap(),
             };
             (f[1].parse().unwrap(), h)
         })

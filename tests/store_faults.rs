@@ -1,13 +1,14 @@
 //! The store under disk faults and counted disk calls (process-wide, so a suite of its
 //! own, its tests one at a time): a write that fails, as on a full disk, fails its keys
 //! alone and the store goes on; a read that fails is that get's failure, not a dropped
-//! entry; opening reads no block.
+//! entry; opening reads no block; a write handle's write held in flight until its slot
+//! was reserved again lands late and is never committed under another key.
 
 mod common;
 use common::*;
 use kvxfer::fault::{self, Fault, Site};
-use kvxfer::store::{Store, StoreConfig};
-use kvxfer::{LayoutKind, Status, StorageKind};
+use kvxfer::store::{Reservation, SlotHandle, Store, StoreConfig, StoreFlags, StoreRequest};
+use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,4 +122,171 @@ fn of_two_puts_racing_for_the_last_slot_one_wins_and_the_other_fails_at_once() {
     fault::clear();
     assert_eq!(first.wait(Some(Duration::from_secs(60))), Status::Ok);
     assert_eq!(s.lookup(&[key(1), key(2)], false).unwrap().0, vec![true, false]);
+}
+
+fn wait(r: &StoreRequest) -> Status {
+    r.wait(Some(Duration::from_secs(60)))
+}
+
+/// The handle to write `k` that the owner hands out (the key is not held).
+fn write_handle(s: &Store, k: &[u8]) -> SlotHandle {
+    match s.reserve_slots(&[k]).unwrap()[0] {
+        Reservation::Write(h) => h,
+        r => panic!("no slot to write: {r:?}"),
+    }
+}
+
+/// Lets a held write go when dropped: declared after the stores, it goes first when a
+/// check fails, so their closing (which waits for the held write) never hangs the suite.
+struct LetGo;
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        fault::clear();
+    }
+}
+
+/// Waits until the held disk write is held (a hang guard only).
+fn until_held() {
+    let started = std::time::Instant::now();
+    while !fault::holding() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the write never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A get of `k`: its status, after checking that a hit holds exactly `k`'s bytes.
+fn get_exact(e: &Engine, s: &Store, block: &LayoutConfig, k: &[u8]) -> Status {
+    let dst = e.create_layout(&LayoutConfig { num_blocks: 1, ..*block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&dst, 99);
+    let r = s.get(&[k], &dst, &[0], &Default::default()).unwrap();
+    let st = wait(&r);
+    assert!(st != Status::Ok || holds_key(&dst, 0, k), "{} loaded with bytes that are not its own", String::from_utf8_lossy(k));
+    st
+}
+
+/// A store of one slot (every reservation takes it), its owner, a data-only open of it,
+/// and a host layout holding the bytes of keys A (block 0) and B (block 1).
+struct OneSlot {
+    e: Arc<Engine>,
+    dir: std::path::PathBuf,
+    cfg: StoreConfig,
+    owner: Store,
+    data: Store,
+    src: Arc<kvxfer::Layout>,
+}
+
+fn one_slot(block: LayoutConfig, tag: &str) -> OneSlot {
+    let e = Arc::new(engine());
+    let dir = temp_path(tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = StoreConfig::new(block, 1, b"ns");
+    let owner = Store::open(&e, &dir, &cfg).unwrap();
+    let data = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DATA_ONLY, ..cfg.clone() }).unwrap();
+    let src = e.create_layout(&LayoutConfig { num_blocks: 2, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill_block_for_key(&src, 0, &key(1));
+    fill_block_for_key(&src, 1, &key(2));
+    OneSlot { e, dir, cfg, owner, data, src }
+}
+
+/// Writes block `src` of the source through `h` from the data-only open, holding its
+/// first disk write in flight: the request, once that write is held.
+fn held_write(t: &OneSlot, src: u64, h: SlotHandle) -> Arc<StoreRequest> {
+    fault::inject(Site::DiskWrite, 0, Fault::Hold);
+    let r = t.data.write_slots(&t.src, &[src], &[h], &Default::default()).unwrap();
+    until_held();
+    r
+}
+
+/// A block of 4 regions of 512 bytes: one chunk, one data write.
+fn small_block() -> LayoutConfig {
+    cfg(0, 2, 2, 4, 64, 2)
+}
+
+/// A block of 4 regions of 32 KiB, twice the test engine's slot: two chunks, each its own
+/// data write, so half of a write can land late.
+fn large_block() -> LayoutConfig {
+    cfg(0, 2, 2, 16, 1024, 2)
+}
+
+/// The write of an aborted handle lands after the slot was reserved for another key and
+/// that key's write failed: committing that key anyway is refused (the slot holds the
+/// aborted key's block, sealed), and the key, written again, is committed with its bytes.
+#[test]
+fn a_landed_write_of_an_aborted_handle_is_never_committed_under_the_next_key() {
+    let _serial = serial();
+    let t = one_slot(small_block(), "store-late-landed");
+    let _let_go = LetGo;
+    let (a, b) = (key(1), key(2));
+    let ha = write_handle(&t.owner, &a);
+    let ra = held_write(&t, 0, ha);
+    t.owner.abort_slots(&[ha]).unwrap();
+    let hb = write_handle(&t.owner, &b);
+    assert_eq!(hb.slot, ha.slot, "one slot");
+    fault::clear();
+    assert_eq!(wait(&ra), Status::Ok, "A's write itself succeeds: {}", ra.key_message(0));
+    fault::inject(Site::DiskWrite, 0, Fault::Errno(libc::EIO));
+    let rb = t.data.write_slots(&t.src, &[1], &[hb], &Default::default()).unwrap();
+    assert_eq!(wait(&rb), Status::Io, "{}", rb.key_message(0));
+    fault::clear();
+    assert_eq!(t.owner.commit_slots(&[hb]).unwrap(), vec![Status::Integrity], "B's slot holds A's block, not B's");
+    assert_eq!(get_exact(&t.e, &t.owner, &small_block(), &b), Status::NotFound);
+    let hb = write_handle(&t.owner, &b);
+    let rb = t.data.write_slots(&t.src, &[1], &[hb], &Default::default()).unwrap();
+    assert_eq!(wait(&rb), Status::Ok, "{}", rb.key_message(0));
+    assert_eq!(t.owner.commit_slots(&[hb]).unwrap(), vec![Status::Ok]);
+    assert_eq!(get_exact(&t.e, &t.owner, &small_block(), &b), Status::Ok);
+}
+
+/// The write of an aborted handle, held in flight, lands after the next key's write
+/// completed: wholly (one chunk) or half of it (two chunks, one held), a mix of two
+/// writes. The next key's commit is refused and its get misses; never A's bytes, nor a mix.
+#[test]
+fn a_late_write_of_an_aborted_handle_is_never_committed_under_the_next_key() {
+    let _serial = serial();
+    for (block, tag) in [(small_block(), "whole"), (large_block(), "half")] {
+        let t = one_slot(block, &format!("store-late-{tag}"));
+        let _let_go = LetGo;
+        let (a, b) = (key(1), key(2));
+        let ha = write_handle(&t.owner, &a);
+        let ra = held_write(&t, 0, ha);
+        t.owner.abort_slots(&[ha]).unwrap();
+        let hb = write_handle(&t.owner, &b);
+        assert_eq!(hb.slot, ha.slot, "one slot");
+        let rb = t.data.write_slots(&t.src, &[1], &[hb], &Default::default()).unwrap();
+        assert_eq!(wait(&rb), Status::Ok, "{tag}: {}", rb.key_message(0));
+        fault::clear();
+        assert_eq!(wait(&ra), Status::Ok, "{tag}: A's write itself succeeds: {}", ra.key_message(0));
+        let committed = t.owner.commit_slots(&[hb]).unwrap();
+        let got = get_exact(&t.e, &t.owner, &block, &b);
+        assert_eq!((committed[0], got), (Status::Integrity, Status::NotFound), "{tag}");
+    }
+}
+
+/// A write handle handed out before the owner opened the store again: its commit is
+/// refused even where the new owner reserved the same slot for the same key, and its
+/// write, landing late, is never committed under the key the slot went to next.
+#[test]
+fn a_handle_from_before_the_owner_opened_the_store_again_is_never_committed() {
+    let _serial = serial();
+    let OneSlot { e, dir, cfg, owner, data, src } = one_slot(small_block(), "store-late-reopen");
+    let _let_go = LetGo;
+    let (a, b) = (key(1), key(2));
+    let ha = write_handle(&owner, &a);
+    fault::inject(Site::DiskWrite, 0, Fault::Hold);
+    let ra = data.write_slots(&src, &[0], &[ha], &Default::default()).unwrap();
+    until_held();
+    drop(owner);
+    let owner = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::NONE, ..cfg }).unwrap();
+    let ha2 = write_handle(&owner, &a);
+    assert_eq!(ha2.slot, ha.slot, "one slot");
+    assert_eq!(owner.commit_slots(&[ha]).unwrap(), vec![Status::InvalidArg], "handed out by the earlier open");
+    owner.abort_slots(&[ha2]).unwrap();
+    let hb = write_handle(&owner, &b);
+    let rb = data.write_slots(&src, &[1], &[hb], &Default::default()).unwrap();
+    assert_eq!(wait(&rb), Status::Ok, "{}", rb.key_message(0));
+    fault::clear();
+    assert_eq!(wait(&ra), Status::Ok, "A's write itself succeeds: {}", ra.key_message(0));
+    assert_eq!(owner.commit_slots(&[hb]).unwrap(), vec![Status::Integrity], "B's slot holds A's late block");
+    assert_eq!(get_exact(&e, &owner, &small_block(), &b), Status::NotFound);
 }

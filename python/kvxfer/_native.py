@@ -26,6 +26,11 @@ DISK_CREATE, DISK_KEEP, DISK_BUFFERED, DISK_SYNC, DISK_CHECKSUM, DISK_MAPPED = 1
 # The store (ABI 1.4).
 STORE_CREATE, STORE_DURABLE, STORE_BUFFERED, STORE_VERIFY_ON_OPEN = 1, 2, 4, 8
 LOOKUP_LEASE = 1
+# kvx_transfer_options.flags (ABI 1.5).
+XFER_CRITICAL = 1
+# Slot handles (ABI 1.5).
+STORE_DATA_ONLY = 16
+RESERVED_WRITE, RESERVED_HELD, RESERVED_IN_FLIGHT, RESERVED_NO_ROOM = 1, 2, 3, 4
 
 
 class EngineConfigC(ctypes.Structure):
@@ -112,6 +117,17 @@ class StoreCountersC(ctypes.Structure):
         for name in (
             "entries", "capacity", "hits", "misses", "evictions", "integrity_failures", "puts", "dedups", "removes", "bytes",
         )
+    ]
+
+
+class SlotHandleC(ctypes.Structure):
+    _fields_ = [
+        ("key_digest", ctypes.c_uint8 * 16),
+        ("generation", c_uint64),
+        ("seal", c_uint64),
+        ("epoch", c_uint64),
+        ("slot", c_uint32),
+        ("key_len", c_uint32),
     ]
 
 
@@ -208,9 +224,19 @@ def _load() -> ctypes.CDLL:
     }
     if minor >= 4:
         protos.update(store_protos)
-    # ABI 1.5: `Engine.completion_fd` says so where the library is older.
+    handle_p, opts_p = POINTER(SlotHandleC), POINTER(TransferOptionsC)
+    # ABI 1.5: the slot calls say so where the library is older.
+    slot_protos = {
+        "kvx_store_lease_slots": (c_uint32, [store_p, POINTER(KeyC), c_size_t, handle_p, c_void_p]),
+        "kvx_store_reserve_slots": (c_uint32, [store_p, POINTER(KeyC), c_size_t, handle_p, POINTER(c_uint32)]),
+        "kvx_store_commit_slots": (c_uint32, [store_p, handle_p, c_size_t, POINTER(c_uint32)]),
+        "kvx_store_abort_slots": (c_uint32, [store_p, handle_p, c_size_t]),
+        "kvx_store_read_slots": (c_uint32, [store_p, handle_p, c_size_t, layout_p, c_void_p, opts_p, POINTER(store_request_p)]),
+        "kvx_store_write_slots": (c_uint32, [store_p, layout_p, c_void_p, handle_p, c_size_t, opts_p, POINTER(store_request_p)]),
+    }
     if minor >= 5:
         protos["kvx_engine_completion_fd"] = (c_uint32, [engine_p, POINTER(c_int32)])
+        protos.update(slot_protos)
     for name, (res, args) in protos.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args

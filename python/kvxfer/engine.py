@@ -341,7 +341,7 @@ class Engine(_Owned):
 
     def completion_fd(self) -> int:
         """The engine's completion fd (ABI 1.5): an eventfd, readable once a request of
-        the engine (a transfer, a store put or get) has ended since it was last read. Read
+        the engine (a transfer, a store request) has ended since it was last read. Read
         8 bytes to reset it, then poll the requests (`done()`); a request that ends after
         the read makes it readable again. The first call makes it (ends before it are not
         counted). The engine owns it and closes it on `close()`: do not close it, and take
@@ -459,13 +459,17 @@ class Engine(_Owned):
         layers: Layers = None,
         on_complete: Optional[OnComplete] = None,
         wait_event: Any = None,
+        critical: bool = False,
     ) -> "Request":
         """Moves blocks `src_ids[i]` of `src` to `dst_ids[i]` of `dst`, asynchronously.
         `layers`: all (None), one layer, a `(begin, end)` pair, a range or a slice; an
         empty range or a negative layer is `InvalidArgument` (a slice's negative bounds
         count from the end, as in Python).
         `on_complete(request, error_or_None)` runs once on a kvxfer thread when it ends.
-        `wait_event`: a `torch.cuda.Event` (or a `CUevent` as int) the copies wait for."""
+        `wait_event`: a `torch.cuda.Event` (or a `CUevent` as int) the copies wait for.
+        `critical`: latency-critical (a request waits for these blocks, e.g. an onboard
+        before its first token): served ahead of transfers without it at every stage
+        they share, while those keep one turn in four (`KVX_XFER_CRITICAL`)."""
         sp, sn, sk = block_ids(src_ids, "src_ids")
         dp, dn, dk = block_ids(dst_ids, "dst_ids")
         if sn != dn:
@@ -473,6 +477,8 @@ class Engine(_Owned):
         o = n.TransferOptionsC()
         n.lib.kvx_transfer_options_init(ctypes.byref(o))
         o.layer_begin, o.layer_end = _layer_range(layers, src.config.num_layers)
+        if critical:
+            o.flags |= n.XFER_CRITICAL
         if wait_event is not None:
             ev = getattr(wait_event, "cuda_event", wait_event)
             if not isinstance(ev, int) or ev == 0:

@@ -240,7 +240,7 @@ class KvxferConnector:
                 layout, size = self._layout(view)
                 store = self._store(size)
                 k = [self._key(key)]
-                batch.requests.append((i, store.get(k, layout, [0]) if load else store.put(layout, [0], k)))
+                batch.requests.append((i, store.get(k, layout, [0], critical=True) if load else store.put(layout, [0], k)))
             except Error as e:
                 batch.results[i] = (False, str(e))
         with self._lock:

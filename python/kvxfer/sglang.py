@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._plugin import MAX_REGION, capacity_blocks, digest, region_bytes, store_key
+from .tier import MAX_REGION, capacity_blocks, namespace_of, region_bytes, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -235,7 +235,7 @@ def _make_backend_class() -> type:
             self._config = page_layout(mem_pool_host.size // mem_pool_host.page_size, len(bases), span)
             s = self._settings
             self._fields = fingerprint(self.storage_config, mem_pool_host, self._config, str(s.get("namespace", "")))
-            self.namespace = b"sglang " + digest(self._fields).encode()
+            self.namespace = namespace_of("sglang", self._fields)
             self._capacity = capacity_blocks(s.get("capacity_pages"), s.get("capacity_bytes"), self._config.block_bytes, "pages", "the extra config")
             # The scheduler moves host memory only: no CUDA context for kvxfer there.
             self._engine = Engine("emulated", **engine_settings(s.get("engine"), self._config))
@@ -319,7 +319,7 @@ def _make_backend_class() -> type:
             skeys = [page_key(k) for k in keys]
             try:
                 store = self._live()
-                r = store.get(skeys, self._layout, ids) if load else store.put(self._layout, ids, skeys)  # type: ignore[arg-type]
+                r = store.get(skeys, self._layout, ids, critical=True) if load else store.put(self._layout, ids, skeys)  # type: ignore[arg-type]
                 try:
                     results = r.results()
                 finally:

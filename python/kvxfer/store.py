@@ -1,5 +1,6 @@
 """The store: KV blocks on disk or tmpfs under the runtime's keys (`kvx_store_*`, ABI
-1.4), as `Store` and the `StoreRequest` its puts and gets return. A get never loads
+1.4), as `Store` and the `StoreRequest` its puts and gets return, and the slot handles
+(ABI 1.5) an owner hands to a data-only process. A get never loads
 bytes that were not put under the key asked for: a key loads exactly, or is a miss with
 its reason. Handles follow the engine's rules: any thread may use them and any thread may
 close them, and a request keeps the layout it moves from or into alive until it ends."""
@@ -22,6 +23,7 @@ from .engine import Engine, Layout, LayoutConfig, _check, _layer_range
 from .errors import Error, InvalidArgument, Shutdown, Timeout, Unsupported, error_for
 from .fdwait import await_done
 from .handles import Handle, in_callback
+from .slots import Reservation, SlotHandle, handle_array, need_slots
 
 Key = Union[bytes, bytearray, memoryview, str]
 
@@ -102,10 +104,12 @@ def _release_request(h: int) -> None:
     n.lib.kvx_store_request_release(h)
 
 
-def _options(layers: Any, num_layers: int) -> n.TransferOptionsC:
+def _options(layers: Any, num_layers: int, critical: bool = False) -> n.TransferOptionsC:
     o = n.TransferOptionsC()
     n.lib.kvx_transfer_options_init(ctypes.byref(o))
     o.layer_begin, o.layer_end = _layer_range(layers, num_layers)
+    if critical:
+        o.flags |= n.XFER_CRITICAL
     return o
 
 
@@ -117,7 +121,9 @@ class Store:
     syncs every put and removal before it reports success; `buffered` uses the page
     cache (a tmpfs tier); `verify_on_open` checks every entry's seal on open. Reopening
     with another geometry, capacity, shard count or namespace raises `Incompatible`; a
-    store another process (or this one) has open raises `Busy` naming its pid. Close it
+    store another process (or this one) has open raises `Busy` naming its pid.
+    `data_only=True` opens a store another process owns, to move the slots its owner hands
+    out (`read_slots`, `write_slots`); its other calls raise `InvalidArgument`. Close it
     with `close()` or a `with` block; close it before its engine."""
 
     def __init__(
@@ -132,9 +138,12 @@ class Store:
         buffered: bool = False,
         verify_on_open: bool = False,
         shards: int = 1,
+        data_only: bool = False,
     ):
         if n.lib.kvx_abi_version() & 0xFFFF < 4:
             raise Unsupported(f"{n.library_path} predates the store (ABI 1.4); use the library this package ships", 5)
+        if data_only:
+            need_slots()
         if isinstance(namespace, str):
             namespace = namespace.encode()
         if not isinstance(namespace, (bytes, bytearray)):
@@ -155,6 +164,7 @@ class Store:
             | (n.STORE_DURABLE if durable else 0)
             | (n.STORE_BUFFERED if buffered else 0)
             | (n.STORE_VERIFY_ON_OPEN if verify_on_open else 0)
+            | (n.STORE_DATA_ONLY if data_only else 0)
         )
         c.block = ctypes.pointer(block)
         c.capacity_blocks = capacity_blocks
@@ -243,6 +253,83 @@ class Store:
             _check(n.lib.kvx_store_stats(h, ctypes.byref(c)))
         return StoreStats(*(getattr(c, f.name) for f in fields(StoreStats)))
 
+    # -- slot handles (owner) ------------------------------------------------------
+    def lease_slots(self, keys: Sequence[Key]) -> List[Optional[SlotHandle]]:
+        """As `lookup(keys, lease=True)`, for a data-only process: the handle to read each
+        hit (`read_slots`), None for a miss. Each hit stays leased until `release_leases`."""
+        need_slots()
+        k = _Keys(keys)
+        handles = (n.SlotHandleC * max(k.n, 1))()
+        present = (ctypes.c_uint8 * max(k.n, 1))()
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_lease_slots(h, k.array, k.n, handles, present))
+        return [SlotHandle._from_c(handles[i]) if present[i] else None for i in range(k.n)]
+
+    def reserve_slots(self, keys: Sequence[Key]) -> List[Reservation]:
+        """Reserves a slot for each key not held, as a put would, for a data-only process
+        to write (`write_slots`); then `commit_slots` (or `abort_slots`) the handles."""
+        need_slots()
+        k = _Keys(keys)
+        handles = (n.SlotHandleC * max(k.n, 1))()
+        kinds = (ctypes.c_uint32 * max(k.n, 1))()
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_reserve_slots(h, k.array, k.n, handles, kinds))
+        return [
+            Reservation(kinds[i], SlotHandle._from_c(handles[i]) if kinds[i] == Reservation.WRITE else None) for i in range(k.n)
+        ]
+
+    def commit_slots(self, handles: Sequence[SlotHandle]) -> List[Optional[Error]]:
+        """Makes the written slots of `handles` entries. Per handle: None once committed;
+        `IntegrityError` for a block not completely written through this handle (its
+        write did not finish, or another write of the slot landed on it); `InvalidArgument`
+        for a handle this open did not reserve (already committed or aborted, or from an
+        earlier open); `Cancelled` for a key removed meanwhile."""
+        need_slots()
+        array, count = handle_array(handles)
+        statuses = (ctypes.c_uint32 * max(count, 1))()
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_commit_slots(h, array, count, statuses))
+        why = "the slot was not committed"
+        return [None if statuses[i] == n.OK else error_for(statuses[i], f"handle {i}: {why}") for i in range(count)]
+
+    def abort_slots(self, handles: Sequence[SlotHandle]) -> None:
+        """Gives the reserved slots of `handles` back unwritten (a handle not reserved is
+        skipped)."""
+        need_slots()
+        array, count = handle_array(handles)
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_abort_slots(h, array, count))
+
+    # -- slot handles (data) -------------------------------------------------------
+    def read_slots(self, handles: Sequence[SlotHandle], dst: Layout, dst_ids: Any, critical: bool = False) -> "StoreRequest":
+        """Loads the slot of read handle `handles[i]` into block `dst_ids[i]` of `dst`,
+        asynchronously (`critical` as `Engine.submit`'s). Per key (`results()`): None once loaded and checked,
+        `IntegrityError` where the slot no longer holds the entry the handle names or its
+        block fails a check, else the transfer's error."""
+        need_slots()
+        array, count = handle_array(handles)
+        p, ids, owner = block_ids(dst_ids, "dst_ids")
+        if ids != count:
+            raise InvalidArgument(f"{count} handles but {ids} destination ids; give one block per handle")
+        o = _options(None, dst.config.num_layers, critical)
+        return self._submit(
+            dst, count, lambda h, lh, out: n.lib.kvx_store_read_slots(h, array, count, lh, p, ctypes.byref(o), out), owner
+        )
+
+    def write_slots(self, src: Layout, src_ids: Any, handles: Sequence[SlotHandle]) -> "StoreRequest":
+        """Writes block `src_ids[i]` of `src` to the slot of write handle `handles[i]`,
+        asynchronously; whole blocks, each handle once. The owner then commits (or
+        aborts) the handles. Per key: None once written, else the transfer's error."""
+        need_slots()
+        array, count = handle_array(handles)
+        p, ids, owner = block_ids(src_ids, "src_ids")
+        if ids != count:
+            raise InvalidArgument(f"{count} handles but {ids} source ids; give one block per handle")
+        o = _options(None, src.config.num_layers)
+        return self._submit(
+            src, count, lambda h, lh, out: n.lib.kvx_store_write_slots(h, lh, p, array, count, ctypes.byref(o), out), owner
+        )
+
     # -- data -------------------------------------------------------------------
     def put(self, src: Layout, src_ids: Any, keys: Sequence[Key]) -> "StoreRequest":
         """Stores block `src_ids[i]` of `src` under `keys[i]`, asynchronously; whole
@@ -254,11 +341,11 @@ class Store:
         if count != k.n:
             raise InvalidArgument(f"{k.n} keys but {count} source ids; give one block per key")
         o = _options(None, src.config.num_layers)
-        return self._submit(src, k, lambda h, lh, out: n.lib.kvx_store_put(h, lh, p, k.array, k.n, ctypes.byref(o), out), owner)
+        return self._submit(src, k.n, lambda h, lh, out: n.lib.kvx_store_put(h, lh, p, k.array, k.n, ctypes.byref(o), out), owner)
 
-    def get(self, keys: Sequence[Key], dst: Layout, dst_ids: Any, layers: Any = None) -> "StoreRequest":
+    def get(self, keys: Sequence[Key], dst: Layout, dst_ids: Any, layers: Any = None, critical: bool = False) -> "StoreRequest":
         """Loads the block of `keys[i]` into block `dst_ids[i]` of `dst`, asynchronously
-        (`layers` as `Engine.submit`'s). Per key (`results()`): None once loaded and
+        (`layers` and `critical` as `Engine.submit`'s). Per key (`results()`): None once loaded and
         checked, `NotFound` for a key not held, `IntegrityError` for a block that failed
         a check (a miss: its entry is dropped, the other keys still load), else the
         transfer's error. `wait()` raises the first key's failure."""
@@ -266,16 +353,16 @@ class Store:
         p, count, owner = block_ids(dst_ids, "dst_ids")
         if count != k.n:
             raise InvalidArgument(f"{k.n} keys but {count} destination ids; give one block per key")
-        o = _options(layers, dst.config.num_layers)
-        return self._submit(dst, k, lambda h, lh, out: n.lib.kvx_store_get(h, k.array, k.n, lh, p, ctypes.byref(o), out), owner)
+        o = _options(layers, dst.config.num_layers, critical)
+        return self._submit(dst, k.n, lambda h, lh, out: n.lib.kvx_store_get(h, k.array, k.n, lh, p, ctypes.byref(o), out), owner)
 
-    def _submit(self, layout: Layout, keys: _Keys, call: Any, owner: Any) -> "StoreRequest":
+    def _submit(self, layout: Layout, count: int, call: Any, owner: Any) -> "StoreRequest":
         out = ctypes.c_void_p()
         with self.engine._gate, self._gate as h, layout._gate as lh:
             self._sweep()
             _check(call(h, lh, ctypes.byref(out)))
         del owner
-        return StoreRequest(self, out.value, keys.n, layout)
+        return StoreRequest(self, out.value, count, layout)
 
     def _sweep(self) -> None:
         """Releases the released requests that ended (in order, up to one still running)."""
@@ -293,9 +380,9 @@ class Store:
 
 
 class StoreRequest:
-    """A store put or get: one result per key. `wait()` raises the failure of the first
-    key (by index) that failed, so a caller that only waits never counts a miss as
-    loaded; `results()` gives each key's. `await request` waits on the engine's
+    """A store put, get, slot read or slot write: one result per key. `wait()` raises
+    the failure of the first key (by index) that failed, so a caller that only waits never
+    counts a miss as loaded; `results()` gives each key's. `await request` waits on the engine's
     completion fd (no thread of its own).
     It keeps the layout it moves from or into (and the arrays behind it) alive until it
     ends, also once released."""

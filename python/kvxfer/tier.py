@@ -1,28 +1,41 @@
 """What a runtime's KV tier over a `Store` needs whatever the runtime: a namespace that
-fingerprints the runtime's configuration, store keys from the runtime's keys, and the
-layout of a chunk kept as one block. The runtime plug-ins (kvxfer.vllm, kvxfer.lmcache)
-build on it."""
+fingerprints the runtime's configuration, store keys from the runtime's keys, the regions
+a block's bytes are cut into, the layout of a chunk kept as one block, and the store's
+capacity from the plug-in's settings. The runtime plug-ins (kvxfer.vllm, kvxfer.sglang,
+kvxfer.lmcache) build on it; none of it imports a runtime."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from .engine import LayoutConfig
+from .errors import InvalidArgument
 
 #: The store's longest key.
 MAX_KEY = 64
 
+#: The largest region of a block: the store checksums each region within one bounce slot
+#: (2 MiB by default), so a block of several MiB is several regions.
+MAX_REGION = 256 * 1024
+_PAGE = 4096
+
+
+def digest(fields: Dict[str, Any]) -> str:
+    """The SHA-256 (hex) of `fields` as canonical JSON (sorted keys): equal fingerprints,
+    and only those, give equal digests, in any process."""
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
 
 def namespace_of(kind: str, fields: Dict[str, Any]) -> bytes:
     """The store namespace of a configuration: `kind` (which plug-in made it), a space,
-    and the SHA-256 of `fields` as canonical JSON (sorted keys), in hex. Two tiers share
-    entries only where every field is equal, so a field that changes what bytes a key
-    names (model, dtype, parallel layout, chunk size…) belongs in it."""
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return kind.encode() + b" " + hashlib.sha256(canonical.encode()).hexdigest().encode()
+    and `digest(fields)`. Two tiers share entries only where every field is equal, so a
+    field that changes what bytes a key names (model, dtype, parallel layout, chunk
+    size…) belongs in it."""
+    return kind.encode() + b" " + digest(fields).encode()
 
 
 def store_key(key: bytes) -> bytes:
@@ -32,27 +45,34 @@ def store_key(key: bytes) -> bytes:
     return key if len(key) <= MAX_KEY else hashlib.blake2b(key, digest_size=MAX_KEY).digest()
 
 
-#: The largest region of a chunk: the store checksums each region within one bounce slot
-#: (2 MiB by default), so a chunk of several MiB is several regions.
-MAX_REGION = 256 * 1024
-_PAGE = 4096
-
-
 @functools.lru_cache(maxsize=None)
-def _region(chunk_bytes: int) -> int:
-    """The largest divisor of `chunk_bytes` of at most `MAX_REGION` bytes, of whole 4 KiB
-    pages where the chunk is whole pages."""
-    if chunk_bytes <= MAX_REGION:
-        return chunk_bytes
-    if chunk_bytes % _PAGE == 0:
-        pages = chunk_bytes // _PAGE
+def region_bytes(span: int) -> int:
+    """The region a contiguous span of `span` bytes is cut into: the largest divisor of
+    `span` of at most `MAX_REGION` bytes, of whole 4 KiB pages where the span is whole
+    pages."""
+    if span <= MAX_REGION:
+        return span
+    if span % _PAGE == 0:
+        pages = span // _PAGE
         return _PAGE * max(d for d in range(1, MAX_REGION // _PAGE + 1) if pages % d == 0)
-    return max(d for d in range(1, MAX_REGION + 1) if chunk_bytes % d == 0)
+    return max(d for d in range(1, MAX_REGION + 1) if span % d == 0)
 
 
 def chunk_layout(num_chunks: int, chunk_bytes: int) -> LayoutConfig:
     """`num_chunks` chunks of `chunk_bytes` bytes with a chunk as one block, cut into equal
-    regions (its "layers") of at most 256 KiB: the store checksums a region at a time and
-    never looks inside a chunk otherwise."""
-    region = _region(chunk_bytes)
+    regions (its "layers") of `region_bytes(chunk_bytes)`: the store checksums a region at
+    a time and never looks inside a chunk otherwise."""
+    region = region_bytes(chunk_bytes)
     return LayoutConfig(num_blocks=num_chunks, num_layers=chunk_bytes // region, outer_dim=1, page_size=1, inner_dim=region, dtype_bytes=1)
+
+
+def capacity_blocks(blocks: Optional[int], nbytes: Optional[int], block_bytes: int, unit: str, where: str) -> int:
+    """The store's capacity in blocks from exactly one of `blocks` and `nbytes` (rounded
+    down to whole blocks of `block_bytes`); `unit` names a block as the runtime calls it
+    (`"chunks"`, `"pages"`) and `where` the settings it is read from."""
+    if (blocks is None) == (nbytes is None):
+        raise InvalidArgument(f"the kvxfer store needs one of capacity_bytes or capacity_{unit} in {where}")
+    n = blocks if blocks is not None else int(nbytes) // block_bytes  # type: ignore[arg-type]
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        raise InvalidArgument(f"the kvxfer store's capacity is {n!r} {unit} of {block_bytes} bytes; give capacity_bytes of at least one of them")
+    return n

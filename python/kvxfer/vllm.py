@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._plugin import capacity_blocks as capacity_blocks_of
-from ._plugin import digest, region_bytes, store_key
-from .engine import Engine, LayoutConfig
+from .tier import capacity_blocks as capacity_blocks_of
+from .tier import chunk_layout, store_key
+from .tier import namespace_of as _namespace_of
+from .engine import Engine
 from .errors import Error, InvalidArgument, Unsupported
 from .store import Store, StoreRequest
 
@@ -68,8 +69,8 @@ def fingerprint(offloading_spec: Any, chunk_bytes: int, extra: str = "") -> Dict
 
 
 def namespace_of(fields: Dict[str, Any]) -> bytes:
-    """The store namespace of a fingerprint: its SHA-256 over canonical JSON."""
-    return b"vllm " + digest(fields).encode()
+    """The store namespace of a fingerprint: `vllm` and its digest (`kvxfer.tier`)."""
+    return _namespace_of("vllm", fields)
 
 
 def store_directory(root_dir: str, fields: Dict[str, Any], namespace: bytes, dp_index: int) -> str:
@@ -96,15 +97,6 @@ def check_vllm_version() -> str:
             5,
         )
     return v
-
-
-def chunk_layout(num_chunks: int, chunk_bytes: int) -> LayoutConfig:
-    """The layout of vLLM's CPU tier with a chunk as one block, cut into equal regions (its
-    "layers") of at most 256 KiB and whole 4 KiB pages: the store checksums a region at a
-    time and never looks inside a chunk otherwise. vLLM's chunks are whole pages; one that
-    is not would be one region."""
-    region = region_bytes(chunk_bytes)
-    return LayoutConfig(num_blocks=num_chunks, num_layers=chunk_bytes // region, outer_dim=1, page_size=1, inner_dim=region, dtype_bytes=1)
 
 
 @dataclass

@@ -74,6 +74,20 @@ def test_numpy_round_trip_through_disk_and_device(engine, tmp_path, kind):
     assert all(blocks_of(back, cfg, x) == bytes(cfg.block_bytes) for x in untouched)
 
 
+def test_a_critical_transfer_moves_its_blocks_beside_bulk_ones(engine, tmp_path):
+    cfg = geometry()
+    src = host_arrays(cfg, 3)
+    back = [np.zeros_like(a) for a in src]
+    with engine.register(src, cfg) as h, engine.register(back, cfg) as b, engine.disk_layout(cfg, tmp_path / "kv.bin") as k:
+        bulk = [engine.submit(h, [i], k, [i]) for i in range(8)]
+        engine.submit(h, [9], k, [9], critical=True).wait(timeout=30)
+        for r in bulk:
+            r.wait(timeout=30)
+        engine.submit(k, list(range(8)) + [9], b, list(range(8)) + [9], critical=True).wait(timeout=30)
+    for blk in list(range(8)) + [9]:
+        assert blocks_of(back, cfg, blk) == blocks_of(src, cfg, blk)
+
+
 def test_layer_ranges_move_only_those_layers(engine):
     cfg = geometry("layer_block_first")
     src, back = host_arrays(cfg, 2), [np.zeros(cfg.base_bytes // 2, np.uint16) for _ in range(cfg.bases)]

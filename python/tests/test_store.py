@@ -59,6 +59,18 @@ def test_put_lookup_get_remove_round_trip(engine, tmp_path):
         assert st.bytes == 2 * cfg.block_bytes
 
 
+def test_a_critical_get_loads_its_blocks(engine, tmp_path):
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 5)
+    dst, b = host_pool(engine, cfg, 6)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=16, namespace=b"ns") as s:
+        s.put(src, [1, 3], KEYS[:2]).wait()
+        get = s.get(KEYS[:2] + [b"never put"], dst, [0, 2, 4], critical=True)
+        with pytest.raises(kvxfer.NotFound):
+            get.wait()
+        assert get.results()[:2] == [None, None]
+        assert block(b, cfg, 0) == block(a, cfg, 1) and block(b, cfg, 2) == block(a, cfg, 3)
+
 def test_a_miss_fails_its_key_alone_and_wait_raises_it(engine, tmp_path):
     cfg = geometry(blocks=4)
     src, a = host_pool(engine, cfg, 3)
@@ -280,3 +292,155 @@ def test_awaiting_store_requests_takes_no_thread(engine, tmp_path):
     asyncio.run(main())
     assert block(b, cfg, 0) == block(a, cfg, 2) and block(b, cfg, 1) == block(a, cfg, 0)
     os.read(fd, 8)  # the fd is still the engine's, and was signalled
+
+
+def reserved_handles(s, keys):
+    """The write handles `reserve_slots` gives `keys`, each a slot to write."""
+    out = s.reserve_slots(keys)
+    assert all(r.kind == kvxfer.Reservation.WRITE for r in out), out
+    return [r.handle for r in out]
+
+
+def test_a_slot_handle_is_48_bytes_that_round_trip_and_pickle(engine, tmp_path):
+    import pickle
+
+    cfg = geometry(blocks=4)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=4) as s:
+        h, g = reserved_handles(s, [b"a", b"b"])
+        raw = bytes(h)
+        assert len(raw) == 48 == ctypes.sizeof(n.SlotHandleC)
+        again = kvxfer.SlotHandle.from_bytes(raw)
+        assert again == h and hash(again) == hash(h) and again != g and bytes(g) != raw
+        assert pickle.loads(pickle.dumps(h)) == h
+        assert {h: 1}[again] == 1
+        assert (h.slot, h.key_len) == (again.slot, 1) and h.slot != g.slot
+        with pytest.raises(AttributeError):
+            h.slot = 3
+        with pytest.raises(kvxfer.InvalidArgument, match="48 bytes"):
+            kvxfer.SlotHandle.from_bytes(raw[:40])
+        with pytest.raises(kvxfer.InvalidArgument, match="SlotHandle"):
+            s.commit_slots([raw])
+        s.abort_slots([h, g])
+
+
+def test_a_reservation_says_why_a_key_has_no_slot_to_write(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    src, _ = host_pool(engine, cfg, 15)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=2) as s:
+        s.put(src, [0], [b"held"]).wait()
+        (mine,) = reserved_handles(s, [b"new"])
+        # Reserved and not committed: a second reservation of the key waits for the first.
+        again = s.reserve_slots([b"new", b"held"])
+        assert again == [
+            kvxfer.Reservation(kvxfer.Reservation.IN_FLIGHT, None),
+            kvxfer.Reservation(kvxfer.Reservation.HELD, None),
+        ]
+        # Both slots taken (one held and leased, one reserved): no room for a third key.
+        assert s.lease_slots([b"held"])[0] is not None
+        assert s.reserve_slots([b"third"]) == [kvxfer.Reservation(kvxfer.Reservation.NO_ROOM, None)]
+        s.release_leases([b"held"])
+        s.abort_slots([mine])
+        # A handle naming a slot past the capacity is another store's.
+        c = n.SlotHandleC.from_buffer_copy(bytes(mine))
+        c.slot = 2
+        with pytest.raises(kvxfer.OutOfRange, match="slot 2"):
+            s.abort_slots([kvxfer.SlotHandle.from_bytes(bytes(c))])
+
+
+def test_an_owner_and_a_data_only_open_move_blocks_through_slot_handles(engine, tmp_path):
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 11)
+    dst, b = host_pool(engine, cfg, 12)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=8, shards=2) as owner, kvxfer.Store(
+        engine, tmp_path / "s", cfg, capacity_blocks=8, shards=2, data_only=True
+    ) as data:
+        owner.put(src, [0], [b"held"]).wait()
+        got = owner.reserve_slots([b"k0", b"k1", b"k2", b"held"])
+        assert got[3] == kvxfer.Reservation(kvxfer.Reservation.HELD, None)
+        writes = [r.handle for r in got[:3]]
+        data.write_slots(src, [1, 2, 3], writes).wait()
+        assert owner.commit_slots(writes) == [None, None, None]
+        again = owner.commit_slots(writes[:1])
+        assert isinstance(again[0], kvxfer.InvalidArgument), again
+        owner.get([b"k0", b"k1", b"k2"], dst, [0, 1, 2]).wait()
+        assert [block(b, cfg, i) for i in range(3)] == [block(a, cfg, i) for i in (1, 2, 3)]
+        # Leased slots read back in the data-only open; a miss has no handle.
+        leased = owner.lease_slots([b"k2", b"held", b"never put"])
+        assert leased[2] is None
+        data.read_slots(leased[:2], dst, [5, 6]).wait()
+        assert (block(b, cfg, 5), block(b, cfg, 6)) == (block(a, cfg, 3), block(a, cfg, 0))
+        owner.release_leases([b"k2", b"held"])
+        # A reservation committed unwritten is a miss, not an entry; an aborted one no entry.
+        unwritten, aborted = reserved_handles(owner, [b"u", b"x"])
+        assert isinstance(owner.commit_slots([unwritten])[0], kvxfer.IntegrityError)
+        owner.abort_slots([aborted])
+        assert owner.lookup([b"u", b"x"]) == ([False, False], 0)
+        # The index is the owner's.
+        for call in (
+            lambda: data.lookup([b"k0"]),
+            lambda: data.put(src, [0], [b"k9"]),
+            lambda: data.get([b"k0"], dst, [0]),
+            lambda: data.remove([b"k0"]),
+            lambda: data.reserve_slots([b"k9"]),
+            lambda: data.lease_slots([b"k0"]),
+            lambda: data.commit_slots(writes),
+            lambda: data.abort_slots(writes),
+        ):
+            with pytest.raises(kvxfer.InvalidArgument, match="DATA_ONLY"):
+                call()
+        with pytest.raises(kvxfer.InvalidArgument, match="handles"):
+            data.write_slots(src, [0], [])
+        with pytest.raises(kvxfer.InvalidArgument, match="2 handles but 1"):
+            data.write_slots(src, [0], writes[:2])
+
+
+#: The data mover of the two-process test: opens the store data-only, writes the reserved
+#: slots it reads as hex lines on stdin ("W <hex>") from a pattern of its own seed, reads
+#: the leased ones ("R <hex>") and prints their bytes in hex.
+_DATA_MOVER = r"""
+import sys
+import numpy as np
+import kvxfer
+device, directory = sys.argv[1], sys.argv[2]
+device = device if device == "emulated" else int(device)
+cfg = kvxfer.LayoutConfig(kind="contiguous", num_blocks=8, num_layers=4, outer_dim=2, page_size=16, inner_dim=64, dtype_bytes=2)
+lines = sys.stdin.read().split()
+writes = [kvxfer.SlotHandle.from_bytes(bytes.fromhex(h)) for t, h in zip(lines[::2], lines[1::2]) if t == "W"]
+reads = [kvxfer.SlotHandle.from_bytes(bytes.fromhex(h)) for t, h in zip(lines[::2], lines[1::2]) if t == "R"]
+with kvxfer.Engine(device=device, io_threads=2, bounce_bytes=1 << 20, slot_bytes=64 << 10) as e:
+    a = np.random.default_rng(21).integers(0, 255, size=cfg.num_blocks * cfg.block_bytes, dtype=np.uint8).view(np.uint16)
+    b = np.zeros(cfg.num_blocks * cfg.block_bytes // 2, dtype=np.uint16)
+    src, dst = e.register(a, cfg), e.register(b, cfg)
+    with kvxfer.Store(e, directory, cfg, capacity_blocks=8, data_only=True) as s:
+        s.write_slots(src, list(range(len(writes))), writes).wait()
+        s.read_slots(reads, dst, list(range(len(reads)))).wait()
+    for i in range(len(reads)):
+        print(b.view(np.uint8)[i * cfg.block_bytes : (i + 1) * cfg.block_bytes].tobytes().hex())
+"""
+
+
+def test_an_owner_and_a_data_only_process_move_blocks_through_handles_sent_as_bytes(engine, tmp_path):
+    import subprocess
+    import sys
+
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 13)
+    dst, b = host_pool(engine, cfg, 14)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=8) as owner:
+        owner.put(src, [4, 5], [b"r0", b"r1"]).wait()
+        reads = owner.lease_slots([b"r0", b"r1"])
+        writes = reserved_handles(owner, [b"w0", b"w1", b"w2"])
+        text = "".join(f"W {bytes(h).hex()}\n" for h in writes) + "".join(f"R {bytes(h).hex()}\n" for h in reads)
+        child = subprocess.run(
+            [sys.executable, "-c", _DATA_MOVER, str(DEVICE), str(tmp_path / "s")],
+            input=text, capture_output=True, text=True, timeout=120,
+        )
+        assert child.returncode == 0, child.stderr
+        read_back = [bytes.fromhex(line) for line in child.stdout.split()]
+        assert read_back == [block(a, cfg, 4), block(a, cfg, 5)], "the leased slots' bytes, read in the child"
+        owner.release_leases([b"r0", b"r1"])
+        assert owner.commit_slots(writes) == [None, None, None]
+        owner.get([b"w0", b"w1", b"w2"], dst, [0, 1, 2]).wait()
+    expect = np.random.default_rng(21).integers(0, 255, size=cfg.num_blocks * cfg.block_bytes, dtype=np.uint8)
+    for i in range(3):
+        assert block(b, cfg, i) == expect[i * cfg.block_bytes : (i + 1) * cfg.block_bytes].tobytes(), f"w{i}: other bytes"

@@ -1,5 +1,5 @@
 //! The engine's completion file descriptor: an eventfd that becomes readable when a
-//! request of the engine ends (a transfer, or a put or get of a store on it), for callers
+//! request of the engine ends (a transfer, or a request of a store on it), for callers
 //! that wait on many things at once (poll, epoll, an asyncio loop) instead of a thread per
 //! request.
 //!
@@ -11,7 +11,7 @@
 //! read under, so a caller that drains the fd and then polls loses no wake-up (a request
 //! that ended before the drain is seen by the poll, one that ends after it makes the fd
 //! readable again), and a request seen to have ended leaves no wake-up still to come. A
-//! store's own transfers signal nothing: its put or get signals once all of them ended.
+//! store's own transfers signal nothing: its request signals once all of them ended.
 //! The fd is made on the first ask (until then an ending request only reads a flag) and
 //! closed when the engine shuts down.
 

@@ -1,6 +1,7 @@
 //! Engine settings: `EngineConfig` with its defaults and checks, per-submit
 //! `TransferOptions`, and the choice of disk I/O backend.
 
+use super::class::Class;
 use super::request::OnComplete;
 use crate::error::{bail, Result};
 use crate::gpu::{Device, Gpu};
@@ -107,6 +108,21 @@ pub struct TransferOptions {
     /// A caller `CUevent` (0: none): every device copy of the transfer starts after the
     /// work it marks as of submit.
     pub wait_event: u64,
+    /// Latency-critical: its caller waits for it (a prefix hit before a request's first
+    /// token). Every stage it shares with bulk work serves it first, while bulk work keeps
+    /// at least one turn in four (`class.rs`).
+    pub critical: bool,
+}
+
+impl TransferOptions {
+    /// Which queue of each stage the transfer's work goes to.
+    pub(crate) fn class(&self) -> Class {
+        if self.critical {
+            Class::Critical
+        } else {
+            Class::Bulk
+        }
+    }
 }
 
 /// Queue depth of each I/O worker's io_uring: a chunk's extents are submitted at once.

@@ -10,6 +10,7 @@
 
 mod bounce;
 mod chunk;
+mod class;
 mod completions;
 mod config;
 mod dispatch;
@@ -102,8 +103,8 @@ impl Engine {
         let io = config::choose_io(cfg.io_backend, cfg.io_threads, &gpu, ring.memory())?;
         let io_backend = io.backend;
         let counters = Arc::new(Counters::default());
-        let (io_tx, io_rx) = crossbeam_channel::unbounded();
-        let (copy_tx, copy_rx) = crossbeam_channel::unbounded();
+        let io_tx = Arc::new(class::ClassQueue::default());
+        let copy_tx = Arc::new(class::ClassQueue::default());
         let (remote_tx, remote_rx) = crossbeam_channel::unbounded();
         let (fence_tx, fence_rx): (Vec<_>, Vec<_>) = (0..gpu::FENCE_LANES).map(|_| crossbeam_channel::unbounded()).unzip();
         // Unbounded: admission is the in-flight count, checked in `submit`. A request
@@ -113,8 +114,8 @@ impl Engine {
         let router = Arc::new(Router {
             ring: ring.clone(),
             counters: counters.clone(),
-            io_tx,
-            copy_tx,
+            io_tx: io_tx.clone(),
+            copy_tx: copy_tx.clone(),
             remote_tx,
             fence_tx,
             shutdown: Default::default(),
@@ -141,11 +142,11 @@ impl Engine {
         {
             let mut threads = engine.threads.lock().unwrap();
             for (i, port) in io.ports.into_iter().enumerate() {
-                let (r, g, rx) = (router.clone(), gpu.clone(), io_rx.clone());
+                let (r, g, rx) = (router.clone(), gpu.clone(), io_tx.clone());
                 threads.stages.push(spawn(id, format!("kvx-io-{i}"), move || worker::io_worker(r, g, rx, port))?);
             }
             let (r, g) = (router.clone(), gpu.clone());
-            threads.stages.push(spawn(id, "kvx-copy".into(), move || worker::copy_thread(r, g, copy_rx))?);
+            threads.stages.push(spawn(id, "kvx-copy".into(), move || worker::copy_thread(r, g, copy_tx))?);
             let r = router.clone();
             threads.stages.push(spawn(id, "kvx-remote".into(), move || worker::remote_thread(r, remote_rx))?);
             for (lane, rx) in fence_rx.into_iter().enumerate() {
@@ -231,12 +232,14 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
     ) -> Result<Arc<Request>> {
-        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, Some(self.completions.clone()))
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, Some(self.completions.clone()), None)
     }
 
     /// As `submit`, for a transfer the store makes for one of its requests: its end does
     /// not signal the completion fd, which the store request signals when it ends (a
-    /// signal of its own would come after the store request is seen to end).
+    /// signal of its own would come after the store request is seen to end). Into a
+    /// checksummed disk layout, `write_ids[i]` is the identity of the write of
+    /// `dst_blocks[i]` (a store's slots), which its checksums' tags carry.
     pub(crate) fn submit_for_store(
         &self,
         src: &Arc<Layout>,
@@ -244,10 +247,12 @@ impl Engine {
         dst: &Arc<Layout>,
         dst_blocks: &[u64],
         opts: &TransferOptions,
+        write_ids: Option<&[u64]>,
     ) -> Result<Arc<Request>> {
-        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, None)
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, None, write_ids)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn submit_signalling(
         &self,
         src: &Arc<Layout>,
@@ -256,13 +261,23 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
         completions: Option<Arc<Completions>>,
+        write_ids: Option<&[u64]>,
     ) -> Result<Arc<Request>> {
         let transfer = self.validate(src, src_blocks, dst, dst_blocks, opts)?;
+        let write_ids = write_ids.map(|ids| Arc::new(dst_blocks.iter().copied().zip(ids.iter().copied()).collect()));
         if self.counters.inflight.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_inflight {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
-        let req = Arc::new(Request::new(self.id, transfer, self.counters.clone(), completions, opts.on_complete.clone()));
+        let req = Arc::new(Request::new(
+            self.id,
+            opts.class(),
+            transfer,
+            self.counters.clone(),
+            completions,
+            opts.on_complete.clone(),
+            write_ids,
+        ));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -408,9 +423,9 @@ impl Engine {
             }
             ring.drain_all();
             for _ in 0..workers {
-                let _ = router.io_tx.send(Job::Stop);
+                router.io_tx.send(class::Class::Bulk, Job::Stop);
             }
-            let _ = router.copy_tx.send(Job::Stop);
+            router.copy_tx.send(class::Class::Bulk, Job::Stop);
             let _ = router.remote_tx.send(Job::Stop);
             for tx in &router.fence_tx {
                 let _ = tx.send(None);

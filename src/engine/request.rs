@@ -5,9 +5,11 @@
 //! each issued chunk adds 1, and whoever brings it to 0 — the last chunk or the
 //! dispatcher — finalises the request exactly once.
 
+use super::class::Class;
 use super::stats::Counters;
 use super::Completions;
 use crate::error::{Error, Status};
+use crate::file::checksum::WriteIds;
 use crate::gpu::{Gate, Gpu};
 use crate::memory::Layout;
 use std::cell::Cell;
@@ -76,6 +78,8 @@ const CLAIMED: u8 = 1;
 pub struct Request {
     /// The engine that runs it (`Engine`'s id).
     engine: u64,
+    /// Which queue of each stage its chunks go to.
+    class: Class,
     transfer: Mutex<Option<Transfer>>,
     counters: Arc<Counters>,
     /// The engine's completion fd, signalled as the final status is set (none for the
@@ -92,18 +96,23 @@ pub struct Request {
     finished: AtomicBool,
     done: Condvar,
     message: OnceLock<CString>,
+    /// The identity of each destination block's write, for its checksums' tags.
+    write_ids: Option<Arc<WriteIds>>,
 }
 
 impl Request {
     pub(crate) fn new(
         engine: u64,
+        class: Class,
         transfer: Transfer,
         counters: Arc<Counters>,
         completions: Option<Arc<Completions>>,
         on_complete: Option<OnComplete>,
+        write_ids: Option<Arc<WriteIds>>,
     ) -> Request {
         Request {
             engine,
+            class,
             transfer: Mutex::new(Some(transfer)),
             counters,
             completions,
@@ -117,7 +126,17 @@ impl Request {
             finished: AtomicBool::new(false),
             done: Condvar::new(),
             message: OnceLock::new(),
+            write_ids,
         }
+    }
+
+    pub(crate) fn class(&self) -> Class {
+        self.class
+    }
+
+    /// The identity of each destination block's write, where the submitter gave them.
+    pub(crate) fn write_ids(&self) -> Option<&WriteIds> {
+        self.write_ids.as_deref()
     }
 
     /// The dispatcher takes the request; false if a cancel already finished it.

@@ -5,6 +5,7 @@
 
 use super::bounce::BounceRing;
 use super::chunk::Chunk;
+use super::class::{Class, ClassQueue};
 use super::fanout::{self, Part};
 use super::plan::Op;
 use super::stats::Counters;
@@ -27,8 +28,9 @@ pub enum Job {
 pub struct Router {
     pub ring: Arc<BounceRing>,
     pub counters: Arc<Counters>,
-    pub io_tx: Sender<Job>,
-    pub copy_tx: Sender<Job>,
+    /// The I/O workers' queue and the copy thread's, in two classes (`class.rs`).
+    pub io_tx: Arc<ClassQueue<Job>>,
+    pub copy_tx: Arc<ClassQueue<Job>>,
     /// The remote thread: NIXL transfers to and from imported layouts.
     pub remote_tx: Sender<Job>,
     /// One fence thread per lane (`gpu::fence_lane`), so a slow stream never holds up
@@ -59,14 +61,13 @@ impl Router {
         match chunk.stages.get_mut(chunk.next).and_then(|s| s.as_ref()) {
             None => self.finish(chunk),
             Some(Op::ReadDisk { .. }) => send_read(self, chunk),
+            Some(Op::Remote { .. }) => {
+                // The receiver lives until `Stop`, which is sent only after every slot came back.
+                self.remote_tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("remote thread gone with chunks in flight"))
+            }
             Some(op) => {
-                let tx = match op {
-                    Op::Remote { .. } => &self.remote_tx,
-                    op if op.on_copy_thread() => &self.copy_tx,
-                    _ => &self.io_tx,
-                };
-                // The receivers live until `Stop`, which is sent only after every slot came back.
-                tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("stage thread gone with chunks in flight"));
+                let tx = if op.on_copy_thread() { &self.copy_tx } else { &self.io_tx };
+                tx.send(chunk.req.class(), Job::Run(chunk));
             }
         }
     }
@@ -134,7 +135,10 @@ impl Router {
     /// Hands a chunk's pending device copy (`after`: its request's captured caller event)
     /// to its lane's fence thread.
     fn to_fence(&self, kind: CopyKind, after: Option<Gate>, fence: Fence, chunk: Chunk) {
-        self.fence_tx[fence_lane(kind, chunk.slot, after)].send(Some((fence, chunk))).unwrap_or_else(|_| unreachable!("fence thread gone"))
+        let critical = chunk.req.class() == Class::Critical;
+        self.fence_tx[fence_lane(kind, chunk.slot, after, critical)]
+            .send(Some((fence, chunk)))
+            .unwrap_or_else(|_| unreachable!("fence thread gone"))
     }
 
     /// Records a stage's failure on its request and finishes the chunk.
@@ -168,15 +172,14 @@ fn send_read(router: &Router, chunk: Chunk) {
         unreachable!("send_read routes chunks whose next stage is a disk read")
     };
     let stream = router.stream_read(*for_device);
+    let class = chunk.req.class();
     let parts = match fanout::cut_read(chunk, router.ring.shallow(), router.io_workers, stream) {
         fanout::Cut::Parts(parts) => parts,
-        fanout::Cut::Whole(chunk) => {
-            return router.io_tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"))
-        }
+        fanout::Cut::Whole(chunk) => return router.io_tx.send(class, Job::Run(chunk)),
     };
     Counters::add(&router.counters.reads_fanned_out, 1);
     for part in parts {
-        router.io_tx.send(Job::Part(part)).unwrap_or_else(|_| unreachable!("I/O workers gone with chunks in flight"));
+        router.io_tx.send(class, Job::Part(part));
     }
 }
 
@@ -186,7 +189,8 @@ fn send_read(router: &Router, chunk: Chunk) {
 pub(super) fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chunk: Chunk) {
     let Op::DeviceCopy { kind, ops, host, after } = op else { unreachable!("only device copies are issued here") };
     chunk.issued = Some(std::time::Instant::now());
-    let issued = bound.map_err(CopyError::from).and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after));
+    let critical = chunk.req.class() == Class::Critical;
+    let issued = bound.map_err(CopyError::from).and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after, critical));
     match issued {
         Ok(fence) => {
             let bytes: u64 = ops.iter().map(|o| o.len).sum();

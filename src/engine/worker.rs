@@ -10,11 +10,13 @@
 
 use super::bounce::BounceRing;
 use super::chunk::Chunk;
+use super::class::ClassQueue;
 use super::fanout::Part;
 use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
 use super::stats::Counters;
 use crate::error::{Error, Result, Status};
+use crate::file::checksum::WriteIds;
 use crate::gpu::{CopyOp, Fence, Gpu};
 use crate::io::Port;
 use crate::memory::Layout;
@@ -25,7 +27,7 @@ use std::sync::Arc;
 /// I/O worker: disk I/O and host memcpy. It binds the device's context first: it
 /// issues the device copy after a read in a shallow ring (`Router::read_done`), and with
 /// cuFile it moves disk <-> device bytes itself.
-pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>, mut port: Port) {
+pub fn io_worker(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Arc<ClassQueue<Job>>, mut port: Port) {
     let bound = gpu.bind_thread();
     loop {
         match rx.recv() {
@@ -48,7 +50,7 @@ fn run_part(router: &Router, port: &mut Port, bound: &Result<()>, part: Part) {
 fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk) {
     let op = Router::take_op(&mut chunk);
     let start = std::time::Instant::now();
-    let result = run_host_op(&op, router, port, bound);
+    let result = run_host_op(&op, router, port, bound, chunk.req.write_ids());
     let c = &router.counters;
     Counters::add_since(
         match op {
@@ -73,8 +75,8 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
 }
 
 /// Runs an I/O worker's stage; `bound`: whether this thread could bind the device (for
-/// cuFile).
-fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) -> Result<()> {
+/// cuFile); `ids`: the request's write identities (`Engine::submit_for_store`).
+fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>, ids: Option<&WriteIds>) -> Result<()> {
     let counters = &router.counters;
     match op {
         Op::ReadDisk { file, extents, for_device } => {
@@ -87,7 +89,7 @@ fn run_host_op(op: &Op, router: &Router, port: &mut Port, bound: &Result<()>) ->
         Op::WriteDisk { file, extents } => {
             let f = file.disk().expect("disk layout");
             // SAFETY: as above; the padding after each extent is this chunk's too.
-            unsafe { f.write_extents(port, &file.placement, extents) }?;
+            unsafe { f.write_extents(port, &file.placement, extents, ids) }?;
             Counters::add(&counters.bytes_disk_written, extents.iter().map(|e| e.len).sum());
             Ok(())
         }
@@ -117,9 +119,9 @@ fn memcpy_all(ops: &[CopyOp]) {
 
 /// Copy thread: issues device copies in order; a finished fence moves the chunk on at
 /// once, a pending one goes to the fence thread.
-pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
+pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Arc<ClassQueue<Job>>) {
     let bound = gpu.bind_thread();
-    while let Ok(Job::Run(mut chunk)) = recv_spinning(&rx) {
+    while let Ok(Job::Run(mut chunk)) = recv_spinning(&*rx) {
         let op = Router::take_op(&mut chunk);
         issue_copy(&router, &*gpu, bound.clone(), op, chunk);
     }
@@ -131,7 +133,31 @@ pub fn copy_thread(router: Arc<Router>, gpu: Arc<dyn Gpu>, rx: Receiver<Job>) {
 /// still uses no CPU once this has passed.
 const STAY_AWAKE: std::time::Duration = std::time::Duration::from_micros(50);
 
-fn recv_spinning<T>(rx: &Receiver<T>) -> std::result::Result<T, crossbeam_channel::RecvError> {
+/// What `recv_spinning` waits on: a channel, or a stage's queue in two classes.
+trait Queue<T> {
+    fn try_recv(&self) -> std::result::Result<T, crossbeam_channel::TryRecvError>;
+    fn recv(&self) -> std::result::Result<T, crossbeam_channel::RecvError>;
+}
+
+impl<T> Queue<T> for Receiver<T> {
+    fn try_recv(&self) -> std::result::Result<T, crossbeam_channel::TryRecvError> {
+        Receiver::try_recv(self)
+    }
+    fn recv(&self) -> std::result::Result<T, crossbeam_channel::RecvError> {
+        Receiver::recv(self)
+    }
+}
+
+impl<T> Queue<T> for ClassQueue<T> {
+    fn try_recv(&self) -> std::result::Result<T, crossbeam_channel::TryRecvError> {
+        ClassQueue::try_recv(self)
+    }
+    fn recv(&self) -> std::result::Result<T, crossbeam_channel::RecvError> {
+        ClassQueue::recv(self)
+    }
+}
+
+fn recv_spinning<T>(rx: &impl Queue<T>) -> std::result::Result<T, crossbeam_channel::RecvError> {
     let start = std::time::Instant::now();
     loop {
         match rx.try_recv() {

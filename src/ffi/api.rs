@@ -6,6 +6,7 @@ use super::engine::*;
 use super::layout::*;
 use super::logger::*;
 use super::remote::*;
+use super::slots::*;
 use super::store::*;
 use super::transfer::*;
 use super::types::*;
@@ -153,6 +154,34 @@ pub struct kvx_api {
     pub store_request_release: unsafe extern "C" fn(*mut kvx_store_request),
     /// ABI 1.5.
     pub engine_completion_fd: unsafe extern "C" fn(*const kvx_engine, *mut i32) -> kvx_status,
+    /// ABI 1.5.
+    pub store_lease_slots: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, *mut kvx_slot_handle, *mut u8) -> kvx_status,
+    /// ABI 1.5.
+    pub store_reserve_slots: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, *mut kvx_slot_handle, *mut u32) -> kvx_status,
+    /// ABI 1.5.
+    pub store_commit_slots: unsafe extern "C" fn(*mut kvx_store, *const kvx_slot_handle, usize, *mut kvx_status) -> kvx_status,
+    /// ABI 1.5.
+    pub store_abort_slots: unsafe extern "C" fn(*mut kvx_store, *const kvx_slot_handle, usize) -> kvx_status,
+    /// ABI 1.5.
+    pub store_read_slots: unsafe extern "C" fn(
+        *mut kvx_store,
+        *const kvx_slot_handle,
+        usize,
+        *const kvx_layout,
+        *const u64,
+        *const kvx_transfer_options,
+        *mut *mut kvx_store_request,
+    ) -> kvx_status,
+    /// ABI 1.5.
+    pub store_write_slots: unsafe extern "C" fn(
+        *mut kvx_store,
+        *const kvx_layout,
+        *const u64,
+        *const kvx_slot_handle,
+        usize,
+        *const kvx_transfer_options,
+        *mut *mut kvx_store_request,
+    ) -> kvx_status,
 }
 
 static API: kvx_api = kvx_api {
@@ -207,6 +236,12 @@ static API: kvx_api = kvx_api {
     store_request_error: kvx_store_request_error,
     store_request_release: kvx_store_request_release,
     engine_completion_fd: kvx_engine_completion_fd,
+    store_lease_slots: kvx_store_lease_slots,
+    store_reserve_slots: kvx_store_reserve_slots,
+    store_commit_slots: kvx_store_commit_slots,
+    store_abort_slots: kvx_store_abort_slots,
+    store_read_slots: kvx_store_read_slots,
+    store_write_slots: kvx_store_write_slots,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

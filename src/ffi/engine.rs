@@ -153,13 +153,13 @@ pub unsafe extern "C" fn kvx_engine_stats(e: *const kvx_engine, out: *mut kvx_st
 
 /// (1.5) The engine's completion fd: an eventfd (non-blocking, close-on-exec) that
 /// becomes readable once a request of this engine has ended since it was last read — a
-/// transfer, or a put or get of a store on this engine. For a caller that waits on many
-/// things at once (poll, epoll, an event loop): when it is readable, read 8 bytes from it
-/// (the count of ends, which resets it), then poll the requests it waits for. A request
-/// ends (its status is final) before it makes the fd readable, so one that ends after
-/// the read makes it readable again: no end is missed. The fd is made by the first call,
-/// and ends before that are not counted: poll the requests submitted before it once.
-/// Each call returns the same fd.
+/// transfer, or a put, get, slot read or slot write of a store on this engine. For a
+/// caller that waits on many things at once (poll, epoll, an event loop): when it is
+/// readable, read 8 bytes from it (the count of ends, which resets it), then poll the
+/// requests it waits for. A request ends (its status is final) before it makes the fd
+/// readable, so one that ends after the read makes it readable again: no end is missed.
+/// The fd is made by the first call, and ends before that are not counted: poll the
+/// requests submitted before it once. Each call returns the same fd.
 /// The engine owns it: do not close it; `kvx_engine_destroy` closes it (unregister it
 /// from your poller first). `KVX_ERR_SHUTDOWN` once the engine is shutting down.
 #[no_mangle]

@@ -17,6 +17,7 @@ pub mod handle;
 pub mod layout;
 pub mod logger;
 pub mod remote;
+pub mod slots;
 pub mod store;
 pub mod transfer;
 pub mod types;

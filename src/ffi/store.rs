@@ -105,11 +105,12 @@ impl Versioned for kvx_store_counters {
     }
 }
 
-const STORE_FLAGS: [(u32, StoreFlags); 4] = [
+const STORE_FLAGS: [(u32, StoreFlags); 5] = [
     (KVX_STORE_CREATE, StoreFlags::CREATE),
     (KVX_STORE_DURABLE, StoreFlags::DURABLE),
     (KVX_STORE_BUFFERED, StoreFlags::BUFFERED),
     (KVX_STORE_VERIFY_ON_OPEN, StoreFlags::VERIFY_ON_OPEN),
+    (KVX_STORE_DATA_ONLY, StoreFlags::DATA_ONLY),
 ];
 
 fn store_flags(bits: u32) -> Result<StoreFlags> {
@@ -122,7 +123,7 @@ fn store_flags(bits: u32) -> Result<StoreFlags> {
         }
     }
     if left != 0 {
-        bail!(InvalidArg, "unknown store flags {left:#x}; known: KVX_STORE_CREATE|DURABLE|BUFFERED|VERIFY_ON_OPEN");
+        bail!(InvalidArg, "unknown store flags {left:#x}; known: KVX_STORE_CREATE|DURABLE|BUFFERED|VERIFY_ON_OPEN|DATA_ONLY");
     }
     Ok(flags)
 }
@@ -150,7 +151,7 @@ unsafe fn store_config(cfg: *const kvx_store_config) -> Result<StoreConfig> {
 ///
 /// # Safety
 /// A non-NULL `s` must come from `kvx_store_open` and not be closed.
-unsafe fn store<'a>(s: *const kvx_store) -> Result<&'a Store> {
+pub(super) unsafe fn store<'a>(s: *const kvx_store) -> Result<&'a Store> {
     kvx_store::borrow(s, "store")?.live()
 }
 
@@ -158,7 +159,7 @@ unsafe fn store<'a>(s: *const kvx_store) -> Result<&'a Store> {
 ///
 /// # Safety
 /// A non-NULL `p` must point to `n` `kvx_key`s, each `bytes` to `len` readable bytes.
-unsafe fn keys<'a>(p: *const kvx_key, n: usize) -> Result<Vec<&'a [u8]>> {
+pub(super) unsafe fn keys<'a>(p: *const kvx_key, n: usize) -> Result<Vec<&'a [u8]>> {
     slice(p, n, "keys")?
         .iter()
         .enumerate()
@@ -179,7 +180,7 @@ unsafe fn keys<'a>(p: *const kvx_key, n: usize) -> Result<Vec<&'a [u8]>> {
 ///
 /// # Safety
 /// As `read_versioned`; NULL gives the defaults.
-unsafe fn store_options(opts: *const kvx_transfer_options) -> Result<TransferOptions> {
+pub(super) unsafe fn store_options(opts: *const kvx_transfer_options) -> Result<TransferOptions> {
     let o = if opts.is_null() { kvx_transfer_options::defaults() } else { read_versioned(opts)? };
     if o.on_complete.is_some() {
         bail!(
@@ -190,7 +191,7 @@ unsafe fn store_options(opts: *const kvx_transfer_options) -> Result<TransferOpt
     options(&o)
 }
 
-fn publish(out: Out<*mut kvx_store_request>, req: Arc<StoreRequest>) {
+pub(super) fn publish(out: Out<*mut kvx_store_request>, req: Arc<StoreRequest>) {
     out.write(kvx_store_request::into_c(StoreCall { req, messages: OnceLock::new() }))
 }
 
@@ -206,7 +207,8 @@ pub unsafe extern "C" fn kvx_store_config_init(cfg: *mut kvx_store_config) {
 /// Opens the store in the directory `dir` (UTF-8 or any bytes, NUL-terminated), or makes
 /// it there with `KVX_STORE_CREATE`. The process then owns the store until
 /// `kvx_store_close`: a second open of it, here or in another process, is
-/// `KVX_ERR_BUSY` naming the owner's pid. A store made with another geometry, capacity,
+/// `KVX_ERR_BUSY` naming the owner's pid; `KVX_STORE_DATA_ONLY` (1.5) opens a store
+/// another process owns, to move the slots it hands out. A store made with another geometry, capacity,
 /// shard count or namespace is `KVX_ERR_INCOMPATIBLE` naming which. The store keeps the
 /// engine's memory alive until it is closed (see `kvx_engine_destroy`). `cfg`, `dir` and
 /// what they point to are read during the call only. On success `*out` is the store;
@@ -523,10 +525,9 @@ mod tests {
         for (_, one) in STORE_FLAGS {
             assert!(f.contains(one));
         }
-        assert!(!f.contains(StoreFlags::DATA_ONLY), "a data-only open is not offered through C");
-        let err = store_flags(all | 16).unwrap_err();
+        let err = store_flags(all | 32).unwrap_err();
         assert_eq!(err.status, Status::InvalidArg);
-        assert!(err.message.contains("0x10"), "{}", err.message);
+        assert!(err.message.contains("0x20"), "{}", err.message);
     }
 
     #[test]

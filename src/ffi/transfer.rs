@@ -49,14 +49,20 @@ impl CCallback {
 /// closure that hands the callback the request's handle (the `Arc`'s pointer, what
 /// `kvx_transfer_submit` returned).
 pub fn options(o: &kvx_transfer_options) -> Result<TransferOptions> {
-    if o.flags != 0 {
-        bail!(InvalidArg, "unknown transfer flags {:#x}; none are defined, pass 0", o.flags);
+    if o.flags & !KVX_XFER_CRITICAL != 0 {
+        bail!(InvalidArg, "unknown transfer flags {:#x}; known: KVX_XFER_CRITICAL", o.flags & !KVX_XFER_CRITICAL);
     }
     let on_complete = o.on_complete.map(|func| {
         let cb = CCallback { func, user_data: o.user_data };
         Arc::new(move |r: &Request, s: Status| cb.call(r, s)) as crate::engine::OnComplete
     });
-    Ok(TransferOptions { layer_begin: o.layer_begin, layer_end: o.layer_end, on_complete, wait_event: o.wait_event as u64 })
+    Ok(TransferOptions {
+        layer_begin: o.layer_begin,
+        layer_end: o.layer_end,
+        on_complete,
+        wait_event: o.wait_event as u64,
+        critical: o.flags & KVX_XFER_CRITICAL != 0,
+    })
 }
 
 /// The request behind a handle, borrowed for the duration of a call.

@@ -48,7 +48,9 @@ pub const KVX_ABI_MAJOR: u32 = 1;
 /// 1.4: `kvx_stats.slots_quarantined`; the store: `kvx_store_*`, `kvx_key`,
 /// `kvx_store_config`, `kvx_store_counters`, `kvx_store_request_*`, `KVX_STORE_*`,
 /// `KVX_LOOKUP_LEASE`, `KVX_ERR_NOT_FOUND`.
-/// 1.5: `kvx_engine_completion_fd`.
+/// 1.5: `kvx_engine_completion_fd`, `KVX_XFER_CRITICAL`; slot handles: `kvx_slot_handle`,
+/// `KVX_STORE_DATA_ONLY`, `KVX_RESERVED_*`, `kvx_store_lease_slots`, `_reserve_slots`,
+/// `_commit_slots`, `_abort_slots`, `_read_slots`, `_write_slots`.
 pub const KVX_ABI_MINOR: u32 = 5;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
@@ -122,6 +124,32 @@ pub const KVX_STORE_VERIFY_ON_OPEN: u32 = 8;
 /// `kvx_store_lookup` flag (1.4): lease each hit, so it is neither evicted nor reused
 /// until a get of it (which spends the lease) or `kvx_store_release_leases`.
 pub const KVX_LOOKUP_LEASE: u32 = 1;
+
+/// `kvx_transfer_options.flags` (1.5): latency-critical, a transfer its caller waits for
+/// (an onboard before a request's first token). The engine serves it ahead of transfers
+/// without the flag at every stage they share (the dispatcher, hence the bounce slots,
+/// the I/O workers, the copy thread and the device's streams), while those keep at least
+/// one turn in four, so they never starve. Without it (flags 0, as every caller before
+/// 1.5 passes) transfers are served in the order they came. A library older than 1.5
+/// refuses the flag with `KVX_ERR_INVALID_ARG`.
+pub const KVX_XFER_CRITICAL: u32 = 1;
+
+/// `kvx_store_config.flags` (1.5): open a store another process owns, to move the slots
+/// its owner hands out (`kvx_store_read_slots`, `kvx_store_write_slots`): no lock, nothing
+/// written but those slots' data, `KVX_STORE_CREATE` ignored; the calls that touch keys
+/// (lookup, put, get, remove, leases, reserve, commit, abort) are `KVX_ERR_INVALID_ARG`.
+pub const KVX_STORE_DATA_ONLY: u32 = 16;
+
+/// `kvx_store_reserve_slots` (1.5): the key has a slot to write; its handle is set.
+pub const KVX_RESERVED_WRITE: u32 = 1;
+/// `kvx_store_reserve_slots` (1.5): the store holds the key already; nothing to write.
+pub const KVX_RESERVED_HELD: u32 = 2;
+/// `kvx_store_reserve_slots` (1.5): another put of the key is in flight; look it up once
+/// that has ended.
+pub const KVX_RESERVED_IN_FLIGHT: u32 = 3;
+/// `kvx_store_reserve_slots` (1.5): full, and every entry is held; the key fails alone
+/// (as `KVX_ERR_BUSY` for a put).
+pub const KVX_RESERVED_NO_ROOM: u32 = 4;
 
 /// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 /// free with `kvx_engine_destroy`.
@@ -213,7 +241,7 @@ pub struct kvx_transfer_options {
     pub layer_begin: u32,
     /// One past the last layer to move; 0 means all layers.
     pub layer_end: u32,
-    /// None defined yet; must be 0.
+    /// `KVX_XFER_*`, or 0.
     pub flags: u32,
     /// Optional completion callback.
     pub on_complete: kvx_completion_fn,
@@ -320,4 +348,24 @@ pub struct kvx_store_counters {
     pub removes: u64,
     /// Bytes of the blocks held (`entries` × block bytes).
     pub bytes: u64,
+}
+
+/// A slot handle (1.5): a slot of a store that its owner hands to a process which opened
+/// the store `KVX_STORE_DATA_ONLY`, to read (`kvx_store_lease_slots`) or to write
+/// (`kvx_store_reserve_slots`). Plain bytes of a fixed size (48) and layout for ABI 1:
+/// copy it, ship it to another process of the same host, pass it back unchanged.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct kvx_slot_handle {
+    /// The key's digest (xxh3-128, little-endian).
+    pub key_digest: [u8; 16],
+    /// The entry's generation (a read handle) or the reservation's (a write handle).
+    pub generation: u64,
+    /// The block's seal in a read handle; 0 in a write handle.
+    pub seal: u64,
+    /// The owner's open that handed it out.
+    pub epoch: u64,
+    pub slot: u32,
+    /// The key's length in bytes.
+    pub key_len: u32,
 }

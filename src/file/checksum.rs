@@ -14,6 +14,13 @@
 //! crash (new data, old hash; or some regions new and others old, which breaks the
 //! seal), or a block never written (hash 0) all end in `KVX_ERR_INTEGRITY` naming the
 //! block — never in wrong bytes served as good.
+//!
+//! A region's stored checksum is 64 bits: its CRC-32, bit 32 set (0 means never written),
+//! and in bits 33..64 the *tag* of the write that stored it (0 for a plain transfer). A
+//! key-value store over the file gives each write of a block an identity (`WriteIds`), so
+//! it can tell whether a block's regions and seal all come from the write it expects
+//! (`seal_written_by`) rather than from another write of the same block that landed late;
+//! the seal covers the tags, so a reader that checks the seal checks them too.
 
 use super::place::{self, Found};
 use super::{DiskFile, DEFAULT_IO_ALIGN};
@@ -38,6 +45,23 @@ const HEADER_FIELDS: usize = 48;
 /// A region's stored checksum: its CRC-32 with bit 32 set, as 0 means "never written".
 pub fn region_hash(bytes: &[u8]) -> u64 {
     (1 << 32) | crc32fast::hash(bytes) as u64
+}
+
+/// The bits of a stored checksum that `region_hash` gives; the bits above are the tag.
+const HASH_BITS: u64 = (1 << 33) - 1;
+
+/// For each destination block of a write, the identity of that write (never 0): its
+/// regions' checksums carry tags derived from it.
+pub type WriteIds = std::collections::HashMap<u64, u64>;
+
+/// The tag that the write `write` leaves on region `region` of a block: 31 bits, never 0
+/// (0 only for an untagged write, `write` 0). Each region gets its own, so a write with
+/// another identity matches every region's tag only with odds of 2^-31 per region.
+pub fn region_tag(write: u64, region: u64) -> u64 {
+    match write {
+        0 => 0,
+        w => (xxhash_rust::xxh3::xxh3_64_with_seed(&region.to_le_bytes(), w) >> 33).max(1),
+    }
 }
 
 fn seal_of(regions: &[u64]) -> u64 {
@@ -329,15 +353,16 @@ impl Sidecar {
         Ok(seal)
     }
 
-    /// Clears `block`'s seal, so the block reads as not completely written until a write
-    /// of it completes and seals it again: a store hands the slot to another process to
-    /// write, and takes a seal found there later as proof that the write happened.
-    pub fn unseal(&self, block: u64) -> Result<()> {
-        let _one_at_a_time = self.sealing.lock().unwrap_or_else(|p| p.into_inner());
-        let _nor_beside_another_process = SealRange::lock(self.file.as_fd(), self.block_offset(block), &self.path);
-        let zero = 0u64;
-        unsafe { posix::write_all_at(self.file.as_fd(), &zero as *const u64 as *const u8, 8, self.block_offset(block)) }
-            .map_err(|e| self.err(e))
+    /// `block`'s seal if the write `write` made every region of the block and sealed it:
+    /// each region's checksum carries that write's tag and the seal is the one of those
+    /// checksums. `None` for a block not completely written, or written (wholly or in
+    /// part) by another write, such as one of an earlier owner of the block that landed
+    /// late. A key-value store over the file ties a block to a key by recording the seal.
+    pub fn seal_written_by(&self, block: u64, write: u64) -> Result<Option<u64>> {
+        let v = self.read_block(block)?;
+        let (seal, regions) = (v[0], &v[1..]);
+        let tagged = regions.iter().enumerate().all(|(r, &h)| h != 0 && h >> 33 == region_tag(write, r as u64));
+        Ok((seal != 0 && tagged && seal == seal_of(regions)).then_some(seal))
     }
 
     /// Recomputes `block`'s seal from its region hashes (after a write request completed).
@@ -360,7 +385,7 @@ impl Sidecar {
         for &(r, h) in regions {
             match v[1 + r as usize] {
                 0 => bail!(Integrity, "{} was never written", name(r)),
-                stored if stored != h => {
+                stored if stored & HASH_BITS != h => {
                     bail!(Integrity, "{} does not match its checksum: the data changed or a write was torn", name(r))
                 }
                 _ => {}
@@ -416,15 +441,24 @@ impl Sidecar {
 
     /// Writes `extents` from slot memory to `file`: each payload region is hashed from
     /// the slot before the write and its hash stored after it, so a crash in between
-    /// leaves data that no longer matches its hash (detected on read).
+    /// leaves data that no longer matches its hash (detected on read). A block `ids`
+    /// names gets its write's tag in each region's stored checksum.
     ///
     /// # Safety
     /// As for `read_verified`.
-    pub(super) unsafe fn write_hashed(&self, file: &DiskFile, port: &mut Port, pl: &Placement, extents: &[Extent]) -> Result<()> {
+    pub(super) unsafe fn write_hashed(
+        &self,
+        file: &DiskFile,
+        port: &mut Port,
+        pl: &Placement,
+        extents: &[Extent],
+        ids: Option<&WriteIds>,
+    ) -> Result<()> {
         let hashes: Vec<BlockHashes> = extents.iter().flat_map(|e| hash_regions(pl, e.payload.0, e.payload.1, e.payload.2)).collect();
         file.move_extents(port, true, false, extents)?;
         for (block, regions) in hashes {
-            let values: Vec<u64> = regions.iter().map(|r| r.1).collect();
+            let write = ids.and_then(|ids| ids.get(&block)).copied().unwrap_or(0);
+            let values: Vec<u64> = regions.iter().map(|&(r, h)| region_tag(write, r) << 33 | h).collect();
             self.write_regions(block, regions[0].0, &values)?;
         }
         Ok(())

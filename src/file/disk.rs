@@ -3,6 +3,7 @@
 //! be aligned (a layer range whose regions are not multiples of the alignment), and the
 //! moves of a chunk's extents between the file and slot memory on an I/O port.
 
+use super::checksum::WriteIds;
 use super::place::{self, open_at, Found, Place};
 use crate::error::{bail, Error, Result};
 use crate::host::{map_anonymous, unmap};
@@ -378,17 +379,18 @@ impl DiskFile {
     }
 
     /// Writes `extents` from slot memory on `port`, zeroing the block padding that
-    /// aligned writes carry; a checksummed file stores each region's checksum after it.
+    /// aligned writes carry; a checksummed file stores each region's checksum after it,
+    /// tagged with the write's identity for the blocks `ids` names.
     ///
     /// # Safety
     /// As for `read_extents`; the padding after each extent's data is the caller's too.
-    pub unsafe fn write_extents(&self, port: &mut Port, pl: &Placement, extents: &[Extent]) -> Result<()> {
+    pub unsafe fn write_extents(&self, port: &mut Port, pl: &Placement, extents: &[Extent], ids: Option<&WriteIds>) -> Result<()> {
         for e in extents.iter().filter(|e| e.zero_tail > 0) {
             std::ptr::write_bytes((e.addr + e.len - e.zero_tail) as *mut u8, 0, e.zero_tail as usize);
         }
         match &self.checksum {
             None => self.move_extents(port, true, false, extents),
-            Some(sums) => sums.write_hashed(self, port, pl, extents),
+            Some(sums) => sums.write_hashed(self, port, pl, extents, ids),
         }
     }
 

@@ -1,8 +1,9 @@
 //! The deferred emulated device's stream (tests only, `fault-injection`): copies run
 //! later, in issue order, on a thread of their own, and a fence completes when the
 //! stream reaches it, as on a GPU. So a slot whose copies were queued is still being
-//! written after `Gpu::copy` returned, and the tests can hold the stream
-//! (`fault::hold_device_streams`) to keep it that way.
+//! written after `Gpu::copy` returned, and the tests can hold the streams
+//! (`fault::hold_device_streams`, or only bulk copies' with `hold_bulk_device_stream`)
+//! to keep it that way.
 
 use super::{CopyOp, PendingCopy};
 use crate::error::Result;
@@ -29,7 +30,9 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn new() -> Stream {
+    /// `critical`: latency-critical copies' stream, which `fault::hold_bulk_device_stream`
+    /// leaves running.
+    pub fn new(critical: bool) -> Stream {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("kvx-emu-stream".into())
@@ -38,7 +41,7 @@ impl Stream {
                     if matches!(job, Job::Stop) {
                         return;
                     }
-                    fault::device_job_starts();
+                    fault::device_job_starts(critical);
                     match job {
                         // SAFETY: the planner's ops lie in validated layouts and the chunk's
                         // slot, which stays the chunk's until its fence fired.

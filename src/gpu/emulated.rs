@@ -17,9 +17,10 @@ pub struct Emulated {
     allocations: RwLock<BTreeMap<u64, u64>>,
     /// Plays a host whose kernels read mapped host memory slowly (`Gpu::reads_host_in_place`).
     slow_host_reads: bool,
-    /// Where copies run when they complete later (test builds only).
+    /// Where copies run when they complete later (test builds only): bulk copies' stream
+    /// and latency-critical ones', as on a GPU (`Gpu::copy`'s `critical`).
     #[cfg(feature = "fault-injection")]
-    stream: Option<super::deferred::Stream>,
+    stream: Option<[super::deferred::Stream; 2]>,
 }
 
 impl Emulated {
@@ -28,7 +29,7 @@ impl Emulated {
     pub fn new() -> Emulated {
         Emulated {
             #[cfg(feature = "fault-injection")]
-            stream: crate::fault::deferred_device().then(super::deferred::Stream::new),
+            stream: crate::fault::deferred_device().then(|| [false, true].map(super::deferred::Stream::new)),
             ..Default::default()
         }
     }
@@ -40,11 +41,12 @@ impl Emulated {
         Emulated { slow_host_reads: true, ..Default::default() }
     }
 
-    /// The fence of every copy issued so far.
-    fn fence(&self) -> Fence {
+    /// The fence of every copy issued so far on the stream of critical copies or of bulk
+    /// ones.
+    fn fence(&self, _critical: bool) -> Fence {
         #[cfg(feature = "fault-injection")]
         if let Some(s) = &self.stream {
-            return Fence::Pending(s.fence());
+            return Fence::Pending(s[_critical as usize].fence());
         }
         Fence::Done
     }
@@ -141,6 +143,7 @@ impl Gpu for Emulated {
         _slot: u32,
         _host: HostSide,
         _after: Option<Gate>,
+        critical: bool,
     ) -> std::result::Result<Fence, CopyError> {
         use crate::fault::{check, Site};
         if check(Site::DeviceCopy).is_some() {
@@ -157,17 +160,17 @@ impl Gpu for Emulated {
         for (i, op) in ops.iter().enumerate() {
             if check(Site::DeviceOp).is_some() {
                 let error = Error::new(Status::Cuda, format!("device op {i} of {} failed (injected fault)", ops.len()));
-                return Err(CopyError { error, queued: self.fence() });
+                return Err(CopyError { error, queued: self.fence(critical) });
             }
             #[cfg(feature = "fault-injection")]
             if let Some(s) = &self.stream {
-                s.copy(*op);
+                s[critical as usize].copy(*op);
                 continue;
             }
             // SAFETY: the planner only emits ops inside validated layouts and bounce slots,
             // and a slot or region is owned by exactly one stage at a time.
             unsafe { std::ptr::copy_nonoverlapping(op.src as *const u8, op.dst as *mut u8, op.len as usize) };
         }
-        Ok(self.fence())
+        Ok(self.fence(critical))
     }
 }

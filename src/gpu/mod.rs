@@ -64,17 +64,21 @@ pub const MAX_OPS_PER_COPY: usize = 8192;
 pub const GATED_LANES: usize = 4;
 
 /// Fences complete in issue order within a *lane*, matching the streams a backend may
-/// use: a (direction, slot parity) pair, or for copies gated on a caller's event
-/// (`copy`'s `after`) the request's gated lane, so a fence waiting for a caller's event
-/// holds up no other request's. One fence thread waits per lane.
-pub const FENCE_LANES: usize = 4 + GATED_LANES;
+/// use: a (direction, slot parity) pair; for latency-critical copies (`copy`'s
+/// `critical`) a direction of their own, so their fences wait behind no bulk copy's; or
+/// for copies gated on a caller's event (`copy`'s `after`) the request's gated lane, so
+/// a fence waiting for a caller's event holds up no other request's. One fence thread
+/// waits per lane.
+pub const FENCE_LANES: usize = 6 + GATED_LANES;
 
-pub fn fence_lane(kind: CopyKind, slot: u32, after: Option<Gate>) -> usize {
+pub fn fence_lane(kind: CopyKind, slot: u32, after: Option<Gate>, critical: bool) -> usize {
     let h2d = matches!(kind, CopyKind::HostToDevice | CopyKind::DeviceToDevice);
-    match (after, h2d) {
-        (Some(gate), _) => 4 + gate.lane,
-        (None, true) => (slot % 2) as usize,
-        (None, false) => 2 + (slot % 2) as usize,
+    match (after, critical, h2d) {
+        (Some(gate), _, _) => 6 + gate.lane,
+        (None, true, true) => 4,
+        (None, true, false) => 5,
+        (None, false, true) => (slot % 2) as usize,
+        (None, false, false) => 2 + (slot % 2) as usize,
     }
 }
 
@@ -210,11 +214,20 @@ pub trait Gpu: Send + Sync + 'static {
     /// Issues `ops` (all of one kind) for the chunk holding bounce slot `slot`, after the
     /// captured event `after` (see `capture_event`; such a chunk's copies wait on its
     /// request's gated lane), and returns their fence; `host` says
-    /// what the host side is (unused for device-to-device). At most `MAX_OPS_PER_COPY`
-    /// ops. Called on the copy thread, or on a submitting thread between `enter` and
-    /// `leave`. A failure after part of the batch was queued says so (`CopyError::queued`).
-    fn copy(&self, kind: CopyKind, ops: &[CopyOp], slot: u32, host: HostSide, after: Option<Gate>)
-        -> std::result::Result<Fence, CopyError>;
+    /// what the host side is (unused for device-to-device). `critical`: a latency-critical
+    /// request's copies, queued where bulk copies do not hold them up. At most
+    /// `MAX_OPS_PER_COPY` ops. Called on the copy thread, or on a submitting thread
+    /// between `enter` and `leave`. A failure after part of the batch was queued says so
+    /// (`CopyError::queued`).
+    fn copy(
+        &self,
+        kind: CopyKind,
+        ops: &[CopyOp],
+        slot: u32,
+        host: HostSide,
+        after: Option<Gate>,
+        critical: bool,
+    ) -> std::result::Result<Fence, CopyError>;
 
     /// Captures the caller's CUDA event as of now into an event of ours that copies can
     /// wait on, so re-recording the caller's event later changes nothing, and picks the
@@ -232,15 +245,37 @@ mod tests {
     #[test]
     fn every_gated_lane_has_a_fence_lane_of_its_own() {
         let kinds = [CopyKind::HostToDevice, CopyKind::DeviceToHost, CopyKind::DeviceToDevice];
-        let ungated: Vec<usize> = kinds.iter().flat_map(|&k| (0..2).map(move |slot| fence_lane(k, slot, None))).collect();
-        let gated: Vec<usize> = (0..GATED_LANES).map(|lane| fence_lane(CopyKind::DeviceToHost, 0, Some(Gate { event: 1, lane }))).collect();
+        let ungated: Vec<usize> = kinds
+            .iter()
+            .flat_map(|&k| (0..2).flat_map(move |slot| [false, true].map(|critical| fence_lane(k, slot, None, critical))))
+            .collect();
+        let gated: Vec<usize> =
+            (0..GATED_LANES).map(|lane| fence_lane(CopyKind::DeviceToHost, 0, Some(Gate { event: 1, lane }), false)).collect();
         for (lane, &fence) in gated.iter().enumerate() {
             assert!(fence < FENCE_LANES);
             assert!(!ungated.contains(&fence), "gated lane {lane} shares fence lane {fence} with ungated copies");
             assert_eq!(gated.iter().filter(|&&f| f == fence).count(), 1, "gated lane {lane} shares fence lane {fence}");
             for k in kinds {
-                assert_eq!(fence_lane(k, 1, Some(Gate { event: 2, lane })), fence, "a request's copies both ways share its lane's fences");
+                for critical in [false, true] {
+                    let f = fence_lane(k, 1, Some(Gate { event: 2, lane }), critical);
+                    assert_eq!(f, fence, "a request's copies both ways share its lane's fences");
+                }
             }
         }
+    }
+
+    #[test]
+    fn critical_copies_have_fence_lanes_of_their_own() {
+        for kind in [CopyKind::HostToDevice, CopyKind::DeviceToHost] {
+            let critical = fence_lane(kind, 0, None, true);
+            assert!(critical < FENCE_LANES);
+            assert_eq!(fence_lane(kind, 1, None, true), critical, "one lane per direction, whatever the slot");
+            for k in [CopyKind::HostToDevice, CopyKind::DeviceToHost, CopyKind::DeviceToDevice] {
+                for slot in 0..2 {
+                    assert_ne!(fence_lane(k, slot, None, false), critical, "a bulk copy's fence on a critical lane");
+                }
+            }
+        }
+        assert_ne!(fence_lane(CopyKind::HostToDevice, 0, None, true), fence_lane(CopyKind::DeviceToHost, 0, None, true));
     }
 }

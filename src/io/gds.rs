@@ -146,7 +146,7 @@ impl Gds {
                 return Err(format!("read {got} of {n} bytes"));
             }
             let back = [CopyOp { dst: scratch.0, src: dev, len: n }];
-            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None)
+            gpu.copy(CopyKind::DeviceToHost, &back, 0, HostSide::Bounce, None, false)
                 .map_err(CopyError::settle)
                 .and_then(|f| f.wait(false))
                 .map_err(|e| e.message)?;

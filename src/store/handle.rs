@@ -12,14 +12,18 @@
 //! A read handle's slot is leased: never evicted nor reused until released, and the data
 //! process checks that the slot's record still names the handle's key, generation and
 //! seal. A write handle's slot is reserved as a put's would be (its tombstone written); the
-//! owner commits it by reading the seal the data process's write left and writing the
-//! record, so the entry is visible only after its data is complete, as with `put`.
+//! data process's write tags the block's checksums with the handle's write identity (its
+//! owner's epoch and generation), and the owner commits it only where the block's seal and
+//! every region's tag are that write's, then writes the record: the entry is visible only
+//! after its data is complete, as with `put`, and never holds bytes of another write of
+//! the slot (an aborted handle's, or one handed out before the owner opened the store
+//! again) that landed late, nor a mix of two writes.
 
 use super::config::{key_digests, Digest};
 use super::index::{Entry, PutStart};
 use super::request::StoreRequest;
 use super::worker::{self, GetKey, PutGroup, PutKey, WriteGroup};
-use super::{Inner, Store};
+use super::{write_id, Inner, Store};
 use crate::engine::TransferOptions;
 use crate::error::{bail, Result, Status};
 use crate::memory::Layout;
@@ -36,6 +40,9 @@ pub struct SlotHandle {
     pub key_len: u32,
     /// The block's seal, in a handle to read (0 in one to write).
     pub seal: u64,
+    /// The owner's open that handed it out (drawn at random at each open): a write
+    /// handle's write is tagged with it, and the owner commits only its own open's handles.
+    pub epoch: u64,
 }
 
 /// What `reserve_slots` gives a key.
@@ -57,11 +64,19 @@ impl Store {
     pub fn lease_slots<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<SlotHandle>>> {
         self.inner.owner()?;
         let digests = key_digests(keys)?;
+        let epoch = self.inner.epoch;
         let mut ix = self.inner.index.lock().unwrap();
         Ok(digests
             .iter()
             .map(|&d| {
-                ix.lease(d).map(|e| SlotHandle { slot: e.slot, generation: e.generation, key_digest: d, key_len: e.key_len, seal: e.seal })
+                ix.lease(d).map(|e| SlotHandle {
+                    slot: e.slot,
+                    generation: e.generation,
+                    key_digest: d,
+                    key_len: e.key_len,
+                    seal: e.seal,
+                    epoch,
+                })
             })
             .collect())
     }
@@ -90,20 +105,14 @@ impl Store {
                             evicted.push(slot);
                         }
                         let key_len = keys[i].as_ref().len() as u32;
-                        Reservation::Write(SlotHandle { slot, generation, key_digest: key, key_len, seal: 0 })
+                        Reservation::Write(SlotHandle { slot, generation, key_digest: key, key_len, seal: 0, epoch: inner.epoch })
                     }
                 });
             }
         }
-        // Tombstones first (evicted slots), then no seal: a block is sealed again only by a
-        // completed write, so `commit_slots` never takes a slot's old block for the new key's.
-        let unsealed = || {
-            out.iter().try_for_each(|r| match r {
-                Reservation::Write(h) => inner.sidecar(inner.shard_of(h.slot)).unseal(inner.block_of(h.slot)),
-                _ => Ok(()),
-            })
-        };
-        if let Err(e) = inner.tombstone(&evicted).and_then(|_| unsealed()) {
+        // Evicted slots' tombstones first. The slot's old block stays: its checksums carry
+        // another write's tags, so `commit_slots` never takes it for the new key's.
+        if let Err(e) = inner.tombstone(&evicted) {
             let mut ix = inner.index.lock().unwrap();
             for r in &out {
                 if let Reservation::Write(h) = r {
@@ -117,13 +126,16 @@ impl Store {
         Ok(out)
     }
 
-    /// Makes the written slots of `handles` entries: each block's seal is read and its
-    /// record written (synced in durable mode). Per handle: `Ok`; `InvalidArg` for a handle
-    /// not reserved (or already committed or aborted); `Integrity` for a block not
-    /// completely written; `Cancelled` for a key removed meanwhile.
+    /// Makes the written slots of `handles` entries: each block's seal and tags are read
+    /// and its record written (synced in durable mode). Per handle: `Ok`; `InvalidArg` for
+    /// a handle not reserved by this open (already committed or aborted, or handed out
+    /// before the store was opened again); `Integrity` for a block not completely written
+    /// through this handle (its write did not finish, or another write of the slot landed
+    /// on it); `Cancelled` for a key removed meanwhile.
     pub fn commit_slots(&self, handles: &[SlotHandle]) -> Result<Vec<Status>> {
         let inner = &self.inner;
         inner.owner()?;
+        inner.check_handles(handles, handles.len())?;
         let req = Arc::new(StoreRequest::new(handles.len()));
         let keys = self.reserved(handles, &req);
         inner.commit(PutGroup { req: req.clone(), keys });
@@ -134,6 +146,7 @@ impl Store {
     /// tombstones, whatever the data process wrote).
     pub fn abort_slots(&self, handles: &[SlotHandle]) -> Result<()> {
         self.inner.owner()?;
+        self.inner.check_handles(handles, handles.len())?;
         let req = Arc::new(StoreRequest::new(handles.len()));
         let keys = self.reserved(handles, &req);
         self.inner.put_failed(PutGroup { req, keys }, Status::Cancelled, "aborted by the owner");
@@ -146,7 +159,13 @@ impl Store {
         let mut ix = self.inner.index.lock().unwrap();
         let mut keys = Vec::with_capacity(handles.len());
         for (i, h) in handles.iter().enumerate() {
-            if ix.claim_reserved(h.slot, h.key_digest, h.generation) {
+            if h.epoch != self.inner.epoch {
+                req.settle(
+                    i,
+                    Status::InvalidArg,
+                    format!("the handle of slot {} was handed out by an earlier open of the store; reserve the key again", h.slot),
+                );
+            } else if ix.claim_reserved(h.slot, h.key_digest, h.generation) {
                 keys.push(PutKey { index: i, key: h.key_digest, key_len: h.key_len, slot: h.slot, generation: h.generation, src: 0 });
             } else {
                 req.settle(
@@ -186,8 +205,9 @@ impl Store {
         Ok(req)
     }
 
-    /// Writes block `src_ids[i]` of `src` to the slot of write handle `handles[i]`; the
-    /// owner then commits them. Whole blocks only.
+    /// Writes block `src_ids[i]` of `src` to the slot of write handle `handles[i]`, its
+    /// checksums tagged with the handle's write; the owner then commits them. Whole blocks
+    /// only; a handle is written once.
     pub fn write_slots(
         &self,
         src: &Arc<Layout>,
@@ -211,9 +231,10 @@ impl Store {
         for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
             let ids: Vec<u64> = keys.iter().map(|&i| src_ids[i]).collect();
             let blocks: Vec<u64> = keys.iter().map(|&i| inner.block_of(handles[i].slot)).collect();
+            let writes: Vec<u64> = keys.iter().map(|&i| write_id(handles[i].epoch, handles[i].generation)).collect();
             inner.begin();
             let (opts, group) = worker::on_complete(&inner.tx, &plain, worker::Done::Write(WriteGroup { req: req.clone(), keys }));
-            if let Err(e) = inner.engine.submit_for_store(src, &ids, &inner.shards[shard], &blocks, &opts) {
+            if let Err(e) = inner.engine.submit_for_store(src, &ids, &inner.shards[shard], &blocks, &opts, Some(&writes)) {
                 if let Some(worker::Done::Write(g)) = group.lock().unwrap().take() {
                     for i in g.keys {
                         req.settle(i, e.status, e.message.clone());
@@ -227,10 +248,14 @@ impl Store {
 }
 
 impl Inner {
-    /// Refuses handles of slots past the capacity, or a count that differs from the blocks'.
+    /// Refuses no handles, handles of slots past the capacity, or a count that differs
+    /// from the blocks'.
     fn check_handles(&self, handles: &[SlotHandle], blocks: usize) -> Result<()> {
-        if handles.is_empty() || handles.len() != blocks {
-            bail!(InvalidArg, "{} handles but {blocks} blocks; give one block per handle, at least one", handles.len());
+        if handles.is_empty() {
+            bail!(InvalidArg, "no handles; a slot call takes at least one");
+        }
+        if handles.len() != blocks {
+            bail!(InvalidArg, "{} handles but {blocks} blocks; give one block per handle", handles.len());
         }
         let cap = self.cfg.capacity_blocks;
         if let Some((i, h)) = handles.iter().enumerate().find(|(_, h)| h.slot as u64 >= cap) {

@@ -83,6 +83,26 @@ fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// The identity of the write of a slot under `generation` by the owner's open `epoch`:
+/// the tag its block's checksums carry, which a commit checks, so it takes only bytes this
+/// very write stored (never those of another write of the slot that landed late).
+fn write_id(epoch: u64, generation: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&generation.to_le_bytes(), epoch).max(1)
+}
+
+/// A random epoch for an open (from the kernel; where it has none to give, from the
+/// clock and the process id).
+fn fresh_epoch() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom fills the 8 bytes of `v`, which we own.
+    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+    if n != 8 {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        v = xxhash_rust::xxh3::xxh3_64_with_seed(&now.to_le_bytes(), std::process::id() as u64);
+    }
+    v
+}
+
 /// The state the caller's threads and the store thread share.
 struct Inner {
     engine: Arc<Engine>,
@@ -102,6 +122,10 @@ struct Inner {
     tx: Sender<worker::Msg>,
     /// Opened `DATA_ONLY`: moves handed-out slots only, writes no record.
     data_only: bool,
+    /// Drawn at random at each open: with a put's or a handle's generation it makes the
+    /// identity of that write of its slot (`write_id`), which no write of another open
+    /// shares.
+    epoch: u64,
 }
 
 /// A store open as its owner (the process holds the directory's lock until it is closed),
@@ -182,6 +206,7 @@ impl Store {
             idle: Condvar::new(),
             tx,
             data_only,
+            epoch: fresh_epoch(),
         });
         inner.clear_stale(&stale)?;
         if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
@@ -590,11 +615,12 @@ impl Inner {
     ) {
         let src_ids: Vec<u64> = keys.iter().map(|k| k.src).collect();
         let dst_ids: Vec<u64> = keys.iter().map(|k| self.block_of(k.slot)).collect();
+        let writes: Vec<u64> = keys.iter().map(|k| write_id(self.epoch, k.generation)).collect();
         let group = worker::PutGroup { req: req.clone(), keys };
         let source = worker::PutSource { shard, src: src.clone(), opts: opts.clone(), alone };
         self.begin();
         let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Put(group, source));
-        if let Err(e) = self.engine.submit_for_store(src, &src_ids, &self.shards[shard], &dst_ids, &opts) {
+        if let Err(e) = self.engine.submit_for_store(src, &src_ids, &self.shards[shard], &dst_ids, &opts, Some(&writes)) {
             if let Some(worker::Done::Put(g, _)) = group.lock().unwrap().take() {
                 self.put_failed(g, e.status, &e.message);
             }
@@ -617,7 +643,7 @@ impl Inner {
         let group = worker::GetGroup { req: req.clone(), keys, shard, dst: dst.clone(), opts: opts.clone(), alone };
         self.begin();
         let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Get(group));
-        if let Err(e) = self.engine.submit_for_store(&self.shards[shard], &src_ids, dst, &dst_ids, &opts) {
+        if let Err(e) = self.engine.submit_for_store(&self.shards[shard], &src_ids, dst, &dst_ids, &opts, None) {
             if let Some(worker::Done::Get(g)) = group.lock().unwrap().take() {
                 self.get_failed(g, e.status, &e.message);
             }

@@ -6,7 +6,7 @@
 use super::index::Entry;
 use super::record::Record;
 use super::request::StoreRequest;
-use super::{add, Digest, Inner};
+use super::{add, write_id, Digest, Inner};
 use crate::engine::{OnComplete, TransferOptions};
 use crate::error::Status;
 use crate::memory::Layout;
@@ -147,17 +147,20 @@ impl Inner {
         self.commit(g);
     }
 
-    /// Records the blocks of `g`, written and sealed, then makes them entries.
+    /// Records the blocks of `g`, written and sealed, then makes them entries: each only
+    /// where its block's seal and every region's tag are those of this key's own write.
     pub(super) fn commit(&self, g: PutGroup) {
         let mut sealed = Vec::with_capacity(g.keys.len());
         for k in g.keys {
-            match self.sidecar(self.shard_of(k.slot)).seal_of_block(self.block_of(k.slot)) {
-                Ok(seal) if seal != 0 => sealed.push((k, seal)),
-                Ok(_) => self.put_failed(
-                    PutGroup { req: g.req.clone(), keys: vec![k] },
-                    Status::Integrity,
-                    "the block was not completely written (it has no seal)",
-                ),
+            match self.sidecar(self.shard_of(k.slot)).seal_written_by(self.block_of(k.slot), write_id(self.epoch, k.generation)) {
+                Ok(Some(seal)) => sealed.push((k, seal)),
+                Ok(None) => {
+                    let why = format!(
+                        "slot {} does not hold a block completely written for this key (its write did not finish, or another write of the slot, such as a late one of an aborted handle, landed on it); put the key again",
+                        k.slot
+                    );
+                    self.put_failed(PutGroup { req: g.req.clone(), keys: vec![k] }, Status::Integrity, &why)
+                }
                 Err(e) => self.put_failed(PutGroup { req: g.req.clone(), keys: vec![k] }, e.status, &e.message),
             }
         }

@@ -25,6 +25,7 @@ int main(void) {
   CHECK_kvx_key();
   CHECK_kvx_store_config();
   CHECK_kvx_store_counters();
+  CHECK_kvx_slot_handle();
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
 }

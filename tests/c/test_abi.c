@@ -270,7 +270,15 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
   to.flags = 8;
   expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "unknown transfer flags");
   EXPECT(strstr(kvx_last_error(), "transfer flags 0x8") != NULL, "the refusal names the bits: %s", kvx_last_error());
+  to.flags = KVX_XFER_CRITICAL | 8;
+  expect_fail(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req), KVX_ERR_INVALID_ARG, "a known flag beside unknown bits");
+  EXPECT(strstr(kvx_last_error(), "transfer flags 0x8") != NULL, "the refusal names only the unknown bits: %s", kvx_last_error());
   EXPECT(req == (kvx_request *)(uintptr_t)0x5678, "request written on failure");
+  to.flags = KVX_XFER_CRITICAL;
+  OK(kvx_transfer_submit(e, a, ids, b, ids, 2, &to, &req));
+  OK(kvx_request_wait(req, UINT64_MAX));
+  kvx_request_release(req);
+  req = (kvx_request *)(uintptr_t)0x5678;
 
   expect_fail(kvx_request_wait(NULL, 0), KVX_ERR_INVALID_ARG, "wait NULL");
   expect_fail(kvx_request_poll(NULL), KVX_ERR_INVALID_ARG, "poll NULL");
@@ -551,6 +559,146 @@ static void store_bad_calls(kvx_engine *e, const char *dir) {
   remove_store_dir(sdir);
 }
 
+/* Slot handles (1.5): the owner reserves slots that a data-only open writes and the owner
+ * commits; leases slots that the data-only open reads back byte for byte; handles copied as
+ * plain bytes. Then bad calls: each its status, outputs untouched. */
+static void store_slots(kvx_engine *e, const char *dir) {
+  char sdir[512];
+  snprintf(sdir, sizeof sdir, "%s/kvx-c-store-slots-%d", dir, (int)getpid());
+  remove_store_dir(sdir);
+  kvx_layout_config block = geometry(8);
+  kvx_store_config sc;
+  kvx_store_config_init(&sc);
+  sc.block = &block;
+  sc.capacity_blocks = 4;
+  kvx_store *owner = NULL, *data = NULL;
+  OK(kvx_store_open(e, sdir, &sc, &owner));
+  kvx_store_config dc = sc;
+  dc.flags = KVX_STORE_DATA_ONLY;
+  OK(kvx_store_open(e, sdir, &dc, &data));
+
+  kvx_layout *src = NULL, *dst = NULL;
+  OK(kvx_layout_create_host(e, &block, 0, &src));
+  OK(kvx_layout_create_host(e, &block, 0, &dst));
+  uint64_t block_bytes = 0, sa = 0, da = 0;
+  OK(kvx_layout_block_bytes(src, &block_bytes));
+  OK(kvx_layout_base(src, 0, &sa));
+  OK(kvx_layout_base(dst, 0, &da));
+  unsigned char *sp = (unsigned char *)(uintptr_t)sa, *dp = (unsigned char *)(uintptr_t)da;
+  for (uint64_t i = 0; i < 8 * block_bytes; i++) sp[i] = (unsigned char)(i * 13 + 5);
+  memset(dp, 0, 8 * block_bytes);
+
+  char kb[4][16];
+  kvx_key keys[4];
+  make_keys(kb, keys);
+  kvx_slot_handle w[4];
+  uint32_t kinds[4] = {0, 0, 0, 0};
+  EXPECT(sizeof(kvx_slot_handle) == 48, "a slot handle is 48 bytes");
+  OK(kvx_store_reserve_slots(owner, keys, 4, w, kinds));
+  for (int i = 0; i < 4; i++) EXPECT(kinds[i] == KVX_RESERVED_WRITE, "reserve key %d: %u", i, kinds[i]);
+  unsigned char shipped[sizeof w];
+  memcpy(shipped, w, sizeof w); /* as a runtime ships them to the data process */
+  kvx_slot_handle got[4];
+  memcpy(got, shipped, sizeof got);
+  uint64_t src_ids[4] = {1, 3, 5, 7}, dst_ids[4] = {0, 2, 4, 6};
+  kvx_store_request *req = NULL;
+  OK(kvx_store_write_slots(data, src, src_ids, got, 4, NULL, &req));
+  OK(kvx_store_request_wait(req, UINT64_MAX));
+  kvx_store_request_release(req);
+  kvx_status st[4] = {99, 99, 99, 99};
+  OK(kvx_store_commit_slots(owner, w, 4, st));
+  for (int i = 0; i < 4; i++) EXPECT(st[i] == KVX_OK, "commit %d: %s", i, kvx_status_str(st[i]));
+  OK(kvx_store_commit_slots(owner, w, 1, st));
+  EXPECT(st[0] == KVX_ERR_INVALID_ARG, "a second commit: %s", kvx_status_str(st[0]));
+  OK(kvx_store_reserve_slots(owner, keys, 1, w, kinds));
+  EXPECT(kinds[0] == KVX_RESERVED_HELD, "reserve of a held key: %u", kinds[0]);
+
+  kvx_key two[2] = {keys[2], {(const uint8_t *)"never put", 9}};
+  kvx_slot_handle r[2];
+  uint8_t present[2] = {7, 7};
+  OK(kvx_store_lease_slots(owner, two, 2, r, present));
+  EXPECT(present[0] == 1 && present[1] == 0 && r[1].slot == 0 && r[1].generation == 0, "lease: %u %u", present[0], present[1]);
+  OK(kvx_store_read_slots(data, r, 1, dst, dst_ids, NULL, &req));
+  OK(kvx_store_request_wait(req, UINT64_MAX));
+  kvx_store_request_release(req);
+  EXPECT(memcmp(sp + 5 * block_bytes, dp, block_bytes) == 0, "a leased slot read back with other bytes");
+  OK(kvx_store_release_leases(owner, two, 1));
+  /* A reservation aborted: no entry. */
+  kvx_key other = {(const uint8_t *)"other", 5};
+  OK(kvx_store_remove(owner, keys, 1, st));
+  OK(kvx_store_reserve_slots(owner, &other, 1, w, kinds));
+  EXPECT(kinds[0] == KVX_RESERVED_WRITE, "reserve: %u", kinds[0]);
+  OK(kvx_store_abort_slots(owner, w, 1));
+  size_t leading = 99;
+  OK(kvx_store_lookup(owner, &other, 1, 0, present, &leading));
+  EXPECT(present[0] == 0, "an aborted reservation is no entry");
+  const kvx_api *api = kvx_get_api(KVX_ABI_MAJOR);
+  EXPECT(api->store_lease_slots == kvx_store_lease_slots && api->store_reserve_slots == kvx_store_reserve_slots &&
+             api->store_commit_slots == kvx_store_commit_slots && api->store_abort_slots == kvx_store_abort_slots &&
+             api->store_read_slots == kvx_store_read_slots && api->store_write_slots == kvx_store_write_slots,
+         "table entries for the slot calls");
+
+  /* Bad calls. */
+  kvx_slot_handle untouched[2];
+  memset(untouched, 0xab, sizeof untouched);
+  uint32_t k2[2] = {77, 77};
+  expect_fail(kvx_store_reserve_slots(NULL, keys, 2, untouched, k2), KVX_ERR_INVALID_ARG, "reserve_slots NULL store");
+  expect_fail(kvx_store_reserve_slots(owner, NULL, 2, untouched, k2), KVX_ERR_INVALID_ARG, "reserve_slots NULL keys, n 2");
+  expect_fail(kvx_store_reserve_slots(owner, keys, 0, untouched, k2), KVX_ERR_INVALID_ARG, "reserve_slots of no keys");
+  expect_fail(kvx_store_reserve_slots(owner, keys, 2, NULL, k2), KVX_ERR_INVALID_ARG, "reserve_slots NULL handles_out");
+  expect_fail(kvx_store_reserve_slots(owner, keys, 2, untouched, NULL), KVX_ERR_INVALID_ARG, "reserve_slots NULL reservations_out");
+  expect_fail(kvx_store_reserve_slots(data, keys, 2, untouched, k2), KVX_ERR_INVALID_ARG, "reserve_slots on a data-only store");
+  expect_fail(kvx_store_lease_slots(owner, keys, 2, NULL, present), KVX_ERR_INVALID_ARG, "lease_slots NULL handles_out");
+  expect_fail(kvx_store_lease_slots(owner, keys, 2, untouched, NULL), KVX_ERR_INVALID_ARG, "lease_slots NULL present_out");
+  expect_fail(kvx_store_lease_slots(owner, keys, 0, untouched, present), KVX_ERR_INVALID_ARG, "lease_slots of no keys");
+  expect_fail(kvx_store_lease_slots(data, keys, 2, untouched, present), KVX_ERR_INVALID_ARG, "lease_slots on a data-only store");
+  EXPECT(k2[0] == 77 && untouched[0].slot == 0xababababu, "failed reserves and leases wrote their outputs");
+  kvx_slot_handle past = r[0];
+  past.slot = 4;
+  kvx_status s2[2] = {77, 77};
+  expect_fail(kvx_store_commit_slots(NULL, r, 1, s2), KVX_ERR_INVALID_ARG, "commit_slots NULL store");
+  expect_fail(kvx_store_commit_slots(owner, NULL, 1, s2), KVX_ERR_INVALID_ARG, "commit_slots NULL handles, n 1");
+  expect_fail(kvx_store_commit_slots(owner, r, 0, s2), KVX_ERR_INVALID_ARG, "commit_slots of no handles");
+  expect_fail(kvx_store_commit_slots(owner, r, 1, NULL), KVX_ERR_INVALID_ARG, "commit_slots NULL statuses_out");
+  expect_fail(kvx_store_commit_slots(owner, &past, 1, s2), KVX_ERR_OUT_OF_RANGE, "commit_slots slot past the capacity");
+  expect_fail(kvx_store_commit_slots(data, r, 1, s2), KVX_ERR_INVALID_ARG, "commit_slots on a data-only store");
+  EXPECT(s2[0] == 77, "failed commits wrote their output");
+  expect_fail(kvx_store_abort_slots(owner, NULL, 1), KVX_ERR_INVALID_ARG, "abort_slots NULL handles, n 1");
+  expect_fail(kvx_store_abort_slots(owner, r, 0), KVX_ERR_INVALID_ARG, "abort_slots of no handles");
+  expect_fail(kvx_store_abort_slots(owner, &past, 1), KVX_ERR_OUT_OF_RANGE, "abort_slots slot past the capacity");
+  expect_fail(kvx_store_abort_slots(data, r, 1), KVX_ERR_INVALID_ARG, "abort_slots on a data-only store");
+  req = (kvx_store_request *)(uintptr_t)0x1;
+  expect_fail(kvx_store_read_slots(NULL, r, 1, dst, dst_ids, NULL, &req), KVX_ERR_INVALID_ARG, "read_slots NULL store");
+  expect_fail(kvx_store_read_slots(data, NULL, 1, dst, dst_ids, NULL, &req), KVX_ERR_INVALID_ARG, "read_slots NULL handles, n 1");
+  expect_fail(kvx_store_read_slots(data, r, 0, dst, dst_ids, NULL, &req), KVX_ERR_INVALID_ARG, "read_slots of no handles");
+  expect_fail(kvx_store_read_slots(data, r, 1, NULL, dst_ids, NULL, &req), KVX_ERR_INVALID_ARG, "read_slots NULL dst");
+  expect_fail(kvx_store_read_slots(data, r, 1, dst, NULL, NULL, &req), KVX_ERR_INVALID_ARG, "read_slots NULL dst_ids");
+  expect_fail(kvx_store_read_slots(data, r, 1, dst, dst_ids, NULL, NULL), KVX_ERR_INVALID_ARG, "read_slots NULL out_request");
+  expect_fail(kvx_store_read_slots(data, &past, 1, dst, dst_ids, NULL, &req), KVX_ERR_OUT_OF_RANGE, "read_slots slot past the capacity");
+  expect_fail(kvx_store_write_slots(NULL, src, src_ids, got, 1, NULL, &req), KVX_ERR_INVALID_ARG, "write_slots NULL store");
+  expect_fail(kvx_store_write_slots(data, NULL, src_ids, got, 1, NULL, &req), KVX_ERR_INVALID_ARG, "write_slots NULL src");
+  expect_fail(kvx_store_write_slots(data, src, NULL, got, 1, NULL, &req), KVX_ERR_INVALID_ARG, "write_slots NULL src_ids");
+  expect_fail(kvx_store_write_slots(data, src, src_ids, NULL, 1, NULL, &req), KVX_ERR_INVALID_ARG, "write_slots NULL handles, n 1");
+  expect_fail(kvx_store_write_slots(data, src, src_ids, got, 0, NULL, &req), KVX_ERR_INVALID_ARG, "write_slots of no handles");
+  expect_fail(kvx_store_write_slots(data, src, src_ids, &past, 1, NULL, &req), KVX_ERR_OUT_OF_RANGE, "write_slots slot past the capacity");
+  kvx_transfer_options o;
+  kvx_transfer_options_init(&o);
+  o.layer_end = 1;
+  expect_fail(kvx_store_write_slots(data, src, src_ids, got, 1, &o, &req), KVX_ERR_INVALID_ARG, "write_slots of a layer range");
+  EXPECT(req == (kvx_store_request *)(uintptr_t)0x1, "failed reads and writes wrote their output");
+  /* The key calls of a data-only store are refused. */
+  expect_fail(kvx_store_lookup(data, keys, 1, 0, present, &leading), KVX_ERR_INVALID_ARG, "lookup on a data-only store");
+  expect_fail(kvx_store_put(data, src, src_ids, keys, 1, NULL, &req), KVX_ERR_INVALID_ARG, "put on a data-only store");
+  expect_fail(kvx_store_get(data, keys, 1, dst, dst_ids, NULL, &req), KVX_ERR_INVALID_ARG, "get on a data-only store");
+  expect_fail(kvx_store_remove(data, keys, 1, st), KVX_ERR_INVALID_ARG, "remove on a data-only store");
+
+  kvx_store_close(data);
+  kvx_store_close(owner);
+  kvx_layout_destroy(dst);
+  kvx_layout_destroy(src);
+  remove_store_dir(sdir);
+}
+
 /* A store whose engine is destroyed first: its calls are KVX_ERR_SHUTDOWN, its close
  * still works, nothing leaks. */
 static void store_outlives_engine(const char *dir) {
@@ -748,6 +896,7 @@ int main(void) {
   remote_calls(e);
   store_round_trip(e, dir);
   store_bad_calls(e, dir);
+  store_slots(e, dir);
   kvx_engine_destroy(e);
   completion_fd();
   store_outlives_engine(dir);

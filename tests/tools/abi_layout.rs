@@ -31,9 +31,11 @@ fn main() {
         engine_export, blob_bytes, blob_destroy, engine_import, store_config_init, store_open, store_close, store_lookup,
         store_release_leases, store_put, store_get, store_remove, store_stats, store_request_wait, store_request_poll,
         store_request_key_status, store_request_key_error, store_request_error, store_request_release,
-        engine_completion_fd);
+        engine_completion_fd,
+        store_lease_slots, store_reserve_slots, store_commit_slots, store_abort_slots, store_read_slots, store_write_slots);
     layout!(kvx_key; bytes, len);
     layout!(kvx_store_config; struct_size, flags, block, capacity_blocks, namespace_bytes, namespace_len, shards);
     layout!(kvx_store_counters; struct_size, entries, capacity, hits, misses, evictions, integrity_failures, puts, dedups,
         removes, bytes);
+    layout!(kvx_slot_handle; key_digest, generation, seal, epoch, slot, key_len);
 }

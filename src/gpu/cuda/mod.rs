@@ -5,7 +5,8 @@
 //!   caller's own current context is left as it was.
 //! - Two H2D and two D2H streams (by slot parity), so both directions run at once and a
 //!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
-//!   use the H2D streams. A request gated on a caller's event has its event captured,
+//!   use the H2D streams. Plain bulk copies all take the first stream of their direction,
+//!   latency-critical ones the second, so they queue behind no plain bulk copy. A request gated on a caller's event has its event captured,
 //!   and its copies queued, on a gated lane's stream, one of its own while lanes last, so
 //!   that wait holds up no other request (`gated.rs`).
 //! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
@@ -132,8 +133,19 @@ impl CudaGpu {
     /// A chunk gated on a caller's event takes its request's gated lane, whose fences
     /// have a lane of their own too (`fence_lane`): its wait would hold up every copy
     /// queued behind it on a shared stream.
-    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool, after: Option<Gate>) -> sys::CUstream {
-        let i = if kernel { (slot % 2) as usize } else { 0 };
+    ///
+    /// A latency-critical chunk takes its direction's second stream, kernel or not: plain
+    /// bulk copies, which queue on the first, never hold it up; region-kernel chunks of
+    /// odd slots still share it. A stream of its own would be a ninth, which shares one
+    /// of the driver's eight hardware queues with a stream of ours (`gated.rs`).
+    fn stream(&self, kind: CopyKind, slot: u32, kernel: bool, after: Option<Gate>, critical: bool) -> sys::CUstream {
+        let i = if critical {
+            1
+        } else if kernel {
+            (slot % 2) as usize
+        } else {
+            0
+        };
         match (kind, after) {
             (_, Some(gate)) => self.gated.stream(gate.lane),
             (CopyKind::DeviceToHost, None) => self.d2h[i],
@@ -428,10 +440,11 @@ impl Gpu for CudaGpu {
         slot: u32,
         host: HostSide,
         after: Option<Gate>,
+        critical: bool,
     ) -> std::result::Result<Fence, CopyError> {
         let res = self.slots.get().expect("prepare_slots runs before any copy");
         let kernel = self.kernel.as_ref().filter(|_| regions::batches(res, kind, ops, host));
-        let stream = self.stream(kind, slot, kernel.is_some(), after);
+        let stream = self.stream(kind, slot, kernel.is_some(), after, critical);
         // SAFETY: a thread with the context current (the copy thread, an I/O worker, a
         // submit between `enter` and `leave`); ops lie in validated layouts and this
         // chunk's slot; the slot's resources are this chunk's until its fence completes.
