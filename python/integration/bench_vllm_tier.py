@@ -20,7 +20,7 @@ whose `get_finished_jobs` returns it (so it includes up to one step of waiting).
 `raw` is the medium's limit, measured in the same run: first a sweep of I/O sizes and
 thread counts (`--raw-io-sizes`, `--raw-threads`; each thread writes then reads a file of
 its own, `O_DIRECT` on disk), then, in every round, the same bytes as the tiers' runs at
-the sweep's fastest setting for each direction.
+the sweep's fastest setting for each direction. Its line is the fastest the medium moved.
 
 An untimed store and load of each tier on each medium comes first (`--warmup-gib`). Runs
 then alternate (kvxfer, fs, raw, kvxfer, ...) for every chunk size and medium, each in a
@@ -300,12 +300,32 @@ class Run:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def raw_worker(path: str, flags: int, buf: mmap.mmap, count: int, write: bool) -> None:
-    """`count` I/Os of `len(buf)` bytes, one after another, to or from one file."""
+#: Raw I/Os come from and go to a region this large, past any CPU cache, as the tiers' move
+#: to and from vLLM's CPU tier: a buffer that stayed in cache would copy faster than any
+#: tier could.
+RAW_REGION_BYTES = 256 * MiB
+_raw_region: List[memoryview] = []
+
+
+def raw_region() -> memoryview:
+    """The raw runs' memory: page-aligned (for `O_DIRECT`), random bytes, made once."""
+    if not _raw_region:
+        m = mmap.mmap(-1, RAW_REGION_BYTES)
+        view = np.frombuffer(m, dtype=np.uint8)
+        view[:] = np.random.default_rng(0).integers(0, 256, RAW_REGION_BYTES, dtype=np.uint8)
+        _raw_region.append(memoryview(m))
+    return _raw_region[0]
+
+
+def raw_worker(path: str, flags: int, first: int, size: int, count: int, write: bool) -> None:
+    """`count` I/Os of `size` bytes, one after another, to or from one file, walking the
+    raw region from I/O number `first`."""
+    region, slots = raw_region(), RAW_REGION_BYTES // size
     fd = os.open(path, (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | flags, 0o644)
     try:
-        size = len(buf)
         for c in range(count):
+            off = (first + c) % slots * size
+            buf = region[off : off + size]
             n = os.pwrite(fd, buf, c * size) if write else os.preadv(fd, [buf], c * size)
             if n != size:
                 raise OSError(f"raw {'write' if write else 'read'} of {path} moved {n} of {size} bytes")
@@ -316,19 +336,15 @@ def raw_worker(path: str, flags: int, buf: mmap.mmap, count: int, write: bool) -
 class RawFiles:
     """The medium without vLLM, a key or a checksum: `threads` threads, each writing then
     reading a file of its own in `io_bytes` I/Os (`O_DIRECT` on disk, page-cache I/O on
-    tmpfs), from page-aligned buffers of random bytes. The files are allocated before
-    the writes are timed, as kvxfer's store allocates its data files when it opens."""
+    tmpfs), from and to `raw_region`. The files are allocated before the writes are timed,
+    as kvxfer's store allocates its data files when it opens."""
 
     def __init__(self, root: str, medium: str, io_bytes: int, threads: int, total_bytes: int):
         self.root, self.medium, self.io_bytes, self.threads = root, medium, io_bytes, threads
         self.count = max(1, total_bytes // threads // io_bytes)
         self.moved = self.count * io_bytes * threads
         self.flags = os.O_DIRECT if medium == "disk" else 0
-        self.bufs = []
-        for i in range(threads):
-            m = mmap.mmap(-1, io_bytes)
-            m.write(np.random.default_rng(i).integers(0, 256, io_bytes, dtype=np.uint8).tobytes())
-            self.bufs.append(m)
+        raw_region()
 
     def run(self, write: bool) -> Dict[str, Any]:
         """Every thread's file written (or read) once; timed like a tier's phase."""
@@ -344,15 +360,11 @@ class RawFiles:
             drop_page_cache()
         c0, t0 = cpu_seconds(), time.perf_counter()
         with ThreadPoolExecutor(self.threads) as pool:
-            list(pool.map(lambda i: raw_worker(paths[i], self.flags, self.bufs[i], self.count, write), range(self.threads)))
+            list(pool.map(lambda i: raw_worker(paths[i], self.flags, i * self.count, self.io_bytes, self.count, write), range(self.threads)))
         wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
         return {"bytes": self.moved, "seconds": wall, "gbps": self.moved / wall / GB, "cpu_s_per_gb": cpu / (self.moved / GB),
                 "scheduler_cpu_s_per_gb": None, "jobs": 0, "failed_jobs": 0, "latency_ms": [],
                 "io_bytes": self.io_bytes, "threads": self.threads}
-
-    def close(self) -> None:
-        for m in self.bufs:
-            m.close()
 
 
 def raw_sweep(args: argparse.Namespace, medium: str) -> Dict[str, Any]:
@@ -369,7 +381,6 @@ def raw_sweep(args: argparse.Namespace, medium: str) -> Dict[str, Any]:
                 try:
                     w, r = files.run(True), files.run(False)
                 finally:
-                    files.close()
                     for f in os.listdir(root):
                         os.unlink(os.path.join(root, f))
                 points.append({"io_bytes": io_bytes, "threads": threads, "store_gbps": w["gbps"], "load_gbps": r["gbps"]})
@@ -398,22 +409,15 @@ class RawRun:
         return RawFiles(self.root, self.medium, b["io_bytes"], b["threads"], self.total_bytes)
 
     def store(self) -> Dict[str, Any]:
-        files = self._files("store")
-        try:
-            return files.run(True)
-        finally:
-            files.close()
+        return self._files("store").run(True)
 
     def load(self) -> Dict[str, Any]:
         files = self._files("load")
-        try:
-            if self.best["load"] != self.best["store"]:
-                for f in os.listdir(self.root):
-                    os.unlink(os.path.join(self.root, f))
-                files.run(True)
-            return files.run(False)
-        finally:
-            files.close()
+        if self.best["load"] != self.best["store"]:
+            for f in os.listdir(self.root):
+                os.unlink(os.path.join(self.root, f))
+            files.run(True)
+        return files.run(False)
 
     def describe(self) -> Dict[str, Any]:
         return {d: f"{size_name(b['io_bytes'])} I/Os x {b['threads']} threads" for d, b in self.best.items()} | {"o_direct": self.medium == "disk"}
@@ -442,9 +446,10 @@ def percentile(xs: List[float], q: float) -> float:
     return float(np.percentile(np.array(xs), q)) if xs else float("nan")
 
 
-def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def summarize(runs: List[Dict[str, Any]], sweeps: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Per (tier, chunk, medium, direction): the median run's GB/s and CPU s/GB, and
-    latency percentiles over every job of every run."""
+    latency percentiles over every job of every run. Raw's GB/s is the fastest the medium
+    moved in the run: the sweep's best point or a round's raw run, whichever was faster."""
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["tier"], r["chunk_bytes"], r["medium"], r["direction"]), []).append(r)
@@ -468,7 +473,8 @@ def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "failed_jobs": sum(r["failed_jobs"] for r in rs),
         })
         if tier == "raw":
-            rows[-1].update(io_bytes=rs[0]["io_bytes"], threads=rs[0]["threads"])
+            swept = max(p[f"{direction}_gbps"] for p in sweeps[medium]["points"])
+            rows[-1].update(gbps=max(swept, *(r["gbps"] for r in rs)), io_bytes=rs[0]["io_bytes"], threads=rs[0]["threads"])
     by = {(r["tier"], r["chunk_bytes"], r["medium"], r["direction"]): r for r in rows}
     for r in rows:
         fs = by.get(("fs", r["chunk_bytes"], r["medium"], r["direction"]))
@@ -529,9 +535,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--job-mib", type=int, default=32, help="MiB per request, one tier job (default 32)")
     p.add_argument("--inflight", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--step-ms", type=float, default=1.0, help="pause between scheduler steps (default 1)")
-    p.add_argument("--raw-io-sizes", default="64K,256K,1M,4M", help="I/O sizes of the raw sweep (default 64K,256K,1M,4M)")
+    p.add_argument("--raw-io-sizes", default="64K,256K,1M,2M,4M", help="I/O sizes of the raw sweep (default 64K,256K,1M,2M,4M)")
     p.add_argument("--raw-threads", default="1,2,4,8,16", help="thread counts of the raw sweep (default 1,2,4,8,16)")
-    p.add_argument("--raw-mib", type=int, default=256, help="MiB written then read at each point of the raw sweep (default 256)")
+    p.add_argument("--raw-mib", type=int, default=1024, help="MiB written then read at each point of the raw sweep (default 1024)")
     p.add_argument("--warmup-gib", type=float, default=0.25, help="an untimed store and load of each tier on each medium first, GiB (default 0.25; 0: none)")
     p.add_argument("--kvxfer-config", type=json.loads, default={}, metavar="JSON", help='keys added to kvxfer\'s tier config, e.g. \'{"engine": {"io_threads": 8}}\'')
     p.add_argument("--fs-config", type=json.loads, default={}, metavar="JSON", help="keys added to vLLM's fs tier config")
@@ -580,7 +586,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                             )
                     finally:
                         run.close()
-    rows = summarize(runs)
+    rows = summarize(runs, sweeps)
     text = table(rows) + "\n\n" + "\n".join(f"- {k}: {describe_setup(v)}" for k, v in setup.items()) + "\n"
     print(text, end="")
     if args.md:
