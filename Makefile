@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-test
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
 
 all: build
 
@@ -259,20 +259,35 @@ SGLANG_VERSION := 0.5.23
 LMCACHE_VERSION := 0.5.6
 INTEGRATION_WHEELS := target/integration-wheels
 
-# $(call runtime-tests,runtime,version): make target/<runtime>-venv once, install the
-# wheel, run the runtime's tests.
-define runtime-tests
+# $(call runtime-venv,runtime,version): make target/<runtime>-venv once and install the
+# wheel into it.
+define runtime-venv
 	@[ -f target/$(1)-venv/.$(1)-$(2) ] || { rm -rf target/$(1)-venv && python3 -m venv target/$(1)-venv && \
 	  target/$(1)-venv/bin/pip install -q $(1)==$(2) numpy pytest && touch target/$(1)-venv/.$(1)-$(2); }
 	target/$(1)-venv/bin/pip install -q --force-reinstall --no-deps $(INTEGRATION_WHEELS)/kvxfer-*.whl
+endef
+
+# $(call runtime-tests,runtime,version): the runtime's venv, then its tests.
+define runtime-tests
+	$(call runtime-venv,$(1),$(2))
 	cd /tmp && $(CURDIR)/target/$(1)-venv/bin/pytest -q -rs $(CURDIR)/python/integration/test_$(1)_*.py
 endef
 
-integration-test: python-venv
+integration-wheels: python-venv
 	rm -rf $(INTEGRATION_WHEELS) && $(PYENV)/bin/pip wheel -q --no-deps -w $(INTEGRATION_WHEELS) ./python
+
+integration-test: integration-wheels
 	$(call runtime-tests,vllm,$(VLLM_VERSION))
 	$(call runtime-tests,sglang,$(SGLANG_VERSION))
 	$(call runtime-tests,lmcache,$(LMCACHE_VERSION))
+
+# kvxfer's vLLM tier against vLLM's own fs tier, both driven by vLLM's tiering manager
+# (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier), in vLLM's venv: a table,
+# and the data behind it in target/vllm-tier-bench.json. Flags go in BENCH_ARGS
+# (`make integration-bench BENCH_ARGS="--gib 1 --media shm"`; see its --help).
+integration-bench: integration-wheels
+	$(call runtime-venv,vllm,$(VLLM_VERSION))
+	cd /tmp && $(CURDIR)/target/vllm-venv/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

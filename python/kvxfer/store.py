@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import struct
 import threading
 import time
 from dataclasses import dataclass, fields
+from itertools import accumulate, islice
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _native as n
@@ -49,27 +51,41 @@ class StoreStats:
 
 class _Keys:
     """A call's keys as a `kvx_key` array over their bytes, kept alive for the call. A str
-    key is its UTF-8 bytes; their lengths are checked by the library (1 to 64 bytes)."""
+    key is its UTF-8 bytes; their lengths are checked by the library (1 to 64 bytes).
+    The keys are joined into one buffer and the array is packed from (pointer, length)
+    pairs in one go: a job of hundreds of keys costs its submitter microseconds, not a
+    millisecond of per-key ctypes calls. One key (a runtime's tier looks its keys up one
+    at a time) skips the joining: its array is packed from its own bytes."""
 
     def __init__(self, keys: Iterable[Key]):
         if isinstance(keys, (bytes, bytearray, memoryview, str)):
             raise InvalidArgument("keys must be a sequence of keys, not one key; wrap a single key in a list")
-        self._bytes: List[bytes] = []
-        for i, k in enumerate(keys):
-            if isinstance(k, str):
-                k = k.encode()
-            elif isinstance(k, (bytearray, memoryview)):
-                k = bytes(k)
-            elif not isinstance(k, bytes):
-                raise InvalidArgument(f"keys[{i}] is a {type(k).__name__}; a key is bytes (or a str, as UTF-8)")
-            self._bytes.append(k)
-        self.n = len(self._bytes)
-        self.array = (n.KeyC * max(self.n, 1))()
-        for i, b in enumerate(self._bytes):
-            # c_char_p points into the bytes object itself, which self._bytes keeps.
-            self.array[i].bytes = ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value
-            # A length past uint32 would wrap: saturated, so the library refuses it.
-            self.array[i].len = min(len(b), 0xFFFFFFFF)
+        bs = [k if type(k) is bytes else _key_bytes(i, k) for i, k in enumerate(keys)]
+        self.n = len(bs)
+        self._buf = bs[0] if self.n == 1 else b"".join(bs)
+        # A length past uint32 would wrap: saturated, so the library refuses it.
+        if self.n == 1:
+            packed = struct.pack("@PI0P", ctypes.cast(self._buf, ctypes.c_void_p).value or 0, min(len(self._buf), 0xFFFFFFFF))
+            self.array = _ONE_KEY.from_buffer_copy(packed)
+            return
+        lens = [min(len(b), 0xFFFFFFFF) for b in bs]
+        pairs: List[int] = [0] * (2 * self.n)
+        pairs[0::2] = islice(accumulate(lens, initial=ctypes.cast(self._buf, ctypes.c_void_p).value or 0), self.n)
+        pairs[1::2] = lens
+        # Native alignment: "0P" pads each (pointer, uint32) to kvx_key's size.
+        packed = struct.pack("@" + "PI0P" * self.n, *pairs)
+        self.array = (n.KeyC * max(self.n, 1)).from_buffer_copy(packed.ljust(ctypes.sizeof(n.KeyC) * max(self.n, 1), b"\0"))
+
+
+_ONE_KEY = n.KeyC * 1
+
+
+def _key_bytes(i: int, k: Any) -> bytes:
+    if isinstance(k, str):
+        return k.encode()
+    if isinstance(k, (bytes, bytearray, memoryview)):
+        return bytes(k)
+    raise InvalidArgument(f"keys[{i}] is a {type(k).__name__}; a key is bytes (or a str, as UTF-8)")
 
 
 def _store_closed() -> Error:
@@ -428,6 +444,9 @@ class StoreRequest:
             pass
         out: List[Optional[Error]] = []
         with self._gate as h:
+            # The request's status is OK only when every key's is.
+            if n.lib.kvx_store_request_poll(h) == n.OK:
+                return [None] * self._n
             for i in range(self._n):
                 st = ctypes.c_uint32()
                 _check(n.lib.kvx_store_request_key_status(h, i, ctypes.byref(st)))

@@ -217,6 +217,59 @@ def test_store_structs_match_the_library():
     assert ctypes.sizeof(n.KeyC) == 16 and ctypes.sizeof(n.StoreCountersC) == 88
 
 
+def test_results_of_a_request_every_key_of_which_succeeded_ask_no_key(engine, tmp_path, monkeypatch):
+    """A request's status is OK only when every key's is: its results need no call per
+    key, which a scheduler thread polling jobs of hundreds of chunks would pay."""
+    cfg = geometry(blocks=4)
+    src, _ = host_pool(engine, cfg, 16)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 8) as s:
+        put = s.put(src, [0, 1, 2, 3], [b"a", b"b", b"c", b"d"])
+        put.wait()
+        asked = []
+        key_status = n.lib.kvx_store_request_key_status
+        monkeypatch.setattr(n.lib, "kvx_store_request_key_status", lambda *a: asked.append(a[1]) or key_status(*a))
+        assert put.results() == [None] * 4
+        assert asked == []
+        r = s.get([b"a", b"never put"], src, [0, 1])
+        res = r.results()
+        assert res[0] is None and isinstance(res[1], kvxfer.NotFound) and asked == [0, 1]
+
+
+def test_keys_of_every_length_and_kind_name_their_own_blocks(engine, tmp_path):
+    """The keys of one call are passed to the library as one array over their bytes:
+    each key is exactly its own bytes, whatever the lengths of its neighbours."""
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 17)
+    dst, b = host_pool(engine, cfg, 18)
+    keys = [b"k", b"\x00" * 64, "ключ", bytearray(b"ab"), memoryview(b"abc"), b"a" * 63, b"abcd", b"\x00"]
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 16) as s:
+        s.put(src, list(range(8)), keys).wait()
+        assert s.lookup([b"a" * 62, b"ab", b"abc\x00", b"abcd"]) == ([False, True, False, True], 0)
+        s.get(keys[::-1], dst, list(range(8))).wait()
+        assert [block(b, cfg, i) for i in range(8)] == [block(a, cfg, 7 - i) for i in range(8)]
+
+
+def test_a_call_of_one_key_names_exactly_that_key(engine, tmp_path):
+    """A call of one key (how runtimes' tiers look keys up) passes that key's bytes alone:
+    each kind and length finds its own block, and a prefix or an extension of it none."""
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 19)
+    dst, b = host_pool(engine, cfg, 20)
+    keys = [b"k", b"\x00" * 64, "ключ", bytearray(b"ab"), memoryview(b"abc"), b"a" * 63, b"abcd", b"\x00"]
+    with kvxfer.Store(engine, tmp_path / "s", cfg, 16) as s:
+        for i, k in enumerate(keys):
+            s.put(src, [i], [k]).wait()
+        for i, k in enumerate(keys):
+            assert s.lookup([k]) == ([True], 1)
+            s.get([k], dst, [i]).wait()
+            assert block(b, cfg, i) == block(a, cfg, i)
+        assert [s.lookup([k])[0][0] for k in (b"a" * 62, b"abc\x00", b"\x00" * 63, b"ab\x00")] == [False] * 4
+        with pytest.raises(kvxfer.InvalidArgument):
+            s.lookup([b""])
+        with pytest.raises(kvxfer.InvalidArgument):
+            s.lookup([b"a" * 65])
+
+
 def test_awaiting_store_requests_takes_no_thread(engine, tmp_path):
     cfg = geometry(blocks=4)
     src, a = host_pool(engine, cfg, 16)
