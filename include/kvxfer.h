@@ -920,8 +920,9 @@ kvx_status kvx_store_commit_slots(struct kvx_store *s,
                                   kvx_status *statuses_out);
 
 // Gives back the reserved slots of write handles `handles[i]`, i < `n`, unwritten (a
-// handle not reserved is skipped). A write of one still in flight cannot be committed
-// under the key its slot goes to next. Owner only.
+// handle not reserved is skipped; one naming a slot past the capacity fails the call,
+// `KVX_ERR_OUT_OF_RANGE`, before any is given back). A write of one still in flight
+// cannot be committed under the key its slot goes to next. Owner only.
 kvx_status kvx_store_abort_slots(struct kvx_store *s,
                                  const struct kvx_slot_handle *handles,
                                  size_t n);
@@ -944,7 +945,9 @@ kvx_status kvx_store_read_slots(struct kvx_store *s,
 // asynchronously; the owner then commits (or aborts) the handles. Whole blocks only; a
 // handle is written once. Per key: `KVX_OK` once its block is written and sealed, else the
 // transfer's status. `opts` and `src` as for `kvx_store_put`. A handle of a slot past
-// the capacity is `KVX_ERR_OUT_OF_RANGE`. On success `*out_request` is the request; free
+// the capacity is `KVX_ERR_OUT_OF_RANGE`; one that is no write handle (zeroed, as
+// `kvx_store_reserve_slots` leaves those of keys it gave no slot, or a read handle)
+// `KVX_ERR_INVALID_ARG`, and nothing is written. On success `*out_request` is the request; free
 // it with `kvx_store_request_release`.
 kvx_status kvx_store_write_slots(struct kvx_store *s,
                                  const struct kvx_layout *src,

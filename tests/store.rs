@@ -510,6 +510,31 @@ fn a_forked_child_does_not_keep_the_owners_lock() {
     assert!(reopened.is_ok(), "{:?}", reopened.err());
 }
 
+/// A child forked without exec shares the owner's open (its epoch and generations), so
+/// handles it reserved would have the same write identities as the parent's: every owner
+/// call there is refused, and the parent's store goes on.
+#[test]
+fn a_forked_child_cannot_use_its_parents_owner_store() {
+    let e = engine_arc();
+    let dir = store_dir();
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    // SAFETY: the child makes store calls that take the store's locks (free at the fork:
+    // no other thread calls the store) and allocate (glibc's malloc is reset in a forked
+    // child); an alarm ends it if it hangs anyway.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        unsafe { libc::alarm(30) };
+        let refused = |st: Option<Status>| st == Some(Status::InvalidArg);
+        let ok = refused(s.reserve_slots(&[b"k"]).err().map(|e| e.status)) && refused(s.lookup(&[b"k"], false).err().map(|e| e.status));
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child used the owner's store (wait status {status})");
+    assert!(matches!(s.reserve_slots(&[b"k"]).unwrap()[0], Reservation::Write(_)), "the parent's store goes on");
+}
+
 /// A batch's held keys are used, not evicted to make room for its new ones.
 #[test]
 fn a_put_never_evicts_a_key_of_its_own_batch() {

@@ -290,3 +290,38 @@ fn a_handle_from_before_the_owner_opened_the_store_again_is_never_committed() {
     assert_eq!(owner.commit_slots(&[hb]).unwrap(), vec![Status::Integrity], "B's slot holds A's late block");
     assert_eq!(get_exact(&e, &owner, &small_block(), &b), Status::NotFound);
 }
+
+/// `write_slots` takes write handles only: a zeroed handle (what C gives for a key
+/// reserved no slot) or a read handle is refused, and the entry in that slot stays.
+#[test]
+fn a_write_of_a_handle_that_is_no_write_handle_is_refused_and_the_entry_stays() {
+    let _serial = serial();
+    let OneSlot { e, owner, data, src, .. } = one_slot(small_block(), "store-not-a-write-handle");
+    let a = key(1);
+    let ha = write_handle(&owner, &a);
+    assert_eq!(wait(&data.write_slots(&src, &[0], &[ha], &Default::default()).unwrap()), Status::Ok);
+    assert_eq!(owner.commit_slots(&[ha]).unwrap(), vec![Status::Ok]);
+    let read = owner.lease_slots(&[&a]).unwrap()[0].expect("A is held");
+    owner.release_leases(&[&a]).unwrap();
+    let zeroed = SlotHandle { slot: 0, generation: 0, key_digest: 0, key_len: 0, seal: 0, epoch: 0 };
+    for (what, h) in [("a zeroed handle", zeroed), ("a read handle", read)] {
+        let r = data.write_slots(&src, &[1], &[h], &Default::default());
+        assert_eq!(r.err().map(|e| e.status), Some(Status::InvalidArg), "{what} written");
+    }
+    assert_eq!(get_exact(&e, &owner, &small_block(), &a), Status::Ok, "A's entry stays");
+}
+
+/// A handle whose key length no key has is never committed: its record would not read
+/// back, and the acknowledged entry would be gone at the next open.
+#[test]
+fn a_commit_of_a_handle_with_a_key_length_no_key_has_is_refused() {
+    let _serial = serial();
+    let OneSlot { owner, data, src, .. } = one_slot(small_block(), "store-key-length");
+    let ha = write_handle(&owner, &key(1));
+    assert_eq!(wait(&data.write_slots(&src, &[0], &[ha], &Default::default()).unwrap()), Status::Ok);
+    for len in [0, 65] {
+        let bad = SlotHandle { key_len: len, ..ha };
+        assert_eq!(owner.commit_slots(&[bad]).unwrap(), vec![Status::InvalidArg], "key length {len} committed");
+    }
+    assert_eq!(owner.commit_slots(&[ha]).unwrap(), vec![Status::Ok], "the handle itself still commits");
+}

@@ -158,8 +158,9 @@ pub unsafe extern "C" fn kvx_store_commit_slots(
 }
 
 /// Gives back the reserved slots of write handles `handles[i]`, i < `n`, unwritten (a
-/// handle not reserved is skipped). A write of one still in flight cannot be committed
-/// under the key its slot goes to next. Owner only.
+/// handle not reserved is skipped; one naming a slot past the capacity fails the call,
+/// `KVX_ERR_OUT_OF_RANGE`, before any is given back). A write of one still in flight
+/// cannot be committed under the key its slot goes to next. Owner only.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_store_abort_slots(s: *mut kvx_store, handles: *const kvx_slot_handle, n: usize) -> kvx_status {
     status(|| store(s)?.abort_slots(&slot_handles(handles, n)?))
@@ -198,7 +199,9 @@ pub unsafe extern "C" fn kvx_store_read_slots(
 /// asynchronously; the owner then commits (or aborts) the handles. Whole blocks only; a
 /// handle is written once. Per key: `KVX_OK` once its block is written and sealed, else the
 /// transfer's status. `opts` and `src` as for `kvx_store_put`. A handle of a slot past
-/// the capacity is `KVX_ERR_OUT_OF_RANGE`. On success `*out_request` is the request; free
+/// the capacity is `KVX_ERR_OUT_OF_RANGE`; one that is no write handle (zeroed, as
+/// `kvx_store_reserve_slots` leaves those of keys it gave no slot, or a read handle)
+/// `KVX_ERR_INVALID_ARG`, and nothing is written. On success `*out_request` is the request; free
 /// it with `kvx_store_request_release`.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_store_write_slots(

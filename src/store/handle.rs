@@ -19,7 +19,7 @@
 //! the slot (an aborted handle's, or one handed out before the owner opened the store
 //! again) that landed late, nor a mix of two writes.
 
-use super::config::{key_digests, Digest};
+use super::config::{key_digests, Digest, MAX_KEY_BYTES};
 use super::index::{Entry, PutStart};
 use super::request::StoreRequest;
 use super::worker::{self, GetKey, PutGroup, PutKey, WriteGroup};
@@ -159,7 +159,13 @@ impl Store {
         let mut ix = self.inner.index.lock().unwrap();
         let mut keys = Vec::with_capacity(handles.len());
         for (i, h) in handles.iter().enumerate() {
-            if h.epoch != self.inner.epoch {
+            if h.key_len == 0 || h.key_len as usize > MAX_KEY_BYTES {
+                req.settle(
+                    i,
+                    Status::InvalidArg,
+                    format!("the handle of slot {} names a key of {} bytes; keys are 1 to {MAX_KEY_BYTES}", h.slot, h.key_len),
+                );
+            } else if h.epoch != self.inner.epoch {
                 req.settle(
                     i,
                     Status::InvalidArg,
@@ -217,6 +223,12 @@ impl Store {
     ) -> Result<Arc<StoreRequest>> {
         let inner = &self.inner;
         inner.check_handles(handles, src_ids.len())?;
+        // A write handle carries its owner's epoch and no seal. Which open's it is cannot
+        // be told here, but a zeroed handle (C's for a key given no slot) or a read handle
+        // would overwrite a committed entry.
+        if let Some(i) = handles.iter().position(|h| h.epoch == 0 || h.seal != 0) {
+            bail!(InvalidArg, "handle {i} is not a write handle (reserve_slots gives those, for keys it answered Write)");
+        }
         if opts.layer_begin != 0 || (opts.layer_end != 0 && opts.layer_end as u64 != inner.cfg.block.num_layers) {
             bail!(InvalidArg, "a slot is written whole: put every layer");
         }

@@ -126,6 +126,9 @@ struct Inner {
     /// identity of that write of its slot (`write_id`), which no write of another open
     /// shares.
     epoch: u64,
+    /// The process that opened the store: a child forked from it shares the epoch and the
+    /// generations, so its reservations would repeat the parent's write identities.
+    pid: u32,
 }
 
 /// A store open as its owner (the process holds the directory's lock until it is closed),
@@ -207,6 +210,7 @@ impl Store {
             tx,
             data_only,
             epoch: fresh_epoch(),
+            pid: std::process::id(),
         });
         inner.clear_stale(&stale)?;
         if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
@@ -485,6 +489,14 @@ impl Drop for Store {
 impl Inner {
     /// Refuses what only the owner may do (everything touching the index) in a data-only open.
     fn owner(&self) -> Result<()> {
+        if std::process::id() != self.pid {
+            bail!(
+                InvalidArg,
+                "the store in {} was opened by process {}, and this process is a child forked from it: open the store in the child (DATA_ONLY, to move the owner's slots)",
+                self.dir.display(),
+                self.pid
+            );
+        }
         if self.data_only {
             bail!(
                 InvalidArg,
