@@ -30,9 +30,10 @@ class SlotHandle:
     def __init__(self, raw: bytes):
         if not isinstance(raw, (bytes, bytearray, memoryview)):
             raise InvalidArgument(f"a slot handle is made from its bytes (bytes(handle)), not a {type(raw).__name__}")
+        raw = bytes(raw)  # a memoryview's len() counts its items, not its bytes
         if len(raw) != SlotHandle.SIZE:
             raise InvalidArgument(f"a slot handle is {SlotHandle.SIZE} bytes (bytes(handle)); got {len(raw)}")
-        object.__setattr__(self, "_bytes", bytes(raw))
+        object.__setattr__(self, "_bytes", raw)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "SlotHandle":

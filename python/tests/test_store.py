@@ -318,6 +318,10 @@ def test_a_slot_handle_is_48_bytes_that_round_trip_and_pickle(engine, tmp_path):
             h.slot = 3
         with pytest.raises(kvxfer.InvalidArgument, match="48 bytes"):
             kvxfer.SlotHandle.from_bytes(raw[:40])
+        # 48 items of 8 bytes are not a handle, nor is 6 items' worth of its bytes.
+        with pytest.raises(kvxfer.InvalidArgument, match="48 bytes"):
+            kvxfer.SlotHandle.from_bytes(memoryview(bytes(48 * 8)).cast("Q"))
+        assert kvxfer.SlotHandle.from_bytes(memoryview(raw).cast("Q")) == h
         with pytest.raises(kvxfer.InvalidArgument, match="SlotHandle"):
             s.commit_slots([raw])
         s.abort_slots([h, g])
