@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .engine import Engine, Layout
-from .errors import Error, InvalidArgument, Shutdown, Unsupported
+from .errors import Error, InvalidArgument, Shutdown
 from .store import Store, StoreRequest
-from .tier import chunk_layout, namespace_of, store_key
+from .tier import check_version, chunk_layout, namespace_of, store_key
 
 log = logging.getLogger("kvxfer.lmcache")
 
@@ -41,22 +41,7 @@ _FORMAT = "kvxfer.lmcache 1"
 def check_lmcache_version() -> str:
     """The installed LMCache's version; raises `Unsupported` naming the supported ones when
     it is another (or when LMCache is not installed)."""
-    from importlib import metadata
-
-    want = " or ".join(SUPPORTED_LMCACHE)
-    try:
-        v = metadata.version("lmcache")
-    except metadata.PackageNotFoundError:
-        raise Unsupported(
-            f"kvxfer.lmcache needs LMCache {want}; LMCache is not installed (pip install lmcache=={SUPPORTED_LMCACHE[-1]})", 5
-        ) from None
-    if v not in SUPPORTED_LMCACHE:
-        raise Unsupported(
-            f"kvxfer.lmcache supports LMCache {want}, whose native_plugin L2 interface it implements; LMCache {v} is "
-            f"installed: install lmcache=={SUPPORTED_LMCACHE[-1]}, or a kvxfer that supports {v}",
-            5,
-        )
-    return v
+    return check_version("kvxfer.lmcache", "lmcache", "LMCache", SUPPORTED_LMCACHE, "native_plugin L2 interface")
 
 
 class _Span:

@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tier import MAX_REGION, capacity_blocks, namespace_of, region_bytes, store_key
+from .tier import MAX_REGION, capacity_blocks, check_version, namespace_of, region_bytes, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -62,20 +62,7 @@ def page_key(key: str) -> bytes:
 def check_sglang_version() -> str:
     """The installed SGLang's version; raises `Unsupported` naming the supported ones when
     it is another (or when SGLang is not installed)."""
-    from importlib import metadata
-
-    want = " or ".join(SUPPORTED_SGLANG)
-    try:
-        v = metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        raise Unsupported(f"kvxfer.sglang needs SGLang {want}; SGLang is not installed (pip install sglang=={SUPPORTED_SGLANG[-1]})", 5) from None
-    if v not in SUPPORTED_SGLANG:
-        raise Unsupported(
-            f"kvxfer.sglang supports SGLang {want}, whose HiCache storage interface it implements; "
-            f"SGLang {v} is installed: install sglang=={SUPPORTED_SGLANG[-1]}, or a kvxfer that supports {v}",
-            5,
-        )
-    return v
+    return check_version("kvxfer.sglang", "sglang", "SGLang", SUPPORTED_SGLANG, "HiCache storage interface")
 
 
 def page_bases(pool: Any) -> Tuple[List[Any], int]:

@@ -1,7 +1,7 @@
 """What a runtime's KV tier over a `Store` needs whatever the runtime: a namespace that
 fingerprints the runtime's configuration, store keys from the runtime's keys, the regions
 a block's bytes are cut into, the layout of a chunk kept as one block, and the store's
-capacity from the plug-in's settings. The runtime plug-ins (kvxfer.vllm, kvxfer.sglang,
+capacity from the plug-in's settings, and the check of the runtime's version. The runtime plug-ins (kvxfer.vllm, kvxfer.sglang,
 kvxfer.lmcache) build on it; none of it imports a runtime."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from .engine import LayoutConfig
-from .errors import InvalidArgument
+from .errors import InvalidArgument, Unsupported
 
 #: The store's longest key.
 MAX_KEY = 64
@@ -76,3 +76,23 @@ def capacity_blocks(blocks: Optional[int], nbytes: Optional[int], block_bytes: i
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise InvalidArgument(f"the kvxfer store's capacity is {n!r} {unit} of {block_bytes} bytes; give capacity_bytes of at least one of them")
     return n
+
+
+def check_version(plugin: str, package: str, name: str, supported: Sequence[str], interface: str) -> str:
+    """The installed `package`'s version; raises `Unsupported` naming the `supported` ones
+    when it is another (or when `package` is not installed). `plugin` and `name` name the
+    plug-in and the runtime in the message, `interface` what of the runtime it implements."""
+    from importlib import metadata
+
+    want = " or ".join(supported)
+    try:
+        v = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        raise Unsupported(f"{plugin} needs {name} {want}; {name} is not installed (pip install {package}=={supported[-1]})", 5) from None
+    if v not in supported:
+        raise Unsupported(
+            f"{plugin} supports {name} {want}, whose {interface} it implements; "
+            f"{name} {v} is installed: install {package}=={supported[-1]}, or a kvxfer that supports {v}",
+            5,
+        )
+    return v
