@@ -5,7 +5,7 @@
 //! layouts and engines and run transfers for real (slow: threads); without it every op
 //! goes through the same checks only (fast).
 
-use kvxfer::ffi::{api::*, engine::*, layout::*, store::*, transfer::*, types::*};
+use kvxfer::ffi::{api::*, engine::*, layout::*, slots::*, store::*, transfer::*, types::*};
 use kvxfer::layout::{segments, LayoutConfig, LayoutKind, Placement};
 use std::sync::LazyLock;
 
@@ -91,7 +91,7 @@ pub unsafe fn run(data: &[u8], real: bool) {
     let e = f.engine as *mut kvx_engine;
     let mut inp = Input(data);
     while !inp.0.is_empty() {
-        match inp.u8() % 6 {
+        match inp.u8() % 7 {
             0 => {
                 // A layout config: validation only for anything large, so nothing huge is allocated.
                 let mut c = std::mem::zeroed::<kvx_layout_config>();
@@ -279,6 +279,63 @@ pub unsafe fn run(data: &[u8], real: bool) {
                 if s != KVX_OK {
                     assert!(statuses == [99u32; 8], "remove wrote its output on failure");
                 }
+            }
+            6 => {
+                // Slot handles of any bytes (slots past the capacity, stale and forged
+                // handles) and counts past any array, through commit and abort, and a
+                // write and a read of them for real in one op of 256: no handle's bytes
+                // crash the store, and a refused call writes nothing. Some are handles
+                // the store gave out, some of those changed in a byte.
+                let st = f.store as *mut kvx_store;
+                let key = [0x33u8; 8];
+                let keys = [kvx_key { bytes: key.as_ptr(), len: 1 + inp.u8() as u32 % 8 }];
+                let mut given = std::mem::zeroed::<kvx_slot_handle>();
+                let mut kind = 0u32;
+                let _ = kvx_store_reserve_slots(st, keys.as_ptr(), 1, &mut given, &mut kind);
+                let mut hs: Vec<kvx_slot_handle> = (0..inp.u8() % 4).map(|_| given).collect();
+                for h in hs.iter_mut() {
+                    let bytes = std::slice::from_raw_parts_mut(h as *mut kvx_slot_handle as *mut u8, std::mem::size_of::<kvx_slot_handle>());
+                    match inp.u8() % 4 {
+                        0 => {}
+                        1 => bytes[inp.u8() as usize % bytes.len()] ^= 1 << (inp.u8() % 8),
+                        _ => bytes.iter_mut().for_each(|b| *b = inp.u8()),
+                    }
+                    if inp.u8() % 2 == 0 {
+                        h.slot %= 10; // mostly within the capacity of 8
+                    }
+                }
+                let n = match inp.u8() % 8 {
+                    0 => usize::MAX - inp.u8() as usize,
+                    1 => isize::MAX as usize / 16 + 1,
+                    _ => hs.len(),
+                };
+                let mut statuses = [99u32; 8];
+                let s = kvx_store_commit_slots(st, hs.as_ptr(), n, statuses.as_mut_ptr());
+                if s != KVX_OK {
+                    assert!(statuses == [99u32; 8], "commit wrote its output on failure");
+                    assert!(*std::ffi::CStr::from_ptr(kvx_last_error()).to_bytes() != *b"");
+                }
+                assert!(n == hs.len() || s != KVX_OK, "commit took a count past its array: {s}");
+                if real && inp.u8() == 0xEE && !hs.is_empty() {
+                    let host = f.layouts[1] as *const kvx_layout;
+                    let ids: Vec<u64> = (0..hs.len()).map(|i| i as u64).collect();
+                    let mut r = std::ptr::null_mut();
+                    for write in [true, false] {
+                        let s = if write {
+                            kvx_store_write_slots(st, host, ids.as_ptr(), hs.as_ptr(), n, std::ptr::null(), &mut r)
+                        } else {
+                            kvx_store_read_slots(st, hs.as_ptr(), n, host, ids.as_ptr(), std::ptr::null(), &mut r)
+                        };
+                        if s == KVX_OK {
+                            kvx_store_request_wait(r, u64::MAX);
+                            kvx_store_request_release(r);
+                        } else {
+                            assert!(r.is_null(), "request written on failure");
+                        }
+                    }
+                }
+                assert!(kvx_store_abort_slots(st, hs.as_ptr(), n) != KVX_OK || n == hs.len());
+                let _ = kvx_store_abort_slots(st, &given, 1);
             }
             _ => {
                 // Layout math on its own: validation, region placement and coalescing.
