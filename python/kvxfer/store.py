@@ -283,7 +283,8 @@ class Store:
         `IntegrityError` for a block not completely written through this handle (its
         write did not finish, or another write of the slot landed on it); `InvalidArgument`
         for a handle this open did not reserve (already committed or aborted, or from an
-        earlier open); `Cancelled` for a key removed meanwhile."""
+        earlier open); `Cancelled` for a key removed meanwhile. A durable store syncs the
+        blocks' data files before their records, whatever the data process opened."""
         need_slots()
         array, count = handle_array(handles)
         statuses = (ctypes.c_uint32 * max(count, 1))()

@@ -136,6 +136,8 @@ pub unsafe extern "C" fn kvx_store_reserve_slots(
 /// never handed out); `KVX_ERR_INTEGRITY` for a block not completely written through this
 /// handle (its write did not finish, or another write of the slot landed on it: never an
 /// entry over other bytes); `KVX_ERR_CANCELLED` for a key removed meanwhile. Owner only.
+/// In a `KVX_STORE_DURABLE` store the blocks' data files are synced before their records
+/// are written, whether or not the data process opened the store durable.
 /// A handle of a slot past the capacity is `KVX_ERR_OUT_OF_RANGE` for the call.
 /// `statuses_out` holds `n` statuses, written only on `KVX_OK`.
 #[no_mangle]

@@ -19,7 +19,7 @@
 //! the slot (an aborted handle's, or one handed out before the owner opened the store
 //! again) that landed late, nor a mix of two writes.
 
-use super::config::{key_digests, Digest, MAX_KEY_BYTES};
+use super::config::{key_digests, Digest, StoreFlags, MAX_KEY_BYTES};
 use super::index::{Entry, PutStart};
 use super::request::StoreRequest;
 use super::worker::{self, GetKey, PutGroup, PutKey, WriteGroup};
@@ -127,7 +127,7 @@ impl Store {
     }
 
     /// Makes the written slots of `handles` entries: each block's seal and tags are read
-    /// and its record written (synced in durable mode). Per handle: `Ok`; `InvalidArg` for
+    /// and its record written (in durable mode, its shard synced first and the record after). Per handle: `Ok`; `InvalidArg` for
     /// a handle not reserved by this open (already committed or aborted, or handed out
     /// before the store was opened again); `Integrity` for a block not completely written
     /// through this handle (its write did not finish, or another write of the slot landed
@@ -138,8 +138,33 @@ impl Store {
         inner.check_handles(handles, handles.len())?;
         let req = Arc::new(StoreRequest::new(handles.len()));
         let keys = self.reserved(handles, &req);
+        let keys = self.synced(PutGroup { req: req.clone(), keys });
         inner.commit(PutGroup { req: req.clone(), keys });
         Ok((0..handles.len()).map(|i| req.key_status(i).unwrap_or(Status::Internal)).collect())
+    }
+
+    /// In durable mode, makes the blocks of `g` durable (data and checksums) before their
+    /// records say they are there: the data process wrote them, and a data-only open made
+    /// without `DURABLE` never syncs. The keys of a shard that fails to sync fail with
+    /// its error; the others are returned.
+    fn synced(&self, g: PutGroup) -> Vec<PutKey> {
+        let inner = &self.inner;
+        if !inner.cfg.flags.contains(StoreFlags::DURABLE) {
+            return g.keys;
+        }
+        let mut shards: Vec<usize> = g.keys.iter().map(|k| inner.shard_of(k.slot)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let mut keys = g.keys;
+        for shard in shards {
+            let file = inner.shards[shard].file().expect("store shards are files");
+            if let Err(e) = file.sync_data() {
+                let (failed, rest) = keys.into_iter().partition(|k| inner.shard_of(k.slot) == shard);
+                inner.put_failed(PutGroup { req: g.req.clone(), keys: failed }, e.status, &e.message);
+                keys = rest;
+            }
+        }
+        keys
     }
 
     /// Gives back the reserved slots of `handles` unwritten (their records are still
