@@ -65,9 +65,13 @@ struct Pending {
       "                  of each, alone and while offloads of --blocks-per-batch blocks to a second file (O_DIRECT\n"
       "                  unless --buffered) run open-loop at each of --background-shares of the rate they reach alone\n"
       "                  with --background-depth requests in flight: onboard p50/p99/p99.9 us, p99 over alone, and the\n"
-      "                  background's achieved rate against its target\n"
+      "                  background's achieved rate against its target. Alone, each size also from a second file\n"
+      "                  made with KVX_DISK_MAPPED (where it can be: tmpfs, no --checksum) and its limit without\n"
+      "                  kvxfer: the same blocks read by the bench's own threads into pinned buffers, each read then a\n"
+      "                  copy to the device (the best of a sweep of threads and I/O sizes; not on the emulated device)\n"
       "  --onboard-sizes N,N,.. (4,32,256)  --onboards N (200; more where they take under a second)\n"
       "  --background-shares F,F,.. (0.5,0.9)  --background-depth N (4)\n"
+      "  --no-background --mix: the onboards alone only (no background level, nor its rate alone)\n"
       "  --critical      --mix: each level twice, onboards in arrival order (fifo) and marked KVX_XFER_CRITICAL\n");
   std::exit(code);
 }
@@ -131,6 +135,7 @@ const char *io_backend_name(uint32_t b) {
 
 Options parse(int argc, char **argv) {
   Options o;
+  bool no_background = false;
   std::map<std::string, std::function<void(const char *)>> flags = {
       {"--num-layers", [&](const char *v) { o.num_layers = std::strtoull(v, nullptr, 0); }},
       {"--inner-dim", [&](const char *v) { o.inner_dim = std::strtoull(v, nullptr, 0); }},
@@ -175,6 +180,7 @@ Options parse(int argc, char **argv) {
     if (a == "--store") { o.store = true; continue; }
     if (a == "--mix") { o.mix = true; continue; }
     if (a == "--critical") { o.critical = true; continue; }
+    if (a == "--no-background") { no_background = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -183,6 +189,8 @@ Options parse(int argc, char **argv) {
     f->second(argv[++i]);
   }
   if (o.host_layout.empty()) o.host_layout = o.layout;
+  // Applied after every flag, so it wins over --background-shares wherever it stands.
+  if (no_background) o.background_shares.clear();
   if (o.blocks_per_batch == 0 || o.num_blocks == 0 || o.iterations <= 0 || o.shards == 0 || o.onboards == 0 ||
       o.background_depth == 0) {
     std::fprintf(stderr, "bench: --num-blocks, --blocks-per-batch, --iterations, --shards, --onboards and --background-depth "

@@ -32,7 +32,8 @@ struct Options {
   uint64_t requests = 0;  // --remote's one-at-a-time requests (0: 100 per iteration)
   std::string trace;
   // --mix: onboards of each size, one at a time, alone and beside background offloads at
-  // each share of the rate those reach alone with `background_depth` requests in flight.
+  // each share of the rate those reach alone with `background_depth` requests in flight
+  // (none: --no-background, the onboards alone only).
   bool mix = false;
   std::vector<uint64_t> onboard_sizes{4, 32, 256};
   std::vector<double> background_shares{0.5, 0.9};

@@ -4,16 +4,24 @@
 // two never touch the same memory. The background is open-loop: a pacing thread issues
 // request k when it is due, k / rate after the start, whether or not earlier ones have
 // completed, so an engine that slows the background shows as a background below its
-// rate, not as fewer requests offered.
+// rate, not as fewer requests offered. Alone, each size's onboards also stand beside
+// their limit without kvxfer (RawOnboard: the same blocks of the same file read and
+// copied by threads of the bench's own) and beside the same onboards from a second hot
+// file mapped with KVX_DISK_MAPPED.
 #include "bench_mix.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +42,16 @@ constexpr size_t WARMUP_ONBOARDS = 10;
 // has passed, so a background of a few hundred requests a second is not judged on a
 // handful of them, and the onboards alone are counted over as long as beside it.
 constexpr double MIN_WINDOW_SECONDS = 1.0;
+// The onboard limit's sweep: thread counts (each up to a request's pieces), the I/O size
+// tried beside whole blocks, and the counted requests of each setting; the best setting
+// (by p50) is then timed over as many requests as kvxfer's onboards alone.
+constexpr unsigned LIMIT_THREADS[] = {1, 2, 4, 8, 16};
+constexpr uint64_t LIMIT_PIECE_BYTES = 512 << 10;
+constexpr size_t LIMIT_TRIAL_ONBOARDS = 20;
+// The share of its limit a lone onboard is to reach: the limit's p50 over the onboards'.
+constexpr double LIMIT_TARGET = 0.9;
+// Pinned buffers per thread of the limit: a read fills one while the other's copy runs.
+constexpr unsigned LIMIT_BUFFERS = 2;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -194,6 +212,166 @@ Level onboard(kvx::Engine &e, const kvx::Layout &hot, const kvx::Layout &device,
   return l;
 }
 
+// A CUDA call of the onboard limit that must succeed: on failure the bench says which and exits.
+void cu_check(int r, const char *what) {
+  if (r) {
+    std::fprintf(stderr, "bench: onboard limit: %s failed (CUresult %d)\n", what, r);
+    std::exit(1);
+  }
+}
+
+// The limit for a lone onboard without kvxfer: the same blocks of the same hot file read
+// with pread by threads of the bench's own into pinned buffers, each read followed by its
+// copy to the device on the thread's own stream. A thread has LIMIT_BUFFERS buffers and
+// waits for a buffer's last copy only when it comes round again, so its reads run while
+// its copies do. The bytes land contiguous in a device scratch. kvxfer additionally
+// scatters them into the device layout, but that is done on the device and is cheap
+// beside the reads and the link: this is the hardware's limit for moving the same bytes.
+class RawOnboard {
+ public:
+  struct Setting {
+    unsigned threads;
+    uint64_t io;  // bytes per pread and per copy: a whole block or a piece of it
+  };
+
+  // Opens `path` (blocks `stride` apart) and allocates, on `cuda`'s current context, a
+  // stream, events and pinned buffers for each of up to the largest of LIMIT_THREADS and
+  // a scratch for `max_blocks` blocks.
+  RawOnboard(const cuda_raw::Api &cuda, const std::string &path, uint64_t stride, uint64_t block_bytes, uint64_t max_blocks);
+  ~RawOnboard();
+  RawOnboard(const RawOnboard &) = delete;
+  RawOnboard &operator=(const RawOnboard &) = delete;
+
+  // The setting of the sweep with the lowest p50 over LIMIT_TRIAL_ONBOARDS requests.
+  Setting best(const std::vector<std::vector<uint64_t>> &ids);
+  // Latencies of requests cycling through `ids`, timed like the kvxfer onboards: from
+  // the start of a request until every thread's last copy is synchronised; the first
+  // WARMUP_ONBOARDS not counted (they also absorb the threads' start), then `count`.
+  std::vector<double> time(const std::vector<std::vector<uint64_t>> &ids, size_t count, Setting s);
+
+ private:
+  struct Piece {
+    uint64_t file_offset, scratch_offset, bytes;
+  };
+  // One thread's stream, buffers and the events that say each buffer's copy is done.
+  struct Lane {
+    cuda_raw::CUstream stream = nullptr;
+    void *buf[LIMIT_BUFFERS] = {};
+    cuda_raw::CUevent copied[LIMIT_BUFFERS] = {};
+  };
+  // A request's blocks as pieces of `io` bytes, in the order they land in the scratch.
+  void plan(const std::vector<uint64_t> &blocks, uint64_t io);
+  // A thread of time(): takes the next piece of each request until none is left.
+  void work(Lane &lane);
+
+  const cuda_raw::Api &cuda_;
+  const int fd_;
+  const uint64_t stride_, block_bytes_;
+  cuda_raw::CUdeviceptr scratch_ = 0;
+  std::vector<Lane> lanes_;
+  std::vector<Piece> pieces_;
+  // The main thread bumps `generation_` to start a request (pieces_ written before);
+  // the threads take pieces by `next_` and count themselves `done_`.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<size_t> next_{0};
+  std::atomic<unsigned> done_{0};
+  std::atomic<bool> stopping_{false};
+};
+
+RawOnboard::RawOnboard(const cuda_raw::Api &cuda, const std::string &path, uint64_t stride, uint64_t block_bytes, uint64_t max_blocks)
+    : cuda_(cuda), fd_(::open(path.c_str(), O_RDONLY)), stride_(stride), block_bytes_(block_bytes),
+      lanes_(*std::max_element(std::begin(LIMIT_THREADS), std::end(LIMIT_THREADS))) {
+  if (fd_ < 0) {
+    std::perror("bench: onboard limit: open the hot file");
+    std::exit(1);
+  }
+  cu_check(cuda_.cuMemAlloc_v2(&scratch_, max_blocks * block_bytes_), "cuMemAlloc (scratch)");
+  for (Lane &l : lanes_) {
+    cu_check(cuda_.cuStreamCreate(&l.stream, 1), "cuStreamCreate");
+    for (unsigned b = 0; b < LIMIT_BUFFERS; b++) {
+      cu_check(cuda_.cuMemHostAlloc(&l.buf[b], block_bytes_, 0), "cuMemHostAlloc");
+      cu_check(cuda_.cuEventCreate(&l.copied[b], 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+    }
+  }
+}
+
+RawOnboard::~RawOnboard() {
+  for (Lane &l : lanes_) {
+    for (unsigned b = 0; b < LIMIT_BUFFERS; b++) cuda_.cuEventDestroy_v2(l.copied[b]), cuda_.cuMemFreeHost(l.buf[b]);
+    cuda_.cuStreamDestroy_v2(l.stream);
+  }
+  cuda_.cuMemFree_v2(scratch_);
+  ::close(fd_);
+}
+
+void RawOnboard::plan(const std::vector<uint64_t> &blocks, uint64_t io) {
+  pieces_.clear();
+  for (size_t j = 0; j < blocks.size(); j++)
+    for (uint64_t at = 0; at < block_bytes_; at += io)
+      pieces_.push_back({blocks[j] * stride_ + at, j * block_bytes_ + at, std::min(io, block_bytes_ - at)});
+}
+
+void RawOnboard::work(Lane &lane) {
+  cu_check(cuda_.cuCtxSetCurrent(cuda_.ctx), "cuCtxSetCurrent");
+  for (uint64_t seen = 0;;) {
+    uint64_t g;
+    // Spinning, not sleeping: a request is not charged the wake-up of a parked thread.
+    while ((g = generation_.load(std::memory_order_acquire)) == seen && !stopping_.load()) std::this_thread::yield();
+    if (g == seen) return;
+    seen = g;
+    for (size_t k = 0;; k++) {
+      const size_t i = next_.fetch_add(1);
+      if (i >= pieces_.size()) break;
+      const Piece &p = pieces_[i];
+      const unsigned b = k % LIMIT_BUFFERS;
+      if (k >= LIMIT_BUFFERS) cu_check(cuda_.cuEventSynchronize(lane.copied[b]), "cuEventSynchronize");
+      if (::pread(fd_, lane.buf[b], p.bytes, (off_t)p.file_offset) != (ssize_t)p.bytes) {
+        std::perror("bench: onboard limit: pread of the hot file");
+        std::exit(1);
+      }
+      cu_check(cuda_.cuMemcpyHtoDAsync_v2(scratch_ + p.scratch_offset, lane.buf[b], p.bytes, lane.stream), "cuMemcpyHtoDAsync");
+      cu_check(cuda_.cuEventRecord(lane.copied[b], lane.stream), "cuEventRecord");
+    }
+    cu_check(cuda_.cuStreamSynchronize(lane.stream), "cuStreamSynchronize");
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+std::vector<double> RawOnboard::time(const std::vector<std::vector<uint64_t>> &ids, size_t count, Setting s) {
+  generation_ = 0;  // no thread runs yet: each starts having seen generation 0
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < s.threads; t++) threads.emplace_back([this, t] { work(lanes_[t]); });
+  std::vector<double> us;
+  for (size_t i = 0; i < WARMUP_ONBOARDS + count; i++) {
+    const auto t0 = Clock::now();
+    plan(ids[i % ids.size()], s.io);
+    next_ = 0, done_ = 0;
+    generation_.fetch_add(1, std::memory_order_release);
+    while (done_.load(std::memory_order_acquire) < s.threads) std::this_thread::yield();
+    if (i >= WARMUP_ONBOARDS) us.push_back(us_since(t0));
+  }
+  stopping_ = true;
+  for (auto &t : threads) t.join();
+  stopping_ = false;
+  return us;
+}
+
+RawOnboard::Setting RawOnboard::best(const std::vector<std::vector<uint64_t>> &ids) {
+  Setting b{1, block_bytes_};
+  double best_p50 = 1e300;
+  std::vector<uint64_t> ios{block_bytes_};
+  if (LIMIT_PIECE_BYTES < block_bytes_) ios.push_back(LIMIT_PIECE_BYTES);
+  for (uint64_t io : ios) {
+    const uint64_t pieces = ids[0].size() * ((block_bytes_ + io - 1) / io);
+    for (unsigned t : LIMIT_THREADS) {
+      if (t > pieces) break;  // a thread with no piece to take
+      const double p50 = percentile(time(ids, LIMIT_TRIAL_ONBOARDS, {t, io}), 0.5);
+      if (p50 < best_p50) best_p50 = p50, b = {t, io};
+    }
+  }
+  return b;
+}
+
 class MixRun {
  public:
   explicit MixRun(const Options &o) : o_(o), ec_(engine_config(o)), e_(&ec_), dev_(e_.device()) {
@@ -209,6 +387,14 @@ class MixRun {
     const uint32_t checksum = o.checksum ? KVX_DISK_CHECKSUM : 0;
     hot_ = e_.create_disk_layout(fc, stem + ".hot.kv", KVX_DISK_CREATE | KVX_DISK_BUFFERED | checksum);
     background_file_ = e_.create_disk_layout(fc, stem + ".background.kv", KVX_DISK_CREATE | (o.buffered ? KVX_DISK_BUFFERED : 0) | checksum);
+    // The mapped file is a reference beside the run, not its subject: where it cannot be
+    // made (not on tmpfs, or with --checksum) its row says why and the run goes on.
+    try {
+      mapped_ = e_.create_disk_layout(fc, stem + ".mapped.kv", KVX_DISK_CREATE | KVX_DISK_MAPPED | checksum);
+    } catch (const kvx::Error &err) {
+      mapped_why_ = err.what();
+    }
+    open_limit(stem + ".hot.kv");
   }
 
   int run();
@@ -217,14 +403,25 @@ class MixRun {
   // Whether the background of level `l` moved at least KEPT of its target over the window.
   bool kept(const Level &l) const { return l.share == 0 || l.completed / l.window_s >= KEPT * l.share * alone_rps_; }
   void print_row(uint64_t size, const Level &l, const Level &alone) const;
+  // The onboard limit on the hot file at `path`, or (on the emulated device, or without
+  // the driver) why there is none.
+  void open_limit(const std::string &path);
+  // Beside the onboards of `size` alone (`alone`: one Level per class, fifo first): the
+  // same onboards from the mapped file and their limit, each a row, and what share of
+  // the limit each reaches.
+  void references(uint64_t size, const std::vector<std::vector<uint64_t>> &ids, const std::vector<Level> &alone, const Background &bg);
+  void print_reference(uint64_t size, const char *name, const std::vector<double> &us, const std::string &what) const;
 
   const Options &o_;
   const kvx_engine_config ec_;
   kvx::Engine e_;
   const int32_t dev_;
-  kvx::Layout device_{nullptr}, hot_{nullptr}, background_file_{nullptr};
+  kvx::Layout device_{nullptr}, hot_{nullptr}, background_file_{nullptr}, mapped_{nullptr};
   uint64_t block_bytes_ = 0;
   double alone_rps_ = 0;
+  std::string mapped_why_, limit_why_;
+  cuda_raw::Api cuda_;
+  std::unique_ptr<RawOnboard> limit_;
 };
 
 void MixRun::print_row(uint64_t size, const Level &l, const Level &alone) const {
@@ -253,11 +450,94 @@ void MixRun::print_row(uint64_t size, const Level &l, const Level &alone) const 
   std::fflush(stdout);
 }
 
+void MixRun::open_limit(const std::string &path) {
+  if (dev_ < 0) {
+    limit_why_ = "the emulated device has no DMA to measure";
+    return;
+  }
+  if (!cuda_.open(dev_)) {
+    limit_why_ = "cannot load the CUDA driver";
+    return;
+  }
+  struct stat st {};
+  ::stat(path.c_str(), &st);
+  const uint64_t largest = *std::max_element(o_.onboard_sizes.begin(), o_.onboard_sizes.end());
+  limit_ = std::make_unique<RawOnboard>(cuda_, path, (uint64_t)st.st_size / o_.num_blocks, block_bytes_, largest);
+}
+
+void MixRun::print_reference(uint64_t size, const char *name, const std::vector<double> &us, const std::string &what) const {
+  const auto p = percentiles_us(us);
+  std::printf("  %7llu %-8s %9zu %9.1f %9.1f %9.1f %9.2f %9s  %s\n", (unsigned long long)size, name, us.size(), p.p50, p.p99, p.p999,
+              size * block_bytes_ / p.p50 / 1e3, "-", what.c_str());
+}
+
+// A JSON number with `decimals` digits after the point, or null where it was not measured.
+std::string json_number(bool measured, double x, int decimals = 3) {
+  if (!measured) return "null";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.*f", decimals, x);
+  return text;
+}
+
+// ", name 0.93": the limit's p50 over that of `us`, where both were measured.
+std::string of_limit(const char *name, double raw_p50, const std::vector<double> &us) {
+  if (us.empty()) return "";
+  char text[48];
+  std::snprintf(text, sizeof text, ", %s %.2f", name, raw_p50 / percentile(us, 0.5));
+  return text;
+}
+
+void MixRun::references(uint64_t size, const std::vector<std::vector<uint64_t>> &ids, const std::vector<Level> &alone,
+                        const Background &bg) {
+  std::vector<double> mapped, raw;
+  if (mapped_) {
+    mapped = onboard(e_, mapped_, device_, ids, o_.onboards, MIN_WINDOW_SECONDS, bg, false).us;
+    print_reference(size, "mapped", mapped, "none; the same onboards from a KVX_DISK_MAPPED copy of the file");
+  } else {
+    std::printf("  %7llu %-8s skipped: %s\n", (unsigned long long)size, "mapped", mapped_why_.c_str());
+  }
+  RawOnboard::Setting s{};
+  if (limit_) {
+    s = limit_->best(ids);
+    raw = limit_->time(ids, alone[0].us.size(), s);
+    char what[160];
+    std::snprintf(what, sizeof what, "none; the limit, no kvxfer: pread by %u thread(s), %.0f KiB at a time, each then a copy", s.threads,
+                  s.io / 1024.0);
+    print_reference(size, "raw", raw, what);
+  } else {
+    std::printf("  %7llu %-8s skipped: %s\n", (unsigned long long)size, "raw", limit_why_.c_str());
+  }
+  const std::vector<double> none, &critical = alone.size() > 1 ? alone[1].us : none;
+  const double raw_p50 = percentile(raw, 0.5), p50 = percentile(alone[0].us, 0.5);
+  if (!raw.empty())
+    std::printf("  %7s %-8s raw p50 / p50 (target >= %.2f): fifo %.2f%s%s\n", "", "limit", LIMIT_TARGET, raw_p50 / p50,
+                of_limit("critical", raw_p50, critical).c_str(), of_limit("mapped", raw_p50, mapped).c_str());
+  if (o_.json) {
+    const bool has_raw = !raw.empty(), has_mapped = !mapped.empty(), has_critical = !critical.empty();
+    std::printf("{\"mode\": \"onboard_limit\", \"onboard_blocks\": %llu, \"block_bytes\": %llu, \"onboards\": %zu, \"p50_us\": %.2f, "
+                "\"critical_p50_us\": %s, \"mapped_onboards\": %zu, \"mapped_p50_us\": %s, \"mapped_p99_us\": %s, "
+                "\"mapped_p999_us\": %s, \"raw_onboards\": %zu, \"raw_threads\": %s, \"raw_io_bytes\": %s, \"raw_p50_us\": %s, "
+                "\"raw_p99_us\": %s, \"raw_p999_us\": %s, \"of_limit\": %s, \"critical_of_limit\": %s, \"mapped_of_limit\": %s, "
+                "\"target\": %.2f, \"io_backend\": \"%s\"}\n",
+                (unsigned long long)size, (unsigned long long)block_bytes_, alone[0].us.size(), p50,
+                json_number(has_critical, percentile(critical, 0.5)).c_str(), mapped.size(),
+                json_number(has_mapped, percentile(mapped, 0.5)).c_str(), json_number(has_mapped, percentile(mapped, 0.99)).c_str(),
+                json_number(has_mapped, percentile(mapped, 0.999)).c_str(), raw.size(), json_number(has_raw, s.threads, 0).c_str(), json_number(has_raw, (double)s.io, 0).c_str(),
+                json_number(has_raw, raw_p50).c_str(), json_number(has_raw, percentile(raw, 0.99)).c_str(),
+                json_number(has_raw, percentile(raw, 0.999)).c_str(), json_number(has_raw, raw_p50 / p50).c_str(),
+                json_number(has_raw && has_critical, raw_p50 / percentile(critical, 0.5)).c_str(),
+                json_number(has_raw && has_mapped, raw_p50 / percentile(mapped, 0.5)).c_str(), LIMIT_TARGET,
+                io_backend_name(e_.io_backend()));
+  }
+  std::fflush(stdout);
+}
+
 int MixRun::run() {
   // The hot file holds every block and sits in the page cache.
   std::vector<uint64_t> all(o_.num_blocks);
   for (uint64_t b = 0; b < o_.num_blocks; b++) all[b] = b;
   e_.submit(device_, all, hot_, all).wait();
+  if (mapped_) e_.submit(device_, all, mapped_, all).wait();
 
   Background bg(e_, device_, background_file_, o_.num_blocks, o_.num_blocks, o_.blocks_per_batch);
   const unsigned depth = (unsigned)std::min<uint64_t>(o_.background_depth, bg.slots());
@@ -267,14 +547,18 @@ int MixRun::run() {
               dev_ < 0 ? "emulated" : std::to_string(dev_).c_str(), block_bytes_ / 1e6, (unsigned long long)o_.num_blocks, o_.onboards,
               WARMUP_ONBOARDS, MIN_WINDOW_SECONDS, (unsigned long long)o_.blocks_per_batch, o_.buffered ? "buffered" : "O_DIRECT",
               io_backend_name(e_.io_backend()));
-  alone_rps_ = bg.alone_rate(depth, ALONE_SECONDS);
-  if (!(alone_rps_ > 0)) {
-    std::fprintf(stderr, "bench: no background offload completed in %.1f s alone; nothing to pace\n", ALONE_SECONDS);
-    return 1;
+  if (o_.background_shares.empty()) {
+    std::printf("background: none (--no-background): the onboards alone only\n");
+  } else {
+    alone_rps_ = bg.alone_rate(depth, ALONE_SECONDS);
+    if (!(alone_rps_ > 0)) {
+      std::fprintf(stderr, "bench: no background offload completed in %.1f s alone; nothing to pace\n", ALONE_SECONDS);
+      return 1;
+    }
+    const double request_bytes = (double)o_.blocks_per_batch * block_bytes_;
+    std::printf("background alone: %u request(s) in flight back to back, %.0f requests/s = %.2f GB/s over %.1f s\n", depth, alone_rps_,
+                alone_rps_ * request_bytes / 1e9, ALONE_SECONDS);
   }
-  const double request_bytes = (double)o_.blocks_per_batch * block_bytes_;
-  std::printf("background alone: %u request(s) in flight back to back, %.0f requests/s = %.2f GB/s over %.1f s\n", depth, alone_rps_,
-              alone_rps_ * request_bytes / 1e9, ALONE_SECONDS);
   std::printf("  %7s %-8s %9s %9s %9s %9s %9s %9s  %s\n", "blocks", "onboard", "onboards", "p50 us", "p99 us", "p99.9 us", "GB/s p50",
               "p99/alone", "background: share of its alone rate, achieved of target");
 
@@ -289,6 +573,7 @@ int MixRun::run() {
       alone.push_back(onboard(e_, hot_, device_, ids, o_.onboards, MIN_WINDOW_SECONDS, bg, critical));
       print_row(size, alone.back(), alone.back());
     }
+    references(size, ids, alone, bg);
     for (double share : o_.background_shares) {
       for (size_t c = 0; c < classes.size(); c++) {
         bg.start(share * alone_rps_);
@@ -305,6 +590,11 @@ int MixRun::run() {
   std::printf("p99/alone: the onboards' p99 beside the background over their p99 alone (of the same kind: fifo or critical), same "
               "blocks, same process; a background keeps its rate at %.0f%% of its target or more\n",
               100 * KEPT);
+  std::printf("mapped: the same onboards from a copy of the file made with KVX_DISK_MAPPED; raw: their limit without kvxfer, the same "
+              "blocks of the hot file read by threads of the bench (pread into pinned buffers, each read then a copy to the device, "
+              "reads beside copies, into a contiguous scratch), the lowest p50 of 1 to %u threads and whole blocks or %llu KiB pieces; limit: "
+              "its p50 over the onboards' alone\n",
+              *std::max_element(std::begin(LIMIT_THREADS), std::end(LIMIT_THREADS)), (unsigned long long)LIMIT_PIECE_BYTES >> 10);
   if (!all_kept)
     std::printf("a background MISSED its rate (its lines above): beside the onboards it did not move what it was offered\n");
   if (bg.failed()) {
