@@ -6,7 +6,9 @@
 //! - Two H2D and two D2H streams (by slot parity), so both directions run at once and a
 //!   chunk's region kernel overlaps the next chunk's PCIe copy; device-to-device copies
 //!   use the H2D streams. Plain bulk copies all take the first stream of their direction,
-//!   latency-critical ones the second, so they queue behind no plain bulk copy. A request gated on a caller's event has its event captured,
+//!   latency-critical plain copies the second, so they queue behind no plain bulk copy;
+//!   region-kernel chunks of either kind take their slot's parity. A request gated on a
+//!   caller's event has its event captured,
 //!   and its copies queued, on a gated lane's stream, one of its own while lanes last, so
 //!   that wait holds up no other request (`gated.rs`).
 //! - One event per bounce slot: recorded after the slot's copies, waited on by a fence
@@ -134,15 +136,19 @@ impl CudaGpu {
     /// have a lane of their own too (`fence_lane`): its wait would hold up every copy
     /// queued behind it on a shared stream.
     ///
-    /// A latency-critical chunk takes its direction's second stream, kernel or not: plain
-    /// bulk copies, which queue on the first, never hold it up; region-kernel chunks of
-    /// odd slots still share it. A stream of its own would be a ninth, which shares one
-    /// of the driver's eight hardware queues with a stream of ours (`gated.rs`).
+    /// A latency-critical chunk of plain copies takes its direction's second stream, so
+    /// plain bulk copies, which queue on the first, never hold it up. A critical chunk
+    /// that launches the region kernel takes its slot's parity as a bulk one does: on one
+    /// stream its kernel and the next chunk's DMA ran one after the other, and a lone
+    /// critical onboard of 256 blocks took 1.2× as long as the same in arrival order
+    /// (`docs/benchmarks.md#loads-first-and-layer-wise-tails-h100`). A stream of its own
+    /// would be a ninth, which shares one of the driver's eight hardware queues with a
+    /// stream of ours (`gated.rs`).
     fn stream(&self, kind: CopyKind, slot: u32, kernel: bool, after: Option<Gate>, critical: bool) -> sys::CUstream {
-        let i = if critical {
-            1
-        } else if kernel {
+        let i = if kernel {
             (slot % 2) as usize
+        } else if critical {
+            1
         } else {
             0
         };
