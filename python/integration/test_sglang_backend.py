@@ -7,13 +7,15 @@ controller does. Keys are SGLang's page hashes (`get_storage_hash_str`, what its
 controller asks storage for). The tests make the controller's v1 calls: pages set from
 host pages come back byte for byte into other host pages, a page never stored is a miss,
 a flipped byte fails its page alone, a restart finds the pages and a changed
-configuration does not, and another SGLang version is refused. Run by
+configuration does not, storage metrics count the pages moved, and another SGLang
+version is refused. Run by
 `make integration-test`."""
 
 import importlib.metadata
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -30,6 +32,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
+from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E402
 
 PAGE = 16  # tokens per page
 DEVICE_TOKENS = 8 * PAGE
@@ -61,14 +64,14 @@ def host_pool(layout="page_first", mla=False, dtype=torch.bfloat16, page=PAGE, l
     )
 
 
-def storage_config(root, model="kvxfer/test-model", tp_rank=0, tp_size=1, mla=False, layout="page_first", **settings):
+def storage_config(root, model="kvxfer/test-model", tp_rank=0, tp_size=1, mla=False, layout="page_first", metrics=False, **settings):
     extra = {
         "backend_name": "kvxfer", "module_path": "kvxfer.sglang", "class_name": "KvxferStorage", "interface_v1": 1,
         "root_dir": str(root), "capacity_pages": 32, "shards": 2, **settings,
     }
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla,
-        enable_storage_metrics=False, is_page_first_layout=layout == "page_first", model_name=model,
+        enable_storage_metrics=metrics, is_page_first_layout=layout == "page_first", model_name=model,
         extra_config={k: v for k, v in extra.items() if v is not None},
     )
 
@@ -209,6 +212,53 @@ def test_a_key_held_already_is_stored_without_a_write(backend, pool):
     assert backend.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
     stats = backend._store.stats()
     assert stats.entries == 2 and stats.dedups == 2
+
+
+def test_storage_metrics_count_the_pages_each_op_moved(tmp_path, pool):
+    """With SGLang's storage metrics on: a set counts the pages it wrote (not those held
+    already), a get the pages it loaded; GB/s over the op's wall time; get_stats() hands
+    them over once."""
+    b = attach(pool, storage_config(tmp_path, metrics=True))
+    try:
+        keys = page_hashes(5, seed=12)
+        fill_pages(pool, [1, 2, 3, 4, 5], seed=12)
+        assert b.batch_set_v1(keys[:2], token_indices([1, 2])) == [True, True]
+        assert b.get_stats().backup_pgs == [2]
+        block = b._config.block_bytes
+
+        def timed(call):
+            start = time.perf_counter()
+            out = call()
+            return out, time.perf_counter() - start
+
+        # Five pages, two held already: three written.
+        done, set_s = timed(lambda: b.batch_set_v1(keys, token_indices([1, 2, 3, 4, 5])))
+        assert done == [True] * 5
+        # Four held pages and one never stored: four loaded.
+        asked = keys[:4] + page_hashes(1, seed=13)
+        done, get_s = timed(lambda: b.batch_get_v1(asked, token_indices([8, 9, 10, 11, 12])))
+        assert done == [True, True, True, True, False]
+        # A set of held pages only writes nothing and adds no sample.
+        assert b.batch_set_v1(keys[:2], token_indices([1, 2])) == [True, True]
+        m = b.get_stats()
+        assert isinstance(m, StorageMetrics)
+        assert m.backup_pgs == [3] and m.prefetch_pgs == [4]
+        assert len(m.backup_bandwidth) == 1 and len(m.prefetch_bandwidth) == 1
+        # The backend times the I/O inside the call: at least the bytes over the call's time.
+        assert m.backup_bandwidth[0] >= 3 * block / (1 << 30) / set_s > 0
+        assert m.prefetch_bandwidth[0] >= 4 * block / (1 << 30) / get_s > 0
+        again = b.get_stats()
+        assert (again.prefetch_pgs, again.backup_pgs, again.prefetch_bandwidth, again.backup_bandwidth) == ([], [], [], [])
+    finally:
+        b.close()
+
+
+def test_storage_metrics_off_records_nothing(backend, pool):
+    keys = page_hashes(2, seed=14)
+    fill_pages(pool, [1, 2], seed=14)
+    assert backend.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    assert backend.batch_get_v1(keys, token_indices([3, 4])) == [True, True]
+    assert backend.get_stats() is None and backend._metrics is None
 
 
 def test_a_restart_of_the_same_configuration_finds_its_pages(tmp_path):

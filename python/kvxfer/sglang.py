@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import shutil
+import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .tier import MAX_REGION, capacity_blocks, check_version, namespace_of, region_bytes, store_key
@@ -179,6 +181,7 @@ def _make_backend_class() -> type:
     version = check_sglang_version()
     try:
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+        from sglang.srt.observability.metrics_collector import StorageMetrics
     except ImportError as e:
         raise Unsupported(f"SGLang {version} is installed but its HiCache storage module does not import ({e}); kvxfer.sglang needs it", 5) from e
 
@@ -210,6 +213,11 @@ def _make_backend_class() -> type:
             self._layout: Optional[Layout] = None
             self._store: Optional[Store] = None
             self.directory: Optional[str] = None
+            # SGLang's storage metrics (`get_stats`), recorded only when it asks for them:
+            # its prefetch and backup threads call the backend at once, hence the lock.
+            self._metrics: Optional[StorageMetrics] = StorageMetrics() if storage_config.enable_storage_metrics else None
+            self._metrics_lock = threading.Lock()
+            self._put_lock = threading.Lock()
 
         # -- host pools --------------------------------------------------------
         def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -306,11 +314,24 @@ def _make_backend_class() -> type:
             skeys = [page_key(k) for k in keys]
             try:
                 store = self._live()
-                r = store.get(skeys, self._layout, ids, critical=True) if load else store.put(self._layout, ids, skeys)  # type: ignore[arg-type]
-                try:
-                    results = r.results()
-                finally:
-                    r.release()
+                if self._metrics is None:
+                    results = self._transfer(store, skeys, ids, load)
+                elif load:
+                    start = time.perf_counter()
+                    results = self._transfer(store, skeys, ids, load)
+                    self._record(True, sum(e is None for e in results), time.perf_counter() - start)
+                else:
+                    # A put's per-key result is None for a key held already too; the pages
+                    # it wrote are the rise of the store's `puts` counter (blocks written,
+                    # not keys held or refused). Exact while no other put runs on the store:
+                    # the lock holds off this backend's others (SGLang has one backup thread).
+                    with self._put_lock:
+                        before = store.stats().puts
+                        start = time.perf_counter()
+                        results = self._transfer(store, skeys, ids, load)
+                        elapsed = time.perf_counter() - start
+                        written = store.stats().puts - before
+                    self._record(False, written, elapsed)
             except Error as e:
                 log.warning("kvxfer.sglang: a %s of %d pages failed: %s", "get" if load else "set", len(keys), e)
                 return [False] * len(keys)
@@ -318,6 +339,34 @@ def _make_backend_class() -> type:
                 if e is not None:
                     log.log(logging.DEBUG if isinstance(e, NotFound) else logging.WARNING, "kvxfer.sglang: %s of page %s failed: %s", "get" if load else "set", k, e)
             return [e is None for e in results]
+
+        def _transfer(self, store: Store, skeys: List[bytes], ids: List[int], load: bool) -> List[Optional[Error]]:
+            r = store.get(skeys, self._layout, ids, critical=True) if load else store.put(self._layout, ids, skeys)  # type: ignore[arg-type]
+            try:
+                return r.results()
+            finally:
+                r.release()
+
+        def _record(self, load: bool, pages: int, seconds: float) -> None:
+            """One op's pages moved and GB/s (2^30 bytes, as SGLang's backends count them)
+            over its wall time. An op that moved nothing adds no sample: its zero GB/s
+            would read as a slow op in SGLang's bandwidth histogram."""
+            if pages == 0:
+                return
+            gbps = pages * self._config.block_bytes / (1 << 30) / max(seconds, 1e-9)
+            with self._metrics_lock:
+                m = self._metrics
+                (m.prefetch_pgs if load else m.backup_pgs).append(pages)  # type: ignore[union-attr]
+                (m.prefetch_bandwidth if load else m.backup_bandwidth).append(gbps)  # type: ignore[union-attr]
+
+        def get_stats(self) -> Optional[StorageMetrics]:
+            """Pages and GB/s of each get (prefetch) and set (backup) since the last call,
+            when SGLang's storage metrics are on; else SGLang's default (None)."""
+            if self._metrics is None:
+                return super().get_stats()
+            with self._metrics_lock:
+                out, self._metrics = self._metrics, StorageMetrics()
+            return out
 
         def _live(self) -> Store:
             if self._store is None:
