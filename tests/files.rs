@@ -1,13 +1,14 @@
 //! A disk layout's file: removed with its last user but never by a name that has moved
 //! on to another file, its block stride fixed by the file whatever opens it, nothing
-//! made or changed by a call that is refused, and a created KVX_DISK_SYNC file durable
-//! as a name.
+//! made or changed by a call that is refused, a created KVX_DISK_SYNC file durable as a
+//! name, and a durable store's blocks durable before the records that commit them.
 
 mod common;
 use common::cases::{case, run};
 use common::*;
 use kvxfer::fault;
 use kvxfer::file::checksum::Sidecar;
+use kvxfer::store::{Reservation, Store, StoreConfig, StoreFlags};
 use kvxfer::{DiskFlags, LayoutKind, Status, StorageKind};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -23,12 +24,18 @@ fn main() {
     if let Some(path) = std::env::var_os(SYNC_CHILD) {
         return create_synced(&PathBuf::from(path));
     }
+    if let Some(dir) = std::env::var_os(COMMIT_CHILD) {
+        return commit_durably(&PathBuf::from(dir));
+    }
     let no_strace = strace_missing();
     // Faults are injected at the reads of the POSIX and io_uring backends only.
     let no_injected_reads = matches!(test_io_backend(), kvxfer::IoBackend::Nixl | kvxfer::IoBackend::Gds)
         .then(|| "reads are held at the POSIX and io_uring backends only (KVX_TEST_IO_BACKEND=posix or uring)".to_string());
     run(vec![
-        case("a_synced_files_folder_is_synced_after_it_is_created", a_synced_files_folder_is_synced_after_it_is_created).unless(no_strace),
+        case("a_synced_files_folder_is_synced_after_it_is_created", a_synced_files_folder_is_synced_after_it_is_created)
+            .unless(no_strace.clone()),
+        case("a_durable_commit_makes_the_data_process_writes_durable_first", a_durable_commit_makes_the_data_process_writes_durable_first)
+            .unless(no_strace),
         case("a_synced_file_is_created_in_a_folder_that_cannot_be_listed", a_synced_file_is_created_in_a_folder_that_cannot_be_listed),
         case(
             "a_removed_layouts_file_goes_only_while_its_path_still_names_it",
@@ -326,6 +333,65 @@ fn create_synced(path: &std::path::Path) {
     drop(
         e.create_disk_layout(&cfg(4, 2, 2, 16, 64, 2), path, DiskFlags::CREATE | DiskFlags::KEEP | DiskFlags::SYNC | DiskFlags::CHECKSUM)
             .unwrap(),
+    );
+}
+
+/// Set in the child that `a_durable_commit_makes_…` traces: the store's directory.
+const COMMIT_CHILD: &str = "KVX_FILES_COMMIT_CHILD";
+
+/// The child's work: a durable owner commits a block that a data-only open made without
+/// DURABLE wrote (such an open never syncs what it writes); the opening of two marker
+/// files brackets the commit in the trace.
+fn commit_durably(dir: &std::path::Path) {
+    let e = std::sync::Arc::new(engine());
+    let owner = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(cfg(0, 2, 2, 4, 64, 2), 8, b"ns") };
+    let s = Store::open(&e, dir, &owner).unwrap();
+    let data = Store::open(&e, dir, &StoreConfig { flags: StoreFlags::DATA_ONLY, ..owner.clone() }).unwrap();
+    let Reservation::Write(h) = s.reserve_slots(&[b"key"]).unwrap()[0] else { panic!("a slot for the key") };
+    let src = make_layout(&e, &cfg(1, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host);
+    fill_block_for_key(&src, 0, b"key");
+    let r = data.write_slots(&src, &[0], &[h], &Default::default()).unwrap();
+    assert_eq!(r.wait(Some(std::time::Duration::from_secs(60))), Status::Ok, "{}", r.key_message(0));
+    std::fs::write(dir.join("commit-starts"), b"").unwrap();
+    assert_eq!(s.commit_slots(&[h]).unwrap(), vec![Status::Ok]);
+    std::fs::write(dir.join("commit-ended"), b"").unwrap();
+}
+
+/// A durable owner's commit acknowledges a block for good, so the block must be on the
+/// disk before its record is: the commit syncs the shard the data process wrote (data
+/// and checksums) before it writes and syncs the record. No power is cut: the owner
+/// process's system calls are traced (strace, descriptors with their paths).
+fn a_durable_commit_makes_the_data_process_writes_durable_first() {
+    let dir = temp_path("durable-commit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("strace");
+    let status = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-y", "-e", "trace=openat,pwrite64,fsync,fdatasync", "-o"])
+        .arg(&trace)
+        .arg(std::env::current_exe().unwrap())
+        .env(COMMIT_CHILD, &dir)
+        .status()
+        .unwrap();
+    let log = std::fs::read_to_string(&trace).unwrap_or_default();
+    let dir = std::fs::canonicalize(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "the traced owner failed ({status})");
+    let lines: Vec<&str> = log.lines().collect();
+    let path = |name: &str| format!("<{}>", dir.join(name).display());
+    let opened = |name: &str| {
+        lines.iter().position(|l| l.contains("openat(") && l.contains(&path(name))).unwrap_or_else(|| panic!("{name} never opened:\n{log}"))
+    };
+    let commit = &lines[opened("commit-starts")..opened("commit-ended")];
+    let at = |what: &str, hit: &dyn Fn(&str) -> bool| {
+        commit.iter().position(|l| hit(l)).unwrap_or_else(|| panic!("no {what} during the commit:\n{}", commit.join("\n")))
+    };
+    let synced = |l: &str, p: &str| l.contains("fdatasync(") && l.contains(p);
+    let (data, sidecar) = (path("data-0"), format!("<{}>", Sidecar::path_for(&dir.join("data-0")).display()));
+    let record = at("record write", &|l: &str| l.contains("pwrite64(") && l.contains(&path("records")));
+    assert!(at("sync of the data file", &|l: &str| synced(l, &data)) < record, "the record was written before the data was synced:\n{log}");
+    assert!(
+        at("sync of the checksums", &|l: &str| synced(l, &sidecar)) < record,
+        "the record was written before the checksums were synced:\n{log}"
     );
 }
 

@@ -661,69 +661,6 @@ fn an_owner_and_a_data_only_process_move_blocks_through_slot_handles() {
     assert_eq!(s.lookup(&[key(22)], false).unwrap().0, vec![false]);
 }
 
-/// The traced half of the durable commit test: a durable owner commits a block that a
-/// data-only open made without DURABLE wrote (such an open never syncs what it writes);
-/// the opening of two marker files brackets the commit in the trace.
-#[test]
-#[ignore = "run under strace by a_durable_commit_makes_the_data_process_writes_durable_first"]
-fn store_durable_commit_traced() {
-    let dir = PathBuf::from(std::env::var_os("KVX_STORE_DURABLE_DIR").expect("run by the durable commit test"));
-    let e = engine_arc();
-    let owner = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, shards: 1, ..store_cfg(8, b"ns") };
-    let s = Store::open(&e, &dir, &owner).unwrap();
-    let data = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DATA_ONLY, ..owner.clone() }).unwrap();
-    let Reservation::Write(h) = s.reserve_slots(&[key(1)]).unwrap()[0] else { panic!("a slot for key 1") };
-    let src = e.create_layout(&block(1), FC, StorageKind::Host).unwrap();
-    fill_block_for_key(&src, 0, &key(1));
-    let r = data.write_slots(&src, &[0], &[h], &Default::default()).unwrap();
-    assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
-    std::fs::write(dir.join("commit-starts"), b"").unwrap();
-    assert_eq!(s.commit_slots(&[h]).unwrap(), vec![Status::Ok]);
-    std::fs::write(dir.join("commit-ended"), b"").unwrap();
-}
-
-/// A durable owner's commit acknowledges a block for good, so the block must be on the
-/// disk before its record is: the commit syncs the shard the data process wrote (data
-/// and checksums) before it writes and syncs the record. No power is cut: the owner
-/// process's system calls are traced (strace, descriptors with their paths).
-#[test]
-fn a_durable_commit_makes_the_data_process_writes_durable_first() {
-    let ok = std::process::Command::new("strace").args(["-o", "/dev/null", "true"]).status().is_ok_and(|s| s.success());
-    assert!(ok, "strace is missing or cannot trace here (make deps installs it)");
-    let dir = store_dir();
-    let trace = dir.join("strace");
-    let status = std::process::Command::new("strace")
-        .args(["-f", "-qq", "-y", "-e", "trace=openat,pwrite64,fsync,fdatasync", "-o"])
-        .arg(&trace)
-        .arg(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "store_durable_commit_traced", "--test-threads", "1"])
-        .env("KVX_STORE_DURABLE_DIR", &dir)
-        .status()
-        .unwrap();
-    assert!(status.success(), "the traced owner failed ({status})");
-    let log = std::fs::read_to_string(&trace).unwrap();
-    let lines: Vec<&str> = log.lines().collect();
-    let dir = std::fs::canonicalize(&dir).unwrap();
-    let path = |name: &str| format!("<{}>", dir.join(name).display());
-    let opened = |name: &str| {
-        lines.iter().position(|l| l.contains("openat(") && l.contains(&path(name))).unwrap_or_else(|| panic!("{name} never opened:\n{log}"))
-    };
-    let (start, end) = (opened("commit-starts"), opened("commit-ended"));
-    let commit = &lines[start..end];
-    let at = |what: &str, hit: &dyn Fn(&str) -> bool| {
-        commit.iter().position(|l| hit(l)).unwrap_or_else(|| panic!("no {what} during the commit:\n{}", commit.join("\n")))
-    };
-    let synced = |l: &str, p: &str| l.contains("fdatasync(") && l.contains(p);
-    let data = path("data-0");
-    let sidecar = format!("<{}>", kvxfer::file::checksum::Sidecar::path_for(&dir.join("data-0")).display());
-    let record = at("record write", &|l: &str| l.contains("pwrite64(") && l.contains(&path("records")));
-    assert!(at("sync of the data file", &|l: &str| synced(l, &data)) < record, "the record was written before the data was synced:\n{log}");
-    assert!(
-        at("sync of the checksums", &|l: &str| synced(l, &sidecar)) < record,
-        "the record was written before the checksums were synced:\n{log}"
-    );
-}
-
 /// A directory without `meta` (its making was cut short) is made afresh: nothing found in
 /// it comes back as an entry over the new, empty data files.
 #[test]
