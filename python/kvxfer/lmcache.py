@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .engine import Engine, Layout
 from .errors import Error, InvalidArgument, Shutdown
 from .store import Store, StoreRequest
-from .tier import check_version, chunk_layout, namespace_of, store_key
+from .tier import check_version, chunk_layout, engine_settings, namespace_of, store_key
 
 log = logging.getLogger("kvxfer.lmcache")
 
@@ -131,7 +131,7 @@ class KvxferConnector:
         #: The directory name's fingerprint: a configuration of its own gets stores of its own.
         self._prefix = namespace_of("lmcache", self._fields).split(b" ")[1][:16].decode()
         os.makedirs(self.root_dir, exist_ok=True)
-        settings = dict(engine or {})
+        settings = engine_settings(engine, buffered)
         self._engine = Engine(device=settings.pop("device", "emulated"), **settings)
         self._fd = self._engine.completion_fd()
         self._lock = threading.Lock()

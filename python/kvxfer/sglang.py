@@ -27,6 +27,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .tier import MAX_REGION, capacity_blocks, check_version, namespace_of, region_bytes, store_key
+from .tier import engine_settings as tier_engine_settings
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -233,7 +234,8 @@ def _make_backend_class() -> type:
             self.namespace = namespace_of("sglang", self._fields)
             self._capacity = capacity_blocks(s.get("capacity_pages"), s.get("capacity_bytes"), self._config.block_bytes, "pages", "the extra config")
             # The scheduler moves host memory only: no CUDA context for kvxfer there.
-            self._engine = Engine("emulated", **engine_settings(s.get("engine"), self._config))
+            settings = tier_engine_settings(engine_settings(s.get("engine"), self._config), bool(s.get("buffered", False)))
+            self._engine = Engine("emulated", **settings)
             try:
                 self._layout = self._engine.register(bases, self._config)
                 self._open()

@@ -1,7 +1,7 @@
 """kvxfer.tier: namespaces, store keys and chunk layouts, shared by the runtime plug-ins."""
 
 import kvxfer
-from kvxfer.tier import MAX_REGION, chunk_layout, namespace_of, store_key
+from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, chunk_layout, engine_settings, namespace_of, store_key
 
 
 def test_a_namespace_is_the_kind_and_a_digest_of_every_field():
@@ -28,3 +28,13 @@ def test_a_chunk_is_one_block_of_equal_regions_of_at_most_256_kib():
             assert region % 4096 == 0
     assert chunk_layout(1, 32 << 20).inner_dim == MAX_REGION
     assert isinstance(chunk_layout(1, 10), kvxfer.LayoutConfig)
+
+
+def test_a_store_off_the_page_cache_gets_a_deep_disk_queue_unless_the_user_sets_one():
+    deep = engine_settings(None, buffered=False)
+    assert deep == {"io_threads": DISK_IO_THREADS, "bounce_bytes": DISK_BOUNCE_BYTES}
+    assert engine_settings({"io_threads": 2}, buffered=False)["io_threads"] == 2, "the user's setting stands"
+    assert engine_settings({"slot_bytes": 64 << 20}, buffered=False)["bounce_bytes"] == 256 << 20, "four slots at least"
+    assert engine_settings({"io_backend": "posix"}, buffered=True) == {"io_backend": "posix"}, "page-cache copies keep the defaults"
+    with kvxfer.Engine("emulated", **deep) as e:
+        assert e.config().io_threads == DISK_IO_THREADS

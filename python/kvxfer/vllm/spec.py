@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..engine import Engine, LayoutConfig
 from ..errors import Error, InvalidArgument, Unsupported
 from ..store import Store
-from ..tier import capacity_blocks, store_key
+from ..tier import capacity_blocks, engine_settings, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .slot_mover import SlotJob, SlotMover, engine_for
 from .version import check_vllm_version
@@ -83,7 +83,7 @@ class _Settings:
         self.buffered = bool(x.get("buffered", False))
         self.verify_on_open = bool(x.get("verify_on_open", False))
         self.namespace = str(x.get("namespace", ""))
-        self.engine: Dict[str, Any] = dict(x.get("engine") or {})
+        self.engine: Dict[str, Any] = engine_settings(x.get("engine"), self.buffered)
         p = c.parallel
         self.world_size = p.world_size
         self.fields = [rank_fields(offloading_spec, r, self.namespace) for r in range(p.world_size)]

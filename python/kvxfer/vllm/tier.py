@@ -26,7 +26,7 @@ from ..engine import Engine
 from ..errors import Error, InvalidArgument, Unsupported
 from ..store import Store, StoreRequest
 from ..tier import capacity_blocks as capacity_blocks_of
-from ..tier import chunk_layout, store_key
+from ..tier import chunk_layout, engine_settings, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
 
@@ -93,7 +93,7 @@ def make_tier_class() -> type:
             os.makedirs(self.directory, exist_ok=True)
             self._config = chunk_layout(num_chunks, chunk_bytes)
             # The scheduler process moves host memory only: no CUDA context there.
-            self._engine = Engine("emulated", **(engine or {}))
+            self._engine = Engine("emulated", **engine_settings(engine, buffered))
             try:
                 self._primary = self._engine.register(rows, self._config)
                 self._store = Store(
