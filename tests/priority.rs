@@ -48,15 +48,19 @@ impl Line {
         self.e.submit(&self.host, &[b], &self.disk, &[b], &opts).unwrap()
     }
 
+    /// Loads block `b` (disk to host), bulk, named `name` in the record of completions.
+    fn load(&self, b: u64, name: &str) -> Arc<Request> {
+        let (done, name) = (self.done.clone(), name.to_string());
+        let on_complete: OnComplete = Arc::new(move |_: &Request, _| done.lock().unwrap().push(name.clone()));
+        let opts = TransferOptions { on_complete: Some(on_complete), ..Default::default() };
+        self.e.submit(&self.disk, &[b], &self.host, &[b], &opts).unwrap()
+    }
+
     /// Holds the first disk write: `b0` (bulk) is in flight until `run` lets it go.
     fn hold_first(&self) -> Arc<Request> {
         fault::inject(Site::DiskWrite, 0, Fault::Hold);
         let b0 = self.offload(0, "b0", false);
-        let started = Instant::now();
-        while !fault::holding() && started.elapsed() < GUARD {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert!(fault::holding(), "the first transfer never reached its disk write");
+        wait_held("the first transfer never reached its disk write");
         b0
     }
 
@@ -69,6 +73,15 @@ impl Line {
         // A callback runs before `wait` reports the request done.
         self.done.lock().unwrap().clone()
     }
+}
+
+/// Waits until a call is held at its fault site.
+fn wait_held(why: &str) {
+    let started = Instant::now();
+    while !fault::holding() && started.elapsed() < GUARD {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(fault::holding(), "{why}");
 }
 
 fn position(order: &[String], name: &str) -> usize {
@@ -102,6 +115,22 @@ fn a_critical_transfer_overtakes_bulk_ones_in_the_io_workers_queue() {
     assert_eq!(line.e.slots().0, 16 - 8, "every transfer has its slot: they wait for the I/O worker, not for slots");
     let order = line.run(&reqs);
     assert_eq!(position(&order, "c"), 1, "the critical transfer ran next on the I/O worker: {order:?}");
+}
+
+/// A chunk's next I/O stage runs at once on the worker that ran its last one, except a
+/// bulk chunk's while critical work waits: a bulk load's read is held, a critical offload
+/// queues its memcpy, and once the read is let go the load's copy out of its slot queues
+/// behind the offload's stages, which complete first.
+#[test]
+fn a_bulk_chunks_next_stage_waits_behind_critical_work_queued_meanwhile() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let line = Line::new(16, "prio-next");
+    fault::inject(Site::DiskRead, 0, Fault::Hold);
+    let load = line.load(0, "load");
+    wait_held("the load never reached its disk read");
+    let c = line.offload(7, "c", true);
+    let order = line.run(&[load, c]);
+    assert_eq!(order, ["c", "load"], "the critical offload went ahead of the bulk load's copy: {order:?}");
 }
 
 /// The floor: with critical transfers queued all along, bulk ones still get one slot in

@@ -79,6 +79,11 @@ impl<T> ClassQueue<T> {
         tx.send(msg).unwrap_or_else(|_| unreachable!("a class queue holds its own receivers"));
     }
 
+    /// Whether critical work waits in the queue now.
+    pub fn critical_waiting(&self) -> bool {
+        !self.critical.1.is_empty()
+    }
+
     /// The next message by `Credit`, if either class has one now. Another receiver may
     /// take the message picked first; then the other class's is taken, if any.
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
