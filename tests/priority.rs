@@ -147,6 +147,26 @@ fn bulk_transfers_keep_one_turn_in_four_while_critical_ones_are_queued() {
     assert_eq!(order, want, "critical first, every fourth slot bulk");
 }
 
+/// The floor at the I/O worker, where a worker runs a chunk's next stage itself: with a
+/// slot for every transfer (no turns for slots to space them), three bulk transfers and
+/// twelve critical ones queue for the one I/O worker. Each bulk one still completes while
+/// critical ones are queued, not after all of them, and the critical ones go first.
+#[test]
+fn bulk_transfers_keep_their_floor_at_the_io_worker_while_critical_ones_are_queued() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let line = Line::new(32, "prio-floor-io");
+    let mut reqs = vec![line.hold_first()];
+    reqs.extend((1..=3).map(|b| line.offload(b, &format!("b{b}"), false)));
+    reqs.extend((1..=12).map(|i| line.offload(10 + i, &format!("c{i}"), true)));
+    assert_eq!(line.e.slots().0, 32 - 16, "every transfer has its slot: they wait for the I/O worker, not for slots");
+    let order = line.run(&reqs);
+    let last = position(&order, "c12");
+    for b in 1..=3 {
+        assert!(position(&order, &format!("b{b}")) < last, "b{b} waited for every critical transfer: {order:?}");
+    }
+    assert!(position(&order, "c1") < position(&order, "b1"), "the critical transfers go first: {order:?}");
+}
+
 /// Through the C ABI: `KVX_XFER_CRITICAL` in `kvx_transfer_options.flags` marks a
 /// transfer critical; a caller of an older ABI (a 1.0-sized struct, flags 0 as it had to
 /// pass) gets the order transfers came in.

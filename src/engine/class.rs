@@ -5,8 +5,9 @@
 //! stage (the dispatcher's turns, hence the bounce slots; the I/O workers' queue; the
 //! copy thread's queue), the stage serves them by one rule, `Credit`: critical first,
 //! but while bulk work waits, at most `CRITICAL_RUN` critical picks in a row, so bulk
-//! keeps at least a quarter of the stage and never starves. Within a class, work is
-//! served in the order it came.
+//! keeps at least a quarter of the stage and never starves. A stage thread that runs a
+//! chunk's next stage at once, without the queue, counts it as a pick (`Credit::keep`).
+//! Within a class, work is served in the order it came.
 
 use crossbeam_channel::{Receiver, RecvError, Select, Sender, TryRecvError};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -53,6 +54,26 @@ impl Credit {
             }
         }
     }
+
+    /// Whether a stage thread that just ran a stage of `class` work runs that work's next
+    /// stage too, at once, as a pick of `class` by the same rule; `other`: whether the
+    /// other class has work waiting. A "no" changes nothing, so the thread's next pick
+    /// from the queue goes to the other class.
+    pub fn keep(&self, class: Class, other: bool) -> bool {
+        match (class, other) {
+            (Class::Critical, false) => true,
+            (Class::Bulk, false) => {
+                self.run.store(0, Ordering::Relaxed);
+                true
+            }
+            (Class::Critical, true) => {
+                self.run.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| (r < CRITICAL_RUN).then_some(r + 1)).is_ok()
+            }
+            (Class::Bulk, true) => {
+                self.run.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| (r >= CRITICAL_RUN).then_some(0)).is_ok()
+            }
+        }
+    }
 }
 
 /// A stage thread's queue in two classes, served by `Credit`; any number of threads may
@@ -79,9 +100,14 @@ impl<T> ClassQueue<T> {
         tx.send(msg).unwrap_or_else(|_| unreachable!("a class queue holds its own receivers"));
     }
 
-    /// Whether critical work waits in the queue now.
-    pub fn critical_waiting(&self) -> bool {
-        !self.critical.1.is_empty()
+    /// Whether the thread that ran a stage of `class` work runs its next stage at once
+    /// (`Credit::keep`): then it counts as a pick of this queue.
+    pub fn keep(&self, class: Class) -> bool {
+        let other = match class {
+            Class::Critical => &self.bulk.1,
+            Class::Bulk => &self.critical.1,
+        };
+        self.credit.keep(class, !other.is_empty())
     }
 
     /// The next message by `Credit`, if either class has one now. Another receiver may
@@ -136,6 +162,19 @@ mod tests {
         }
         assert_eq!(c.pick(true, true), Some(Class::Critical), "the run starts when bulk work waits");
         assert_eq!(c.pick(false, false), None);
+    }
+
+    #[test]
+    fn a_stage_run_at_once_counts_as_a_pick_of_its_class() {
+        let c = Credit::default();
+        for _ in 0..CRITICAL_RUN {
+            assert!(c.keep(Class::Critical, true), "critical work runs on while its run lasts");
+        }
+        assert!(!c.keep(Class::Critical, true), "the fourth turn is bulk's");
+        assert_eq!(c.pick(true, true), Some(Class::Bulk), "and the queue serves it");
+        assert!(!c.keep(Class::Bulk, true), "bulk runs on only on its turn while critical work waits");
+        assert!(c.keep(Class::Bulk, false), "or while none waits");
+        assert!(c.keep(Class::Critical, false));
     }
 
     #[test]

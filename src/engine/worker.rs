@@ -11,7 +11,7 @@
 
 use super::bounce::BounceRing;
 use super::chunk::Chunk;
-use super::class::{Class, ClassQueue};
+use super::class::ClassQueue;
 use super::fanout::Part;
 use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
@@ -50,14 +50,16 @@ fn run_part(router: &Router, port: &mut Port, bound: &Result<()>, part: Part) {
 }
 
 /// Whether the worker that ran a chunk's stage runs its next one too, at once: a read
-/// then the copy out of the slot, a copy into the slot then the write. The slot's bytes
+/// then the copy out of the slot, a copy into the slot then the write (or a read then a
+/// write, file to file). The slot's bytes
 /// are still in this core's cache, and the chunk skips a trip through the queue and a
 /// wake-up: vLLM's tier over tmpfs moved 2 MiB chunks 11-15 % faster for 12 % less CPU
-/// (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier). Not for a bulk chunk
-/// while critical work waits in the queue: that goes first (`class.rs`).
+/// (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier). It counts as a pick of
+/// the queue's, by the queue's rule (`class.rs`): critical first, bulk every fourth
+/// while both wait, so the other class's turn goes through the queue instead.
 fn next_here(router: &Router, chunk: &Chunk) -> bool {
     let io_stage = matches!(chunk.stages.get(chunk.next).and_then(|s| s.as_ref()), Some(Op::HostCopy(_) | Op::WriteDisk { .. }));
-    io_stage && !chunk.req.stopped() && (chunk.req.class() == Class::Critical || !router.io_tx.critical_waiting())
+    io_stage && !chunk.req.stopped() && router.io_tx.keep(chunk.req.class())
 }
 
 fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk) {
