@@ -75,7 +75,9 @@
 // Disk layout flag: buffered I/O instead of O_DIRECT.
 #define KVX_DISK_BUFFERED 4
 
-// Disk layout flag: every write request is durable (fdatasync) before it completes.
+// Disk layout flag: every write request is durable (fdatasync) before it completes. After
+// a failed sync, every later write request to the file fails until it is opened again
+// (the kernel reports lost pages to one sync only).
 #define KVX_DISK_SYNC 8
 
 // Disk layout flag (ABI 1.1): store a checksum per region and a seal per block in a

@@ -1,5 +1,5 @@
-//! Fault injection for tests: make the Nth disk read, disk write, device copy or
-//! device op fail with an errno, return short, or (on the device) fail like a CUDA
+//! Fault injection for tests: make the Nth disk read, disk write, disk sync, device copy
+//! or device op fail with an errno, return short, or (on the device) fail like a CUDA
 //! error; and make the file system report another direct-I/O alignment. With it comes
 //! the deferred emulated device (`deferred_device`), whose copies complete later on a
 //! thread of their own, as a GPU's do, and can be held back.
@@ -22,6 +22,8 @@ pub enum Site {
     DeviceCopy = 2,
     /// One op of a batch on the emulated device, after the ops before it were queued.
     DeviceOp = 3,
+    /// One `fdatasync` or `fsync` system call (an `Errno` fault only).
+    DiskSync = 4,
 }
 
 /// What the chosen call does instead of its work.
@@ -69,7 +71,7 @@ mod plan {
 
     static ENABLED: AtomicBool = AtomicBool::new(false);
     static PLAN: Mutex<Option<Plan>> = Mutex::new(None);
-    static CALLS: [AtomicU64; 4] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    static CALLS: [AtomicU64; 5] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
     /// From now on, the `nth` (0-based) call at `site` gets `fault`; call counts restart.
     pub fn inject(site: Site, nth: u64, fault: Fault) {

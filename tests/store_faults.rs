@@ -2,7 +2,8 @@
 //! own, its tests one at a time): a write that fails, as on a full disk, fails its keys
 //! alone and the store goes on; a read that fails is that get's failure, not a dropped
 //! entry; opening reads no block; a write handle's write held in flight until its slot
-//! was reserved again lands late and is never committed under another key.
+//! was reserved again lands late and is never committed under another key; after a
+//! failed sync no later put to that file is acknowledged.
 
 mod common;
 use common::*;
@@ -324,4 +325,37 @@ fn a_commit_of_a_handle_with_a_key_length_no_key_has_is_refused() {
         assert_eq!(owner.commit_slots(&[bad]).unwrap(), vec![Status::InvalidArg], "key length {len} committed");
     }
     assert_eq!(owner.commit_slots(&[ha]).unwrap(), vec![Status::Ok], "the handle itself still commits");
+}
+
+/// The kernel reports a lost write-back once, to the sync that finds it, and a later sync
+/// of the file succeeds over the lost pages. So after a durable store's sync of a shard
+/// fails, no later put to that shard is acknowledged, through a commit of slot handles
+/// neither, until the store is opened again.
+#[test]
+fn after_a_failed_sync_no_later_put_to_the_shard_is_acknowledged_until_the_store_is_opened_again() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_path("store-sync-fails");
+    std::fs::create_dir_all(&dir).unwrap();
+    let durable = StoreConfig { shards: 1, flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(small_block(), 8, b"ns") };
+    let s = Store::open(&e, &dir, &durable).unwrap();
+    let src = e.create_layout(&LayoutConfig { num_blocks: 4, ..small_block() }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&src, 1);
+    fault::inject(Site::DiskSync, 0, Fault::Errno(libc::EIO));
+    let r = s.put(&src, &[0], &[key(0)], &Default::default()).unwrap();
+    wait(&r);
+    fault::clear();
+    assert_eq!(r.key_status(0), Some(Status::Io), "{}", r.key_message(0));
+    let r = s.put(&src, &[1], &[key(1)], &Default::default()).unwrap();
+    wait(&r);
+    assert_eq!(r.key_status(0), Some(Status::Io), "a put after the failed sync was acknowledged: {}", r.key_message(0));
+    assert!(r.key_message(0).contains("an earlier sync"), "{}", r.key_message(0));
+    let data = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DATA_ONLY, ..durable.clone() }).unwrap();
+    let h = write_handle(&s, &key(2));
+    assert_eq!(wait(&data.write_slots(&src, &[2], &[h], &Default::default()).unwrap()), Status::Ok);
+    assert_eq!(s.commit_slots(&[h]).unwrap(), vec![Status::Io], "a commit after the failed sync");
+    drop((data, s));
+    let s = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DURABLE, ..durable }).unwrap();
+    let r = s.put(&src, &[1], &[key(1)], &Default::default()).unwrap();
+    assert_eq!(wait(&r), Status::Ok, "opened again, the store syncs: {}", r.key_message(0));
 }

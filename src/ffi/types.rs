@@ -88,7 +88,9 @@ pub const KVX_DISK_CREATE: u32 = 1;
 pub const KVX_DISK_KEEP: u32 = 2;
 /// Disk layout flag: buffered I/O instead of O_DIRECT.
 pub const KVX_DISK_BUFFERED: u32 = 4;
-/// Disk layout flag: every write request is durable (fdatasync) before it completes.
+/// Disk layout flag: every write request is durable (fdatasync) before it completes. After
+/// a failed sync, every later write request to the file fails until it is opened again
+/// (the kernel reports lost pages to one sync only).
 pub const KVX_DISK_SYNC: u32 = 8;
 /// Disk layout flag (ABI 1.1): store a checksum per region and a seal per block in a
 /// sidecar (`<path>.kvxsum`), written with the data and verified on every read. A

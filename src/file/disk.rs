@@ -82,6 +82,11 @@ pub struct DiskFile {
     /// `CREATE` found a file at the path that `prepare` truncates in place.
     truncate: bool,
     pub sync: bool,
+    /// The first failed sync's error, held across syncs (which it serialises): the kernel
+    /// reports a lost write-back once, to the sync that finds it, and a later sync would
+    /// succeed over the lost pages. Every later sync fails with it, until the file is
+    /// opened again.
+    sync_failed: std::sync::Mutex<Option<Error>>,
     /// `KVX_DISK_CHECKSUM`: the sidecar of region hashes and block seals.
     pub checksum: Option<super::checksum::Sidecar>,
     /// This file's identity for the ports that register files (sized in `prepare`).
@@ -154,6 +159,7 @@ impl DiskFile {
             remove_on_drop: created,
             remove_when_done: create && !truncate && !flags.contains(DiskFlags::KEEP),
             sync: flags.contains(DiskFlags::SYNC),
+            sync_failed: Default::default(),
             checksum: None,
             key: FileKey::new(0),
         })
@@ -395,13 +401,24 @@ impl DiskFile {
     }
 
     /// Makes everything written so far durable (both descriptors share the inode), and
-    /// the checksums with it.
+    /// the checksums with it. After a failed sync, fails with its error (`sync_failed`).
     pub fn sync_data(&self) -> Result<()> {
-        posix::sync_data(self.buffered.as_fd()).map_err(|e| Error::new(e.status, format!("{}: {}", self.path.display(), e.message)))?;
-        match &self.checksum {
-            Some(s) => s.sync(),
-            None => Ok(()),
+        let mut failed = self.sync_failed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = failed.as_ref() {
+            let why = format!(
+                "{}: an earlier sync of this file failed ({}), so what was written since may be lost too: nothing written to it is durable until it is opened again",
+                self.path.display(),
+                e.message
+            );
+            return Err(Error::new(e.status, why));
         }
+        let synced = posix::sync_data(self.buffered.as_fd())
+            .map_err(|e| Error::new(e.status, format!("{}: {}", self.path.display(), e.message)))
+            .and_then(|()| self.checksum.as_ref().map_or(Ok(()), |s| s.sync()));
+        if let Err(e) = &synced {
+            *failed = Some(e.clone());
+        }
+        synced
     }
 
     /// Makes a file this layout created durable as a name (`SYNC`): its size and its

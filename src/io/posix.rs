@@ -102,6 +102,9 @@ pub fn sync_all(fd: BorrowedFd<'_>) -> Result<()> {
 }
 
 fn sync_with(fd: BorrowedFd<'_>, call: unsafe extern "C" fn(libc::c_int) -> libc::c_int, name: &str) -> Result<()> {
+    if let Some(Fault::Errno(e)) = fault::check(Site::DiskSync) {
+        return Err(Error::io(name, std::io::Error::from_raw_os_error(e)));
+    }
     loop {
         // SAFETY: plain syscall on a borrowed, open descriptor.
         if unsafe { call(fd.as_raw_fd()) } == 0 {
