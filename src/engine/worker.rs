@@ -51,12 +51,11 @@ fn run_part(router: &Router, port: &mut Port, bound: &Result<()>, part: Part) {
 
 /// Whether the worker that ran a chunk's stage runs its next one too, at once: a read
 /// then the copy out of the slot, a copy into the slot then the write (or a read then a
-/// write, file to file). The slot's bytes
-/// are still in this core's cache, and the chunk skips a trip through the queue and a
-/// wake-up: vLLM's tier over tmpfs moved 2 MiB chunks 11-15 % faster for 12 % less CPU
-/// (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier). It counts as a pick of
-/// the queue's, by the queue's rule (`class.rs`): critical first, bulk every fourth
-/// while both wait, so the other class's turn goes through the queue instead.
+/// write, file to file). The slot's bytes are still in this core's cache, and the chunk
+/// skips a trip through the queue and a wake-up: vLLM's tier over tmpfs moved 2 MiB
+/// chunks 11-15 % faster (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier).
+/// It counts as a pick by the queue's rule (`class.rs`): critical first, bulk every
+/// fourth while both wait, so the other class's turn goes through the queue instead.
 fn next_here(router: &Router, chunk: &Chunk) -> bool {
     let io_stage = matches!(chunk.stages.get(chunk.next).and_then(|s| s.as_ref()), Some(Op::HostCopy(_) | Op::WriteDisk { .. }));
     io_stage && !chunk.req.stopped() && router.io_tx.keep(chunk.req.class())
