@@ -61,8 +61,7 @@ fn wait_until_holding() {
 }
 
 fn store(e: &Arc<Engine>, capacity: u64) -> Store {
-    let dir = temp_path("completion-store");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("completion-store");
     Store::open(e, &dir, &StoreConfig { shards: 2, ..StoreConfig::new(cfg(0, 2, 2, 4, 64, 2), capacity, b"ns") }).unwrap()
 }
 

@@ -143,8 +143,7 @@ fn a_store_puts_from_and_gets_into_registered_per_layer_device_pools_byte_exact(
             }
         }
     }
-    let dir = temp_path("store-gpu");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("store-gpu");
     let s = Store::open(&e, &dir, &StoreConfig { shards: 2, ..StoreConfig::new(c, 32, b"gpu-test tp0/1 page16") }).unwrap();
     let guard = Some(std::time::Duration::from_secs(60));
     let r = s.put(&src, &src_ids, &keys, &Default::default()).unwrap();

@@ -362,8 +362,7 @@ fn commit_durably(dir: &std::path::Path) {
 /// and checksums) before it writes and syncs the record. No power is cut: the owner
 /// process's system calls are traced (strace, descriptors with their paths).
 fn a_durable_commit_makes_the_data_process_writes_durable_first() {
-    let dir = temp_path("durable-commit");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("durable-commit");
     let trace = dir.join("strace");
     let status = std::process::Command::new("strace")
         .args(["-f", "-qq", "-y", "-e", "trace=openat,pwrite64,fsync,fdatasync", "-o"])

@@ -40,20 +40,21 @@ impl Line {
         Line { e, host, disk, done: Default::default() }
     }
 
-    /// Offloads block `b` (host to disk), named `name` in the record of completions.
-    fn offload(&self, b: u64, name: &str, critical: bool) -> Arc<Request> {
+    /// A transfer's options: recorded as `name` in the record of completions.
+    fn named(&self, name: &str, critical: bool) -> TransferOptions {
         let (done, name) = (self.done.clone(), name.to_string());
         let on_complete: OnComplete = Arc::new(move |_: &Request, _| done.lock().unwrap().push(name.clone()));
-        let opts = TransferOptions { on_complete: Some(on_complete), critical, ..Default::default() };
-        self.e.submit(&self.host, &[b], &self.disk, &[b], &opts).unwrap()
+        TransferOptions { on_complete: Some(on_complete), critical, ..Default::default() }
+    }
+
+    /// Offloads block `b` (host to disk), named `name` in the record of completions.
+    fn offload(&self, b: u64, name: &str, critical: bool) -> Arc<Request> {
+        self.e.submit(&self.host, &[b], &self.disk, &[b], &self.named(name, critical)).unwrap()
     }
 
     /// Loads block `b` (disk to host), bulk, named `name` in the record of completions.
     fn load(&self, b: u64, name: &str) -> Arc<Request> {
-        let (done, name) = (self.done.clone(), name.to_string());
-        let on_complete: OnComplete = Arc::new(move |_: &Request, _| done.lock().unwrap().push(name.clone()));
-        let opts = TransferOptions { on_complete: Some(on_complete), ..Default::default() };
-        self.e.submit(&self.disk, &[b], &self.host, &[b], &opts).unwrap()
+        self.e.submit(&self.disk, &[b], &self.host, &[b], &self.named(name, false)).unwrap()
     }
 
     /// Holds the first disk write: `b0` (bulk) is in flight until `run` lets it go.
@@ -62,6 +63,15 @@ impl Line {
         let b0 = self.offload(0, "b0", false);
         wait_held("the first transfer never reached its disk write");
         b0
+    }
+
+    /// `b0` held in its disk write, then `bulk` bulk offloads `b1`.. and `critical`
+    /// critical ones `c1`.. queued behind it, in that order.
+    fn queued(&self, bulk: u64, critical: u64) -> Vec<Arc<Request>> {
+        let mut reqs = vec![self.hold_first()];
+        reqs.extend((1..=bulk).map(|b| self.offload(b, &format!("b{b}"), false)));
+        reqs.extend((1..=critical).map(|i| self.offload(bulk + i, &format!("c{i}"), true)));
+        reqs
     }
 
     /// Lets the held write go and waits for every request: the order they completed in.
@@ -84,6 +94,10 @@ fn wait_held(why: &str) {
     assert!(fault::holding(), "{why}");
 }
 
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn position(order: &[String], name: &str) -> usize {
     order.iter().position(|n| n == name).unwrap_or_else(|| panic!("{name} never completed: {order:?}"))
 }
@@ -93,13 +107,11 @@ fn position(order: &[String], name: &str) -> usize {
 /// critical one, not to the bulk ones queued ahead of it.
 #[test]
 fn a_critical_transfer_gets_the_next_free_slot_before_bulk_ones_queued_ahead() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let line = Line::new(1, "prio-slot");
-    let mut reqs = vec![line.hold_first()];
-    reqs.extend((1..=6).map(|b| line.offload(b, &format!("b{b}"), false)));
-    reqs.push(line.offload(7, "c", true));
+    let reqs = line.queued(6, 1);
     let order = line.run(&reqs);
-    assert_eq!(position(&order, "c"), 1, "the critical transfer took the slot after the held one: {order:?}");
+    assert_eq!(position(&order, "c1"), 1, "the critical transfer took the slot after the held one: {order:?}");
 }
 
 /// The I/O workers' queue: with slots to spare, six bulk transfers' memcpys queue for
@@ -107,14 +119,12 @@ fn a_critical_transfer_gets_the_next_free_slot_before_bulk_ones_queued_ahead() {
 /// next, ahead of the bulk ones queued before it.
 #[test]
 fn a_critical_transfer_overtakes_bulk_ones_in_the_io_workers_queue() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let line = Line::new(16, "prio-io");
-    let mut reqs = vec![line.hold_first()];
-    reqs.extend((1..=6).map(|b| line.offload(b, &format!("b{b}"), false)));
-    reqs.push(line.offload(7, "c", true));
+    let reqs = line.queued(6, 1);
     assert_eq!(line.e.slots().0, 16 - 8, "every transfer has its slot: they wait for the I/O worker, not for slots");
     let order = line.run(&reqs);
-    assert_eq!(position(&order, "c"), 1, "the critical transfer ran next on the I/O worker: {order:?}");
+    assert_eq!(position(&order, "c1"), 1, "the critical transfer ran next on the I/O worker: {order:?}");
 }
 
 /// A chunk's next I/O stage runs at once on the worker that ran its last one, except a
@@ -123,7 +133,7 @@ fn a_critical_transfer_overtakes_bulk_ones_in_the_io_workers_queue() {
 /// behind the offload's stages, which complete first.
 #[test]
 fn a_bulk_chunks_next_stage_waits_behind_critical_work_queued_meanwhile() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let line = Line::new(16, "prio-next");
     fault::inject(Site::DiskRead, 0, Fault::Hold);
     let load = line.load(0, "load");
@@ -137,11 +147,9 @@ fn a_bulk_chunks_next_stage_waits_behind_critical_work_queued_meanwhile() {
 /// four, so they complete while critical work keeps coming instead of after all of it.
 #[test]
 fn bulk_transfers_keep_one_turn_in_four_while_critical_ones_are_queued() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let line = Line::new(1, "prio-floor");
-    let mut reqs = vec![line.hold_first()];
-    reqs.extend((1..=3).map(|b| line.offload(b, &format!("b{b}"), false)));
-    reqs.extend((1..=12).map(|i| line.offload(10 + i, &format!("c{i}"), true)));
+    let reqs = line.queued(3, 12);
     let order = line.run(&reqs);
     let want = ["b0", "c1", "c2", "c3", "b1", "c4", "c5", "c6", "b2", "c7", "c8", "c9", "b3", "c10", "c11", "c12"];
     assert_eq!(order, want, "critical first, every fourth slot bulk");
@@ -153,11 +161,9 @@ fn bulk_transfers_keep_one_turn_in_four_while_critical_ones_are_queued() {
 /// critical ones are queued, not after all of them, and the critical ones go first.
 #[test]
 fn bulk_transfers_keep_their_floor_at_the_io_worker_while_critical_ones_are_queued() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let line = Line::new(32, "prio-floor-io");
-    let mut reqs = vec![line.hold_first()];
-    reqs.extend((1..=3).map(|b| line.offload(b, &format!("b{b}"), false)));
-    reqs.extend((1..=12).map(|i| line.offload(10 + i, &format!("c{i}"), true)));
+    let reqs = line.queued(3, 12);
     assert_eq!(line.e.slots().0, 32 - 16, "every transfer has its slot: they wait for the I/O worker, not for slots");
     let order = line.run(&reqs);
     let last = position(&order, "c12");
@@ -174,7 +180,7 @@ fn bulk_transfers_keep_their_floor_at_the_io_worker_while_critical_ones_are_queu
 fn through_the_c_abi_the_flag_orders_and_an_older_options_struct_gets_arrival_order() {
     use kvxfer::ffi::{engine::*, layout::*, transfer::*, *};
     use std::ffi::c_void;
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     static DONE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
     unsafe extern "C" fn record(user_data: *mut c_void, _r: *mut kvx_request, _s: kvx_status) {
         DONE.lock().unwrap().push(user_data as usize);
@@ -249,7 +255,7 @@ fn through_the_c_abi_the_flag_orders_and_an_older_options_struct_gets_arrival_or
 /// on a lane of their own, so it completes while the bulk copies queued before it wait.
 #[test]
 fn a_critical_transfer_completes_while_bulk_copies_ahead_of_it_are_held_on_the_device() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     fault::set_deferred_device(Some(true));
     let e = engine_with(|c| c.device = kvxfer::Device::Emulated);
     fault::set_deferred_device(None);
@@ -281,7 +287,7 @@ fn a_critical_transfer_completes_while_bulk_copies_ahead_of_it_are_held_on_the_d
 /// critical one; the copy thread copies the critical one next.
 #[test]
 fn a_critical_transfer_overtakes_bulk_ones_in_the_copy_threads_queue() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     // The immediate emulated device: a copy is done when the copy thread issues it, so
     // the order of completions is the order of issue.
     fault::set_deferred_device(Some(false));

@@ -25,9 +25,7 @@ fn store_cfg(capacity: u64, ns: &[u8]) -> StoreConfig {
 }
 
 fn store_dir() -> PathBuf {
-    let d = temp_path("store");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    temp_dir("store")
 }
 
 fn engine_arc() -> Arc<Engine> {

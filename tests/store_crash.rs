@@ -257,8 +257,7 @@ fn acknowledged_puts_survive_sigkill_and_no_wrong_bytes_are_ever_served() {
         .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     let _ = writeln!(std::io::stderr(), "store crash torture: {rounds} rounds, KVX_STORE_CRASH_SEED={seed}");
     let mut rng = Rng(seed | 1);
-    let dir = temp_path("crash-store");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("crash-store");
     let log_path = dir.join("torture.log");
     let e = Arc::new(engine());
     let mut model: HashMap<u64, Must> = HashMap::new();

@@ -28,8 +28,7 @@ fn key(i: u64) -> Vec<u8> {
 fn a_full_disk_fails_the_keys_written_there_alone_and_the_store_goes_on() {
     let _serial = serial();
     let e = Arc::new(engine());
-    let dir = temp_path("store-faults");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("store-faults");
     let c = cfg(0, 2, 2, 4, 64, 2);
     let s = Store::open(&e, &dir, &StoreConfig { shards: 2, ..StoreConfig::new(c, 8, b"ns") }).unwrap();
     let src = e.create_layout(&cfg(4, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
@@ -73,8 +72,7 @@ fn a_full_disk_fails_the_keys_written_there_alone_and_the_store_goes_on() {
 fn opening_reads_no_block_however_many_entries_there_are() {
     let _serial = serial();
     let e = Arc::new(engine());
-    let dir = temp_path("store-open-reads");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("store-open-reads");
     let c = StoreConfig { shards: 2, ..StoreConfig::new(cfg(0, 2, 2, 4, 64, 2), 64, b"ns") };
     let src = e.create_layout(&cfg(60, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
     fill(&src, 3);
@@ -105,8 +103,7 @@ fn opening_reads_no_block_however_many_entries_there_are() {
 fn of_two_puts_racing_for_the_last_slot_one_wins_and_the_other_fails_at_once() {
     let _serial = serial();
     let e = Arc::new(engine());
-    let dir = temp_path("store-race");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("store-race");
     let s = Store::open(&e, &dir, &StoreConfig::new(cfg(0, 2, 2, 4, 64, 2), 1, b"ns")).unwrap();
     let src = e.create_layout(&cfg(2, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
     fill(&src, 4);
@@ -179,8 +176,7 @@ struct OneSlot {
 
 fn one_slot(block: LayoutConfig, tag: &str) -> OneSlot {
     let e = Arc::new(engine());
-    let dir = temp_path(tag);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir(tag);
     let cfg = StoreConfig::new(block, 1, b"ns");
     let owner = Store::open(&e, &dir, &cfg).unwrap();
     let data = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DATA_ONLY, ..cfg.clone() }).unwrap();
@@ -335,8 +331,7 @@ fn a_commit_of_a_handle_with_a_key_length_no_key_has_is_refused() {
 fn after_a_failed_sync_no_later_put_to_the_shard_is_acknowledged_until_the_store_is_opened_again() {
     let _serial = serial();
     let e = Arc::new(engine());
-    let dir = temp_path("store-sync-fails");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("store-sync-fails");
     let durable = StoreConfig { shards: 1, flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(small_block(), 8, b"ns") };
     let s = Store::open(&e, &dir, &durable).unwrap();
     let src = e.create_layout(&LayoutConfig { num_blocks: 4, ..small_block() }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();

@@ -136,8 +136,7 @@ fn get_exact(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
 /// removed entries' slots, and everything survives a reopen.
 fn a_full_tmpfs_fails_the_puts_that_find_no_room_alone_and_the_store_goes_on() {
     let e = Arc::new(engine());
-    let made = temp_path("store-made");
-    std::fs::create_dir_all(&made).unwrap();
+    let made = temp_dir("store-made");
     let c = StoreConfig { shards: 2, flags: StoreFlags::CREATE | StoreFlags::BUFFERED, ..StoreConfig::new(block(0), 64, b"ns") };
     drop(Store::open(&e, &made, &c).unwrap());
     let fs = Tmpfs::mount(2 << 20).unwrap();

@@ -53,17 +53,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+from kvx_integration import tiering_manager
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
 from vllm.utils.gc_utils import freeze_gc_heap
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 GB = 1e9
 MiB = 1 << 20
@@ -100,21 +93,7 @@ def tier_config(args: argparse.Namespace, tier: str, root: str, medium: str, tot
 
 
 def make_manager(cfg: Dict[str, Any], chunk_bytes: int, cpu_bytes: int) -> Any:
-    config = OffloadingConfig(
-        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
-        worker_kv_bytes_per_block=chunk_bytes,
-        enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": cpu_bytes, "secondary_tiers": [cfg]},
-        engine_id=f"kvxfer-bench-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name="kvxfer/bench-model", dtype="bfloat16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
-        ),
-    )
-    return TieringOffloadingSpec(config).get_manager()
+    return tiering_manager(cfg, chunk_bytes, cpu_bytes, "kvxfer/bench-model")
 
 
 class JobClock:

@@ -26,6 +26,7 @@ os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.g
 
 import kvxfer  # noqa: E402
 import kvxfer.sglang as kv_sglang  # noqa: E402
+from kvx_integration import flip_a_byte  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
@@ -182,21 +183,7 @@ def test_a_flipped_byte_fails_that_page_alone(backend, pool):
     assert backend.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
     # Flip a byte of page 2's piece in the data file that holds it.
     piece = bytes(want[1][:256].numpy())
-    found = False
-    for name in sorted(os.listdir(backend.directory)):
-        if not name.startswith("data-") or name.endswith(".kvxsum"):
-            continue
-        path = os.path.join(backend.directory, name)
-        with open(path, "r+b") as f:
-            data = f.read()
-            at = data.find(piece)
-            if at >= 0:
-                f.seek(at + 100)
-                f.write(bytes([data[at + 100] ^ 0x40]))
-                f.flush()
-                os.fsync(f.fileno())
-                found = True
-    assert found, "page 2's bytes are in no data file"
+    assert flip_a_byte(backend.directory, piece, 100), "page 2's bytes are in no data file"
     assert backend.batch_get_v1(keys, token_indices([10, 11, 12])) == [True, False, True]
     assert torch.equal(page_bytes(pool, 10), want[0]) and torch.equal(page_bytes(pool, 12), want[2])
     # The damaged entry is dropped: SGLang's next query misses it and recomputes.

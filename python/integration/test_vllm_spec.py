@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import kvxfer
+from kvx_integration import flip_a_byte, record_criticality
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCacheTensor,
@@ -218,18 +219,7 @@ def test_blocks_stored_then_loaded_come_back_exact(engine, expedited):
 def test_loads_are_latency_critical_and_stores_bulk(engine, monkeypatch):
     """A request waits for its load, expedited or not, and for no store: the workers'
     slot reads are critical transfers, their writes bulk."""
-    calls = []
-    read, write = kvxfer.Store.read_slots, kvxfer.Store.write_slots
-
-    def recording(name, f):
-        def call(self, *args, **kwargs):
-            calls.append((name, kwargs.get("critical", False)))
-            return f(self, *args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(kvxfer.Store, "read_slots", recording("read", read))
-    monkeypatch.setattr(kvxfer.Store, "write_slots", recording("write", write))
+    calls = record_criticality(monkeypatch, kvxfer.Store, {"read_slots": "read", "write_slots": "write"})
     keys = keys_of(1, 2)
     fill(engine, [0, 1], seed=8)
     engine.offload(keys, [0, 1])
@@ -259,22 +249,6 @@ def test_a_key_never_stored_is_a_miss_and_the_others_load(engine):
     assert same(snapshot(engine, [4, 5]), want)
 
 
-def flip_a_byte(directory, want):
-    """Flips a byte of the block whose bytes are `want`, where the store keeps it."""
-    for name in sorted(os.listdir(directory)):
-        if not name.startswith("data-") or name.endswith(".kvxsum"):
-            continue
-        path = os.path.join(directory, name)
-        with open(path, "r+b") as f:
-            data = f.read()
-            off = data.find(want)
-            if off >= 0:
-                f.seek(off + 1000)
-                f.write(bytes([data[off + 1000] ^ 0x40]))
-                f.flush()
-                os.fsync(f.fileno())
-                return
-    raise AssertionError(f"the block is in no data file of {directory}")
 
 
 def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path):
@@ -284,7 +258,8 @@ def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path
         fill(e, [0, 1, 2], seed=4)
         e.offload(keys, [0, 1, 2])
         # Key 2's page of layer 0 on rank 1, damaged on disk.
-        flip_a_byte(e.spec._settings.directories[1], e.caches[1][0][1].numpy().tobytes())
+        want = e.caches[1][0][1].numpy().tobytes()
+        assert flip_a_byte(e.spec._settings.directories[1], want, 1000), "the block is in no data file"
         found, results = e.onboard(keys, [8, 9, 10])
         assert all(found[k] is LookupResult.HIT for k in keys)
         # vLLM's TransferResult of a failed job: rank 1 says its load failed (its KV is

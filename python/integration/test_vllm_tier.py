@@ -17,15 +17,8 @@ import pytest
 
 import kvxfer
 import kvxfer.vllm as kv_vllm
+from kvx_integration import flip_a_byte, record_criticality, tiering_manager
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 BLOCK_BYTES = 64 * 1024  # one worker's KV bytes of one block: a 64 KiB chunk
 CPU_CHUNKS = 8
@@ -38,21 +31,7 @@ def make_manager(root, model="kvxfer/test-model", tier_config=None, block_bytes=
     it from kv_connector_extra_config."""
     if tier_config is None:
         tier_config = {"type": "KvxferTier", "module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **tier}
-    config = OffloadingConfig(
-        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
-        worker_kv_bytes_per_block=block_bytes,
-        enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": CPU_CHUNKS * block_bytes, "secondary_tiers": [tier_config]},
-        engine_id=f"kvxfer-test-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name=model, dtype="bfloat16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
-        ),
-    )
-    return TieringOffloadingSpec(config).get_manager()
+    return tiering_manager(tier_config, block_bytes, CPU_CHUNKS * block_bytes, model)
 
 
 def keys_of(*names):
@@ -185,18 +164,7 @@ def test_chunks_cascade_to_the_store_and_come_back_exact(manager):
 def test_loads_are_latency_critical_and_stores_bulk(manager, monkeypatch):
     """A request waits for a promotion from the tier, and for no cascade into it: the
     tier's gets are critical transfers, its puts bulk."""
-    calls = []
-    get, put = kvxfer.Store.get, kvxfer.Store.put
-
-    def recording(name, f):
-        def call(self, *args, **kwargs):
-            calls.append((name, kwargs.get("critical", False)))
-            return f(self, *args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(kvxfer.Store, "get", recording("get", get))
-    monkeypatch.setattr(kvxfer.Store, "put", recording("put", put))
+    calls = record_criticality(monkeypatch, kvxfer.Store, {"get": "get", "put": "put"})
     keys = keys_of(1, 2)
     offload(manager, keys)
     empty_cpu_tier(manager)
@@ -253,21 +221,7 @@ def test_a_damaged_chunk_fails_its_key_alone(manager):
     tier = tier_of(manager)
     # Flip a byte of key 2's block where the store keeps it.
     want = payload(keys[1], BLOCK_BYTES).tobytes()
-    found = False
-    for name in sorted(os.listdir(tier.directory)):
-        if not name.startswith("data-") or name.endswith(".kvxsum"):
-            continue
-        path = os.path.join(tier.directory, name)
-        with open(path, "r+b") as f:
-            data = f.read()
-            for off in range(0, len(data) - BLOCK_BYTES + 1, BLOCK_BYTES):
-                if data[off : off + BLOCK_BYTES] == want:
-                    f.seek(off + 1000)
-                    f.write(bytes([data[off + 1000] ^ 0x40]))
-                    f.flush()
-                    os.fsync(f.fileno())
-                    found = True
-    assert found, "key 2's block is in no data file"
+    assert flip_a_byte(tier.directory, want, 1000), "key 2's block is in no data file"
     reported = record_results(tier)
     results, got = onboard(manager, keys)
     # One promotion job of the three keys, reported failed with the two that loaded:

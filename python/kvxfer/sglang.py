@@ -26,8 +26,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tier import MAX_REGION, capacity_blocks, check_version, namespace_of, region_bytes, store_key
-from .tier import engine_settings as tier_engine_settings
+from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, namespace_of, region_bytes, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -119,10 +118,10 @@ def page_layout(num_pages: int, num_bases: int, span: int) -> LayoutConfig:
     return LayoutConfig(num_blocks=num_pages, num_layers=num_bases, outer_dim=outer, page_size=1, inner_dim=span // outer, dtype_bytes=1, kind="layer_block_first")
 
 
-def engine_settings(engine: Optional[Dict[str, Any]], config: LayoutConfig) -> Dict[str, Any]:
-    """The engine's settings: the caller's, and, where the caller sets no slot size and a
-    region needs more than kvxfer's default slot, slots that fit one (and a ring of at
-    least four of them)."""
+def slot_settings(engine: Optional[Dict[str, Any]], config: LayoutConfig) -> Dict[str, Any]:
+    """The caller's engine settings and, where the caller sets no slot size and a region
+    needs more than kvxfer's default slot, slots that fit one (and a ring of at least four
+    of them)."""
     settings = dict(engine or {})
     region = config.page_size * config.inner_dim * config.dtype_bytes
     slot = _SLOT_BYTES
@@ -234,7 +233,7 @@ def _make_backend_class() -> type:
             self.namespace = namespace_of("sglang", self._fields)
             self._capacity = capacity_blocks(s.get("capacity_pages"), s.get("capacity_bytes"), self._config.block_bytes, "pages", "the extra config")
             # The scheduler moves host memory only: no CUDA context for kvxfer there.
-            settings = tier_engine_settings(engine_settings(s.get("engine"), self._config), bool(s.get("buffered", False)))
+            settings = engine_settings(slot_settings(s.get("engine"), self._config), bool(s.get("buffered", False)))
             self._engine = Engine("emulated", **settings)
             try:
                 self._layout = self._engine.register(bases, self._config)
@@ -418,4 +417,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__: Sequence[str] = ["KvxferStorage", "SUPPORTED_SGLANG", "check_sglang_version", "engine_settings", "fingerprint", "page_bases", "page_key", "page_layout"]
+__all__: Sequence[str] = ["KvxferStorage", "SUPPORTED_SGLANG", "check_sglang_version", "fingerprint", "page_bases", "page_key", "page_layout", "slot_settings"]

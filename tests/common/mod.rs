@@ -68,6 +68,13 @@ pub fn temp_path(tag: &str) -> PathBuf {
     dir.join(format!("kvx-test-{}-{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
 }
 
+/// A fresh folder in the temp dir, made (the test removes it, or kvxfer does).
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = temp_path(tag);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 pub fn make_layout(e: &Engine, c: &LayoutConfig, kind: LayoutKind, storage: StorageKind) -> Arc<Layout> {
     match storage {
         StorageKind::Disk => e.create_disk_layout(c, &temp_path("disk"), DiskFlags::CREATE).expect("disk layout"),

@@ -1,0 +1,73 @@
+"""What the runtime plug-ins' integration tests and the vLLM tier bench share: a store's
+data files damaged in place, a record of which store calls were latency-critical, and
+vLLM's tiering manager over one secondary tier. vLLM is imported only by the last."""
+
+import os
+import uuid
+
+
+def flip_a_byte(directory, piece, past):
+    """Flips the byte `past` bytes into each copy of `piece` in the data files of the
+    store in `directory` (never its checksum sidecars), synced; whether any held one."""
+    found = False
+    for name in sorted(os.listdir(directory)):
+        if not name.startswith("data-") or name.endswith(".kvxsum"):
+            continue
+        with open(os.path.join(directory, name), "r+b") as f:
+            data = f.read()
+            at = data.find(piece)
+            while at >= 0:
+                f.seek(at + past)
+                f.write(bytes([data[at + past] ^ 0x40]))
+                found = True
+                at = data.find(piece, at + len(piece))
+            f.flush()
+            os.fsync(f.fileno())
+    return found
+
+
+def record_criticality(monkeypatch, cls, methods):
+    """Wraps each method of `cls` named in `methods` (name -> label) so that each call
+    appends `(label, critical)` to the returned list."""
+    calls = []
+
+    def recording(label, f):
+        def call(self, *args, **kwargs):
+            calls.append((label, kwargs.get("critical", False)))
+            return f(self, *args, **kwargs)
+
+        return call
+
+    for name, label in methods.items():
+        monkeypatch.setattr(cls, name, recording(label, getattr(cls, name)))
+    return calls
+
+
+def tiering_manager(tier_config, chunk_bytes, cpu_bytes, model):
+    """vLLM's `TieringOffloadingManager` as `TieringOffloadingSpec` builds it for a
+    one-rank model of one layer, with a CPU tier of `cpu_bytes` and the one secondary
+    tier `tier_config`."""
+    from vllm.v1.kv_offload.config import (
+        OffloadingCacheConfig,
+        OffloadingConfig,
+        OffloadingGroupConfig,
+        OffloadingModelConfig,
+        OffloadingParallelConfig,
+    )
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    config = OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
+        worker_kv_bytes_per_block=chunk_bytes,
+        enable_kv_cache_events=False,
+        extra_config={"cpu_bytes_to_use": cpu_bytes, "secondary_tiers": [tier_config]},
+        engine_id=f"kvxfer-{uuid.uuid4().hex[:12]}",
+        model=OffloadingModelConfig(name=model, dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
+    return TieringOffloadingSpec(config).get_manager()
