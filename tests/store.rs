@@ -77,11 +77,15 @@ fn exact_hits(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
     st
 }
 
-/// The slot whose record names `key`, read from the records file.
+/// Bytes of one slot record in the records file.
+const RECORD: u64 = 128;
+
+/// The slot whose record names `key` (its bytes at 16.., its length at 96..100), read from
+/// the records file.
 fn slot_of(dir: &Path, key: &[u8]) -> u64 {
     let records = std::fs::read(dir.join("records")).unwrap();
-    let digest = xxhash_rust::xxh3::xxh3_128(key).to_le_bytes();
-    records.chunks_exact(64).position(|r| r[16..32] == digest).expect("a record of the key") as u64
+    let named = |r: &[u8]| r[96..100] == (key.len() as u32).to_le_bytes() && &r[16..16 + key.len()] == key;
+    records.chunks_exact(RECORD as usize).position(named).expect("a record of the key") as u64
 }
 
 /// Flips one byte of the file at `off`.
@@ -128,6 +132,44 @@ fn blocks_put_from_host_and_device_layouts_in_vllms_per_layer_layout_come_back_e
     assert_eq!(put_keys(&e, &s, &[key(50), key(50)]), vec![Status::Ok; 2]);
     assert_eq!(s.stats().puts, after.puts + 1);
     assert_eq!(s.stats().hits, 16);
+}
+
+/// Two 32-byte keys whose xxh3-128 digests are equal: XXH3 folds the product
+/// `(a ^ s0) × (b ^ s1)` of a 32-byte input's first two words with its default secret's
+/// first two (s0, s1), so `(s0, K − s0, c, d)` and `(K − s1, s1, c, d)` both make it 0
+/// and add up to the same `a + b`.
+fn colliding_keys() -> (Vec<u8>, Vec<u8>) {
+    const S0: u64 = 0xbe4b_a423_396c_feb8;
+    const S1: u64 = 0x1cad_21f7_2c81_017c;
+    let (k, c, d) = (0x0123_4567_89ab_cdefu64, 0x1111u64, 0x2222u64);
+    let bytes = |w: [u64; 4]| w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    (bytes([S0, k.wrapping_sub(S0), c, d]), bytes([k.wrapping_sub(S1), S1, c, d]))
+}
+
+/// Keys are told apart by their own bytes: a key whose digest equals a held key's is
+/// not held, its get never serves the other key's bytes, and both can be stored.
+#[test]
+fn a_key_whose_digest_equals_a_held_keys_is_a_key_of_its_own() {
+    let (k1, k2) = colliding_keys();
+    assert_ne!(k1, k2);
+    assert_eq!(xxhash_rust::xxh3::xxh3_128(&k1), xxhash_rust::xxh3::xxh3_128(&k2), "the keys collide in xxh3-128");
+    let e = engine_arc();
+    let dir = store_dir();
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    assert_eq!(put_keys(&e, &s, std::slice::from_ref(&k1)), [Status::Ok]);
+    assert_eq!(s.lookup(&[&k2], false).unwrap(), (vec![false], 0), "a key never put is not present");
+    assert_eq!(exact_hits(&e, &s, std::slice::from_ref(&k2)), [Status::NotFound], "a key never put does not load");
+    assert_eq!(put_keys(&e, &s, std::slice::from_ref(&k2)), [Status::Ok]);
+    assert_eq!(s.stats().entries, 2, "two keys, two entries");
+    assert_eq!(exact_hits(&e, &s, &[k1.clone(), k2.clone()]), [Status::Ok, Status::Ok]);
+    // The records keep the keys themselves: after a reopen they are still two.
+    drop(s);
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    assert_eq!(exact_hits(&e, &s, &[k2.clone(), k1.clone()]), [Status::Ok, Status::Ok]);
+    assert_eq!(s.remove(&[&k1]).unwrap(), [Status::Ok]);
+    assert_eq!(exact_hits(&e, &s, &[k1, k2]), [Status::NotFound, Status::Ok]);
+    s.close();
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -412,7 +454,7 @@ fn a_byte_flipped_in_a_slot_record_is_a_miss_counted_on_open() {
     let dir = four_keys(&e);
     let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
     for (i, byte) in [(1, 20), (3, 45)] {
-        flip(&dir.join("records"), slot_of(&dir, &keys[i]) * 64 + byte);
+        flip(&dir.join("records"), slot_of(&dir, &keys[i]) * RECORD + byte);
     }
     let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
     assert_eq!(s.stats().integrity_failures, 2);
@@ -426,7 +468,7 @@ fn a_records_file_cut_mid_record_loses_the_records_past_the_cut_only() {
     let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
     let slots: Vec<u64> = keys.iter().map(|k| slot_of(&dir, k)).collect();
     let cut = slots[1];
-    std::fs::OpenOptions::new().write(true).open(dir.join("records")).unwrap().set_len(cut * 64 + 30).unwrap();
+    std::fs::OpenOptions::new().write(true).open(dir.join("records")).unwrap().set_len(cut * RECORD + 30).unwrap();
     let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
     assert_eq!(s.stats().integrity_failures, 1, "the cut record");
     let want: Vec<Status> = slots.iter().map(|&sl| if sl < cut { Status::Ok } else { Status::NotFound }).collect();

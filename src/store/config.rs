@@ -1,5 +1,6 @@
-//! What a store is opened with, the limits on keys and namespaces, and the digests that
-//! stand for them in the index and in the slot records.
+//! What a store is opened with, the limits on keys and namespaces, keys as the index and
+//! the slot records hold them (their own bytes), and the digests that stand for
+//! namespaces and for keys in slot handles.
 
 use crate::error::{bail, Result};
 use crate::layout::LayoutConfig;
@@ -99,7 +100,7 @@ impl StoreConfig {
     }
 }
 
-/// A 128-bit digest: of a key, or of a namespace.
+/// A 128-bit digest: of a namespace, or of a key in a slot handle.
 pub type Digest = u128;
 
 /// The digest of a namespace (`xxh3-128`).
@@ -107,22 +108,68 @@ pub fn namespace_digest(ns: &[u8]) -> Digest {
     xxhash_rust::xxh3::xxh3_128_with_seed(ns, NAMESPACE_SEED)
 }
 
-/// The digest of a key (`xxh3-128`), after checking its length.
-pub fn key_digest(key: &[u8]) -> Result<Digest> {
-    if key.is_empty() || key.len() > MAX_KEY_BYTES {
-        bail!(InvalidArg, "a key is {} bytes; keys are 1 to {MAX_KEY_BYTES} bytes (hash a longer one)", key.len());
-    }
-    Ok(xxhash_rust::xxh3::xxh3_128(key))
+/// A key's own bytes (1 to 64), which alone decide its identity: two keys are one key only
+/// if their bytes are equal. A digest may index them, but no digest, however wide, stands
+/// for a key, since keys can be chosen to collide in any non-cryptographic one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    len: u8,
+    /// The key's bytes, then zeros, so equal keys are equal arrays.
+    bytes: [u8; MAX_KEY_BYTES],
 }
 
-/// Digests of every key of a call; the first bad key refuses the call, naming its index.
-pub fn key_digests<K: AsRef<[u8]>>(keys: &[K]) -> Result<Vec<Digest>> {
+impl Key {
+    /// The key of `bytes`, after checking its length.
+    pub fn new(bytes: &[u8]) -> Result<Key> {
+        if bytes.is_empty() || bytes.len() > MAX_KEY_BYTES {
+            bail!(InvalidArg, "a key is {} bytes; keys are 1 to {MAX_KEY_BYTES} bytes (hash a longer one)", bytes.len());
+        }
+        let mut k = Key { len: bytes.len() as u8, bytes: [0; MAX_KEY_BYTES] };
+        k.bytes[..bytes.len()].copy_from_slice(bytes);
+        Ok(k)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    pub fn len(&self) -> u32 {
+        self.len as u32
+    }
+
+    /// The key's digest (`xxh3-128`), as a slot handle carries it: the handle names its
+    /// slot and generation, and the digest lets a data-only process check that the slot's
+    /// record is still the one handed out.
+    pub fn digest(&self) -> Digest {
+        xxhash_rust::xxh3::xxh3_128(self.as_bytes())
+    }
+}
+
+impl std::hash::Hash for Key {
+    /// A 64-bit hash under a seed drawn once per process, so that keys chosen to collide
+    /// cannot crowd one bucket of the index's maps (equality still compares the bytes).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        static SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(super::fresh_epoch);
+        state.write_u64(xxhash_rust::xxh3::xxh3_64_with_seed(self.as_bytes(), *SEED));
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Key(")?;
+        self.as_bytes().iter().try_for_each(|b| write!(f, "{b:02x}"))?;
+        write!(f, ")")
+    }
+}
+
+/// Every key of a call; the first bad key refuses the call, naming its index.
+pub fn keys_of<K: AsRef<[u8]>>(keys: &[K]) -> Result<Vec<Key>> {
     if keys.is_empty() {
         bail!(InvalidArg, "no keys; a store call takes at least one key");
     }
     keys.iter()
         .enumerate()
-        .map(|(i, k)| key_digest(k.as_ref()).map_err(|e| crate::error::Error::new(e.status, format!("key {i}: {}", e.message))))
+        .map(|(i, k)| Key::new(k.as_ref()).map_err(|e| crate::error::Error::new(e.status, format!("key {i}: {}", e.message))))
         .collect()
 }
 
@@ -150,16 +197,25 @@ mod tests {
 
     #[test]
     fn keys_of_1_to_64_bytes_are_taken_and_others_refused() {
-        assert!(key_digest(b"k").is_ok());
-        assert!(key_digest(&[7u8; 64]).is_ok());
-        assert_eq!(key_digest(b"").unwrap_err().status, crate::error::Status::InvalidArg);
-        assert_eq!(key_digest(&[7u8; 65]).unwrap_err().status, crate::error::Status::InvalidArg);
-        let err = key_digests(&[&b"a"[..], &[0u8; 70][..]]).unwrap_err();
+        assert!(Key::new(b"k").is_ok());
+        assert_eq!(Key::new(&[7u8; 64]).unwrap().as_bytes(), &[7u8; 64]);
+        assert_eq!(Key::new(b"").unwrap_err().status, crate::error::Status::InvalidArg);
+        assert_eq!(Key::new(&[7u8; 65]).unwrap_err().status, crate::error::Status::InvalidArg);
+        let err = keys_of(&[&b"a"[..], &[0u8; 70][..]]).unwrap_err();
         assert!(err.message.starts_with("key 1:"), "{}", err.message);
+    }
+
+    /// Keys that differ only in trailing zeros, or in length, are different keys.
+    #[test]
+    fn keys_are_equal_only_when_their_bytes_are() {
+        let k = |b: &[u8]| Key::new(b).unwrap();
+        assert_eq!(k(b"ab"), k(b"ab"));
+        assert_ne!(k(b"ab"), k(b"ab\0"));
+        assert_ne!(k(b"\0"), k(b"\0\0"));
     }
 
     #[test]
     fn a_namespace_and_a_key_of_the_same_bytes_have_different_digests() {
-        assert_ne!(namespace_digest(b"abc"), key_digest(b"abc").unwrap());
+        assert_ne!(namespace_digest(b"abc"), Key::new(b"abc").unwrap().digest());
     }
 }

@@ -18,7 +18,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"KVXSTOR1";
-const VERSION: u32 = 1;
+/// The store format: 2 since records keep the key's own bytes (128-byte records).
+const VERSION: u32 = 2;
 const META_BYTES: usize = 96;
 
 /// The owner's lock on a store directory: a POSIX record lock on `lock`, which the kernel
@@ -143,7 +144,11 @@ impl Meta {
         let u32_at = |o: usize| u32::from_le_bytes(m[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap());
         if u32_at(8) != VERSION {
-            bail!(Version, "{shown} is of store version {}; this kvxfer reads version {VERSION}", u32_at(8));
+            bail!(
+                Version,
+                "{shown} is of store format {}; this kvxfer reads format {VERSION}: remove the store's directory to start it afresh in this format (its blocks are lost), or open it with the kvxfer that made it",
+                u32_at(8)
+            );
         }
         if u32_at(META_BYTES - 4) != crc32fast::hash(&m[..META_BYTES - 4]) {
             bail!(Integrity, "{shown} is damaged (its checksum does not match); remove the directory to start the store afresh");

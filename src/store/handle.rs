@@ -19,10 +19,10 @@
 //! the slot (an aborted handle's, or one handed out before the owner opened the store
 //! again) that landed late, nor a mix of two writes.
 
-use super::config::{key_digests, Digest, StoreFlags, MAX_KEY_BYTES};
+use super::config::{keys_of, Digest, StoreFlags, MAX_KEY_BYTES};
 use super::index::{Entry, PutStart};
 use super::request::StoreRequest;
-use super::worker::{self, GetKey, PutGroup, PutKey, WriteGroup};
+use super::worker::{self, GetKey, Holder, PutGroup, PutKey, WriteGroup};
 use super::{write_id, Inner, Store};
 use crate::engine::TransferOptions;
 use crate::error::{bail, Result, Status};
@@ -35,7 +35,9 @@ use std::sync::Arc;
 pub struct SlotHandle {
     pub slot: u32,
     pub generation: u64,
-    /// The key's digest (xxh3-128).
+    /// The key's digest (xxh3-128): with the slot and generation, what a data-only
+    /// process checks the slot's record against (the owner's index, which handed the
+    /// handle out, compared the key's own bytes).
     pub key_digest: Digest,
     pub key_len: u32,
     /// The block's seal, in a handle to read (0 in one to write).
@@ -63,17 +65,17 @@ impl Store {
     /// Each hit stays leased until `release_leases` (or a get of it here).
     pub fn lease_slots<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<SlotHandle>>> {
         self.inner.owner()?;
-        let digests = key_digests(keys)?;
+        let keys = keys_of(keys)?;
         let epoch = self.inner.epoch;
         let mut ix = self.inner.index.lock().unwrap();
-        Ok(digests
+        Ok(keys
             .iter()
-            .map(|&d| {
-                ix.lease(d).map(|e| SlotHandle {
+            .map(|&k| {
+                ix.lease(k).map(|e| SlotHandle {
                     slot: e.slot,
                     generation: e.generation,
-                    key_digest: d,
-                    key_len: e.key_len,
+                    key_digest: k.digest(),
+                    key_len: k.len(),
                     seal: e.seal,
                     epoch,
                 })
@@ -86,16 +88,16 @@ impl Store {
     pub fn reserve_slots<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Reservation>> {
         let inner = &self.inner;
         inner.owner()?;
-        let digests = key_digests(keys)?;
+        let keys = keys_of(keys)?;
         // Joined puts settle into this request, which nobody reads: `InFlight` says so.
         let nobody = Arc::new(StoreRequest::new(keys.len()));
         let (mut out, mut evicted) = (Vec::with_capacity(keys.len()), Vec::new());
         {
             let mut ix = inner.index.lock().unwrap();
-            for &key in &digests {
+            for &key in &keys {
                 ix.touch_held(key);
             }
-            for (i, &key) in digests.iter().enumerate() {
+            for (i, &key) in keys.iter().enumerate() {
                 out.push(match ix.start_put(key, (&nobody, i)) {
                     PutStart::Present => Reservation::Held,
                     PutStart::Joined => Reservation::InFlight,
@@ -104,8 +106,8 @@ impl Store {
                         if e {
                             evicted.push(slot);
                         }
-                        let key_len = keys[i].as_ref().len() as u32;
-                        Reservation::Write(SlotHandle { slot, generation, key_digest: key, key_len, seal: 0, epoch: inner.epoch })
+                        let (key_digest, key_len) = (key.digest(), key.len());
+                        Reservation::Write(SlotHandle { slot, generation, key_digest, key_len, seal: 0, epoch: inner.epoch })
                     }
                 });
             }
@@ -196,8 +198,8 @@ impl Store {
                     Status::InvalidArg,
                     format!("the handle of slot {} was handed out by an earlier open of the store; reserve the key again", h.slot),
                 );
-            } else if ix.claim_reserved(h.slot, h.key_digest, h.generation) {
-                keys.push(PutKey { index: i, key: h.key_digest, key_len: h.key_len, slot: h.slot, generation: h.generation, src: 0 });
+            } else if let Some(key) = ix.claim_reserved(h.slot, h.key_digest, h.generation).filter(|k| k.len() == h.key_len) {
+                keys.push(PutKey { index: i, key, slot: h.slot, generation: h.generation, src: 0 });
             } else {
                 req.settle(
                     i,
@@ -227,8 +229,9 @@ impl Store {
         let req = inner.request(handles.len());
         let mut groups: Vec<Vec<GetKey>> = vec![Vec::new(); inner.shards.len()];
         for (i, h) in handles.iter().enumerate() {
-            let entry = Entry::of_handle(h.slot, h.generation, h.seal, h.key_len);
-            groups[inner.shard_of(h.slot)].push(GetKey { index: i, key: h.key_digest, entry, dst: dst_ids[i], pinned: false });
+            let entry = Entry { slot: h.slot, generation: h.generation, seal: h.seal };
+            let holder = Holder::Handle { digest: h.key_digest, key_len: h.key_len };
+            groups[inner.shard_of(h.slot)].push(GetKey { index: i, holder, entry, dst: dst_ids[i] });
         }
         for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
             inner.submit_get(&req, shard, dst, keys, &plain, false);

@@ -1,4 +1,4 @@
-//! The in-memory index: key digest → entry, the slots' states and pins, the free list and
+//! The in-memory index: key → entry, the slots' states and pins, the free list and
 //! the least-recently-used order. One mutex holds it (`Store::index`); nothing here does
 //! I/O, so the mutex is never held across a read, a write or a sync.
 //!
@@ -8,7 +8,7 @@
 //! tombstone is written and nothing pins it). A pin is a get in flight or a lease; a
 //! pinned slot is never evicted nor reused, so its bytes stay its key's.
 
-use super::config::Digest;
+use super::config::{Digest, Key};
 use super::record::Record;
 use super::request::StoreRequest;
 use std::collections::HashMap;
@@ -21,14 +21,6 @@ pub struct Entry {
     pub generation: u64,
     /// Its block's seal when it was written, as its record holds it.
     pub seal: u64,
-    pub key_len: u32,
-}
-
-impl Entry {
-    /// The entry a slot handle names, for a data-only process that has no index.
-    pub fn of_handle(slot: u32, generation: u64, seal: u64, key_len: u32) -> Entry {
-        Entry { slot, generation, seal, key_len }
-    }
 }
 
 /// Keys of put requests waiting for another put of the same key to finish.
@@ -39,13 +31,13 @@ enum State {
     Free,
     /// `claimed`: a handed-out slot's commit or abort has begun (it settles once).
     Writing {
-        key: Digest,
+        key: Key,
         generation: u64,
         removed: bool,
         claimed: bool,
         waiters: Waiters,
     },
-    Live(Digest),
+    Live(Key),
     Retired {
         recorded: bool,
     },
@@ -62,12 +54,12 @@ struct Slot {
 
 const NIL: u32 = u32::MAX;
 
-/// Hashes a digest by its low 64 bits: digests are uniform already, and SipHash over
-/// them would be most of a lookup's time.
+/// Takes a key's own 64-bit hash (`Key`'s `Hash`, seeded) as it is: SipHash over it
+/// again would be most of a lookup's time.
 #[derive(Default)]
-pub struct DigestHasher(u64);
+pub struct KeyHasher(u64);
 
-impl std::hash::Hasher for DigestHasher {
+impl std::hash::Hasher for KeyHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -78,12 +70,12 @@ impl std::hash::Hasher for DigestHasher {
         }
     }
 
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64;
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
     }
 }
 
-type DigestMap<V> = HashMap<Digest, V, std::hash::BuildHasherDefault<DigestHasher>>;
+type KeyMap<V> = HashMap<Key, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Where a put of one key goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -111,7 +103,7 @@ pub enum Removed {
 
 #[derive(Debug)]
 pub struct Index {
-    entries: DigestMap<Entry>,
+    entries: KeyMap<Entry>,
     /// The least and the most recently used live slots: the ends of the eviction order,
     /// a list through the slots' `older`/`newer`, so a use moves a slot in O(1).
     oldest: u32,
@@ -119,10 +111,10 @@ pub struct Index {
     slots: Vec<Slot>,
     free: Vec<u32>,
     /// Keys being put → their slot.
-    writing: DigestMap<u32>,
+    writing: KeyMap<u32>,
     /// Leased keys → the slot each lease pins (a key removed and put again while leased
     /// may have leases on two slots).
-    leases: DigestMap<Vec<u32>>,
+    leases: KeyMap<Vec<u32>>,
     generation: u64,
     pub evictions: u64,
     /// Slots found holding a record that no entry uses: their tombstones are written on
@@ -136,13 +128,13 @@ impl Index {
     pub fn new(capacity: u32, mut found: Vec<(u32, Record)>) -> Index {
         found.sort_by_key(|(_, r)| r.generation);
         let mut ix = Index {
-            entries: DigestMap::with_capacity_and_hasher(found.len(), Default::default()),
+            entries: KeyMap::with_capacity_and_hasher(found.len(), Default::default()),
             oldest: NIL,
             newest: NIL,
             slots: (0..capacity).map(|_| Slot { state: State::Free, pins: 0, older: NIL, newer: NIL }).collect(),
             free: Vec::new(),
-            writing: DigestMap::default(),
-            leases: DigestMap::default(),
+            writing: KeyMap::default(),
+            leases: KeyMap::default(),
             generation: found.last().map_or(0, |(_, r)| r.generation),
             evictions: 0,
             stale: Vec::new(),
@@ -161,8 +153,8 @@ impl Index {
         ix
     }
 
-    fn insert(&mut self, key: Digest, slot: u32, r: &Record) {
-        let e = Entry { slot, generation: r.generation, seal: r.seal, key_len: r.key_len };
+    fn insert(&mut self, key: Key, slot: u32, r: &Record) {
+        let e = Entry { slot, generation: r.generation, seal: r.seal };
         self.entries.insert(key, e);
         self.slots[slot as usize].state = State::Live(key);
         self.link_newest(slot);
@@ -196,7 +188,7 @@ impl Index {
         }
     }
 
-    fn touch(&mut self, key: Digest) -> Option<Entry> {
+    fn touch(&mut self, key: Key) -> Option<Entry> {
         let e = *self.entries.get(&key)?;
         if self.newest != e.slot {
             self.unlink(e.slot);
@@ -206,7 +198,7 @@ impl Index {
     }
 
     /// Marks a held key as just used: whether it is held.
-    pub fn touch_held(&mut self, key: Digest) -> bool {
+    pub fn touch_held(&mut self, key: Key) -> bool {
         self.touch(key).is_some()
     }
 
@@ -214,12 +206,12 @@ impl Index {
         self.entries.len()
     }
 
-    pub fn contains(&self, key: Digest) -> bool {
+    pub fn contains(&self, key: Key) -> bool {
         self.entries.contains_key(&key)
     }
 
     /// Pins a held key's slot until `release_lease` or a get of it: its entry, if held.
-    pub fn lease(&mut self, key: Digest) -> Option<Entry> {
+    pub fn lease(&mut self, key: Key) -> Option<Entry> {
         let e = self.touch(key)?;
         self.slots[e.slot as usize].pins += 1;
         self.leases.entry(key).or_default().push(e.slot);
@@ -227,7 +219,7 @@ impl Index {
     }
 
     /// Gives back one lease of `key`, where it has one: whether it had.
-    pub fn release_lease(&mut self, key: Digest) -> bool {
+    pub fn release_lease(&mut self, key: Key) -> bool {
         let Some(slots) = self.leases.get_mut(&key) else { return false };
         let slot = slots.pop().expect("a leased key has a lease");
         if slots.is_empty() {
@@ -251,7 +243,7 @@ impl Index {
     }
 
     /// Pins a held key's slot for a get; its entry, or `None` for a miss.
-    pub fn pin(&mut self, key: Digest) -> Option<Entry> {
+    pub fn pin(&mut self, key: Key) -> Option<Entry> {
         let e = self.touch(key)?;
         self.slots[e.slot as usize].pins += 1;
         Some(e)
@@ -274,7 +266,7 @@ impl Index {
 
     /// Where a put of `key` goes (see `PutStart`); `waiter` is told the outcome of a put of
     /// the same key already in flight.
-    pub fn start_put(&mut self, key: Digest, waiter: (&Arc<StoreRequest>, usize)) -> PutStart {
+    pub fn start_put(&mut self, key: Key, waiter: (&Arc<StoreRequest>, usize)) -> PutStart {
         if self.touch(key).is_some() {
             return PutStart::Present;
         }
@@ -319,19 +311,19 @@ impl Index {
         matches!(self.slots[slot as usize].state, State::Writing { removed: false, .. })
     }
 
-    /// Claims a handed-out slot for its one commit or abort: whether `slot` is still being
-    /// put for `key` under `generation` and no commit or abort of it has begun. Checked
-    /// and claimed under one lock, so a handle listed twice, or committed and aborted at
-    /// once, settles once.
-    pub fn claim_reserved(&mut self, slot: u32, key: Digest, generation: u64) -> bool {
+    /// Claims a handed-out slot for its one commit or abort: the key it is still being put
+    /// for, where that key's digest is `digest`, its generation `generation`, and no commit
+    /// or abort of it has begun. Checked and claimed under one lock, so a handle listed
+    /// twice, or committed and aborted at once, settles once.
+    pub fn claim_reserved(&mut self, slot: u32, digest: Digest, generation: u64) -> Option<Key> {
         match self.slots.get_mut(slot as usize) {
-            Some(Slot { state: State::Writing { key: k, generation: g, claimed, .. }, .. })
-                if *k == key && *g == generation && !*claimed =>
+            Some(Slot { state: State::Writing { key, generation: g, claimed, .. }, .. })
+                if key.digest() == digest && *g == generation && !*claimed =>
             {
                 *claimed = true;
-                true
+                Some(*key)
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -353,14 +345,14 @@ impl Index {
     /// `key`'s put at `slot` is over. A put of the key removed while in flight may end
     /// after a newer put of the key took another slot: the map then names the newer one,
     /// which stays.
-    fn end_writing(&mut self, key: Digest, slot: u32) {
+    fn end_writing(&mut self, key: Key, slot: u32) {
         if self.writing.get(&key) == Some(&slot) {
             self.writing.remove(&key);
         }
     }
 
     /// Takes `key` out of the index (see `Removed`).
-    pub fn remove(&mut self, key: Digest) -> Removed {
+    pub fn remove(&mut self, key: Key) -> Removed {
         if let Some(e) = self.entries.remove(&key) {
             self.unlink(e.slot);
             self.slots[e.slot as usize].state = State::Retired { recorded: false };
@@ -377,7 +369,7 @@ impl Index {
 
     /// Takes the entry of `key` out if it is still the one at `slot` of `generation` (a
     /// check failed on it): whether it was.
-    pub fn drop_entry(&mut self, key: Digest, slot: u32, generation: u64) -> bool {
+    pub fn drop_entry(&mut self, key: Key, slot: u32, generation: u64) -> bool {
         match self.entries.get(&key) {
             Some(e) if e.slot == slot && e.generation == generation => matches!(self.remove(key), Removed::Entry(_)),
             _ => false,
@@ -393,7 +385,7 @@ impl Index {
     }
 
     /// Slots of every entry with its record, for a verify on open.
-    pub fn entries(&self) -> impl Iterator<Item = (Digest, Entry)> + '_ {
+    pub fn entries(&self) -> impl Iterator<Item = (Key, Entry)> + '_ {
         self.entries.iter().map(|(k, e)| (*k, *e))
     }
 }
@@ -402,15 +394,20 @@ impl Index {
 mod tests {
     use super::*;
 
-    fn rec(key: Digest, generation: u64) -> Record {
-        Record { namespace: 1, key, generation, seal: 9, key_len: 4 }
+    /// The key named `n`.
+    fn k(n: u64) -> Key {
+        Key::new(&n.to_le_bytes()).unwrap()
     }
 
-    fn put(ix: &mut Index, key: Digest) -> PutStart {
+    fn rec(n: u64, generation: u64) -> Record {
+        Record { namespace: 1, key: k(n), generation, seal: 9 }
+    }
+
+    fn put(ix: &mut Index, n: u64) -> PutStart {
         let req = Arc::new(StoreRequest::new(1));
-        let start = ix.start_put(key, (&req, 0));
+        let start = ix.start_put(k(n), (&req, 0));
         if let PutStart::Slot { slot, generation, .. } = start {
-            ix.finish_put(slot, Some(&rec(key, generation)));
+            ix.finish_put(slot, Some(&rec(n, generation)));
         }
         start
     }
@@ -420,15 +417,15 @@ mod tests {
         let mut ix = Index::new(3, vec![(0, rec(10, 1)), (2, rec(12, 3)), (1, rec(11, 2))]);
         assert_eq!(ix.len(), 3);
         // 10 is oldest, but leased; 11 is next, but pinned by a get.
-        assert!(ix.lease(10).is_some());
-        let e11 = ix.pin(11).unwrap();
-        ix.touch(12);
-        ix.touch(11);
+        assert!(ix.lease(k(10)).is_some());
+        let e11 = ix.pin(k(11)).unwrap();
+        ix.touch(k(12));
+        ix.touch(k(11));
         assert_eq!(put(&mut ix, 13), PutStart::Slot { slot: 2, generation: 4, evicted: true });
-        assert!(!ix.contains(12) && ix.contains(10) && ix.contains(11));
+        assert!(!ix.contains(k(12)) && ix.contains(k(10)) && ix.contains(k(11)));
         assert_eq!(put(&mut ix, 13), PutStart::Present);
         // Now 13 is the only one unpinned.
-        assert!(ix.pin(13).is_some());
+        assert!(ix.pin(k(13)).is_some());
         assert_eq!(put(&mut ix, 14), PutStart::NoRoom);
         ix.unpin(e11.slot);
         assert_eq!(put(&mut ix, 14), PutStart::Slot { slot: e11.slot, generation: 5, evicted: true });
@@ -443,24 +440,24 @@ mod tests {
     fn the_end_of_a_removed_put_leaves_a_newer_put_of_its_key_in_flight() {
         let mut ix = Index::new(4, Vec::new());
         let req = Arc::new(StoreRequest::new(3));
-        let PutStart::Slot { slot: a, .. } = ix.start_put(7, (&req, 0)) else { panic!("a free slot") };
-        assert_eq!(ix.remove(7), Removed::Writing);
-        let PutStart::Slot { slot: b, generation: gb, .. } = ix.start_put(7, (&req, 1)) else { panic!("a free slot") };
+        let PutStart::Slot { slot: a, .. } = ix.start_put(k(7), (&req, 0)) else { panic!("a free slot") };
+        assert_eq!(ix.remove(k(7)), Removed::Writing);
+        let PutStart::Slot { slot: b, generation: gb, .. } = ix.start_put(k(7), (&req, 1)) else { panic!("a free slot") };
         assert_ne!(a, b);
         ix.finish_put(a, None);
-        assert_eq!(ix.start_put(7, (&req, 2)), PutStart::Joined, "the newer put is still in flight");
+        assert_eq!(ix.start_put(k(7), (&req, 2)), PutStart::Joined, "the newer put is still in flight");
         ix.finish_put(b, Some(&rec(7, gb)));
-        assert!(ix.contains(7));
+        assert!(ix.contains(k(7)));
         assert_eq!(ix.len(), 1);
-        assert!(matches!(ix.remove(7), Removed::Entry(s) if s == b));
+        assert!(matches!(ix.remove(k(7)), Removed::Entry(s) if s == b));
     }
 
     #[test]
     fn a_removed_slot_is_reused_only_once_recorded_and_unpinned() {
         let mut ix = Index::new(1, vec![(0, rec(10, 1))]);
-        let e = ix.pin(10).unwrap();
-        assert_eq!(ix.remove(10), Removed::Entry(0));
-        assert_eq!(ix.remove(10), Removed::Absent);
+        let e = ix.pin(k(10)).unwrap();
+        assert_eq!(ix.remove(k(10)), Removed::Entry(0));
+        assert_eq!(ix.remove(k(10)), Removed::Absent);
         assert_eq!(put(&mut ix, 11), PutStart::NoRoom, "retired, not yet recorded");
         ix.recorded(0);
         assert_eq!(put(&mut ix, 11), PutStart::NoRoom, "still pinned by the get");
@@ -472,12 +469,12 @@ mod tests {
     fn a_put_of_a_key_being_put_joins_it_and_a_remove_stops_its_commit() {
         let mut ix = Index::new(2, vec![]);
         let (a, b) = (Arc::new(StoreRequest::new(1)), Arc::new(StoreRequest::new(1)));
-        let PutStart::Slot { slot, .. } = ix.start_put(7, (&a, 0)) else { panic!() };
-        assert_eq!(ix.start_put(7, (&b, 0)), PutStart::Joined);
-        assert_eq!(ix.remove(7), Removed::Writing);
+        let PutStart::Slot { slot, .. } = ix.start_put(k(7), (&a, 0)) else { panic!() };
+        assert_eq!(ix.start_put(k(7), (&b, 0)), PutStart::Joined);
+        assert_eq!(ix.remove(k(7)), Removed::Writing);
         assert!(!ix.may_commit(slot));
         assert_eq!(ix.finish_put(slot, None).len(), 1);
-        assert!(!ix.contains(7));
+        assert!(!ix.contains(k(7)));
         assert_eq!(ix.free.len(), 2);
     }
 
@@ -486,17 +483,17 @@ mod tests {
     #[test]
     fn eviction_follows_use_order_through_random_operations() {
         let mut ix = Index::new(8, vec![]);
-        let mut order: Vec<Digest> = Vec::new(); // least recently used first
-        let mut pinned: Vec<(Digest, u32)> = Vec::new();
+        let mut order: Vec<u64> = Vec::new(); // least recently used first
+        let mut pinned: Vec<(u64, u32)> = Vec::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..20_000 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let key = (x % 20) as Digest;
+            let key = x % 20;
             match x >> 60 {
                 0..=7 => {
-                    let slot_of = |ix: &Index, k: Digest| ix.entries().find(|e| e.0 == k).unwrap().1.slot;
+                    let slot_of = |ix: &Index, n: u64| ix.entries().find(|e| e.0 == k(n)).unwrap().1.slot;
                     let is_pinned = |slot: u32| pinned.iter().any(|p| p.1 == slot);
                     let victim = order.iter().copied().find(|&k| !is_pinned(slot_of(&ix, k)));
                     // Slots in use: live ones, and removed ones a pin still holds.
@@ -514,7 +511,7 @@ mod tests {
                             assert_eq!(evicted, full);
                             if full {
                                 let v = victim.expect("an unpinned key to evict");
-                                assert!(!ix.contains(v), "the least recently used unpinned key goes");
+                                assert!(!ix.contains(k(v)), "the least recently used unpinned key goes");
                                 order.retain(|&k| k != v);
                             }
                             order.push(key);
@@ -524,7 +521,7 @@ mod tests {
                     }
                 }
                 8..=10 => {
-                    if let Some(e) = ix.pin(key) {
+                    if let Some(e) = ix.pin(k(key)) {
                         pinned.push((key, e.slot));
                         order.retain(|&k| k != key);
                         order.push(key);
@@ -536,7 +533,7 @@ mod tests {
                     }
                 }
                 _ => {
-                    if let Removed::Entry(slot) = ix.remove(key) {
+                    if let Removed::Entry(slot) = ix.remove(k(key)) {
                         ix.recorded(slot);
                         order.retain(|&k| k != key);
                     }
@@ -549,7 +546,7 @@ mod tests {
     #[test]
     fn the_newest_record_of_a_key_found_twice_wins() {
         let mut ix = Index::new(2, vec![(0, rec(5, 8)), (1, rec(5, 3))]);
-        assert_eq!(ix.entries().find(|e| e.0 == 5).unwrap().1.slot, 0);
+        assert_eq!(ix.entries().find(|e| e.0 == k(5)).unwrap().1.slot, 0);
         assert_eq!(ix.stale, vec![1]);
         assert!(ix.free.is_empty(), "not before its tombstone is written");
         ix.recorded(1);

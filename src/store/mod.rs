@@ -38,7 +38,7 @@ use crate::engine::{Engine, TransferOptions};
 use crate::error::{bail, Error, Result, Status};
 use crate::file::DiskFlags;
 use crate::memory::Layout;
-use config::{key_digests, Digest};
+use config::{keys_of, Digest};
 use crossbeam_channel::Sender;
 use index::{Index, PutStart, Removed};
 use record::{Read, Records};
@@ -259,9 +259,9 @@ impl Store {
     /// reused) until a get of it or `release_leases`.
     pub fn lookup<K: AsRef<[u8]>>(&self, keys: &[K], lease: bool) -> Result<(Vec<bool>, usize)> {
         self.inner.owner()?;
-        let digests = key_digests(keys)?;
+        let keys = keys_of(keys)?;
         let mut ix = self.inner.index.lock().unwrap();
-        let present: Vec<bool> = digests.iter().map(|&d| if lease { ix.lease(d).is_some() } else { ix.contains(d) }).collect();
+        let present: Vec<bool> = keys.iter().map(|&k| if lease { ix.lease(k).is_some() } else { ix.contains(k) }).collect();
         let leading = present.iter().take_while(|&&p| p).count();
         Ok((present, leading))
     }
@@ -269,10 +269,10 @@ impl Store {
     /// Gives back one lease of each key (a key without one is skipped).
     pub fn release_leases<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<()> {
         self.inner.owner()?;
-        let digests = key_digests(keys)?;
+        let keys = keys_of(keys)?;
         let mut ix = self.inner.index.lock().unwrap();
-        for d in digests {
-            ix.release_lease(d);
+        for k in keys {
+            ix.release_lease(k);
         }
         Ok(())
     }
@@ -285,7 +285,7 @@ impl Store {
     pub fn put<K: AsRef<[u8]>>(&self, src: &Arc<Layout>, src_ids: &[u64], keys: &[K], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
         self.inner.owner()?;
         let inner = &self.inner;
-        let digests = key_digests(keys)?;
+        let keys = keys_of(keys)?;
         if src_ids.len() != keys.len() {
             bail!(InvalidArg, "{} keys but {} source blocks; give one block per key", keys.len(), src_ids.len());
         }
@@ -308,10 +308,10 @@ impl Store {
             let mut ix = inner.index.lock().unwrap();
             // The batch's held keys first become the most recently used, so no key of the
             // batch is evicted to make room for another.
-            for &key in &digests {
+            for &key in &keys {
                 ix.touch_held(key);
             }
-            for (i, &key) in digests.iter().enumerate() {
+            for (i, &key) in keys.iter().enumerate() {
                 match ix.start_put(key, (&req, i)) {
                     PutStart::Present => settled.push((i, Status::Ok, String::new())),
                     PutStart::Joined => {}
@@ -324,7 +324,7 @@ impl Store {
                         if e {
                             evicted.push(slot);
                         }
-                        let k = worker::PutKey { index: i, key, key_len: keys[i].as_ref().len() as u32, slot, generation, src: src_ids[i] };
+                        let k = worker::PutKey { index: i, key, slot, generation, src: src_ids[i] };
                         groups[inner.shard_of(slot)].push(k);
                     }
                 }
@@ -356,7 +356,7 @@ impl Store {
     pub fn get<K: AsRef<[u8]>>(&self, keys: &[K], dst: &Arc<Layout>, dst_ids: &[u64], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
         self.inner.owner()?;
         let inner = &self.inner;
-        let digests = key_digests(keys)?;
+        let keys = keys_of(keys)?;
         if dst_ids.len() != keys.len() {
             bail!(InvalidArg, "{} keys but {} destination blocks; give one block per key", keys.len(), dst_ids.len());
         }
@@ -372,12 +372,13 @@ impl Store {
         let mut misses = Vec::new();
         {
             let mut ix = inner.index.lock().unwrap();
-            for (i, &key) in digests.iter().enumerate() {
+            for (i, &key) in keys.iter().enumerate() {
                 match ix.pin(key) {
                     Some(entry) => {
                         // The get's own pin holds the slot from here; a lease it had is spent.
                         ix.release_lease(key);
-                        groups[inner.shard_of(entry.slot)].push(worker::GetKey { index: i, key, entry, dst: dst_ids[i], pinned: true });
+                        let holder = worker::Holder::Pinned(key);
+                        groups[inner.shard_of(entry.slot)].push(worker::GetKey { index: i, holder, entry, dst: dst_ids[i] });
                     }
                     None => misses.push(i),
                 }
@@ -400,14 +401,14 @@ impl Store {
     pub fn remove<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Status>> {
         self.inner.owner()?;
         let inner = &self.inner;
-        let digests = key_digests(keys)?;
+        let keys = keys_of(keys)?;
         let records = inner.records.lock().unwrap();
         let mut out = Vec::with_capacity(keys.len());
         let mut retired = Vec::new();
         {
             let mut ix = inner.index.lock().unwrap();
-            for d in digests {
-                out.push(match ix.remove(d) {
+            for k in keys {
+                out.push(match ix.remove(k) {
                     Removed::Absent => Status::NotFound,
                     Removed::Writing => Status::Ok,
                     Removed::Entry(slot) => {
@@ -561,17 +562,19 @@ impl Inner {
         for (key, e) in entries {
             let seal = self.sidecar(self.shard_of(e.slot)).seal_of_block(self.block_of(e.slot))?;
             if seal != e.seal {
-                self.integrity_miss(key, &e, "its block is not the one its record was written for");
+                self.integrity_miss(&worker::Holder::Pinned(key), &e, "its block is not the one its record was written for");
             }
         }
         Ok(())
     }
 
-    /// A check failed on `key`'s entry: counted, logged, and the entry dropped (its
-    /// tombstone written) if it is still the one checked.
-    fn integrity_miss(&self, key: Digest, e: &index::Entry, why: &str) {
+    /// A check failed on the entry `holder` read: counted, logged, and the entry dropped
+    /// (its tombstone written) where this store's index holds it and it is still the one
+    /// checked.
+    fn integrity_miss(&self, holder: &worker::Holder, e: &index::Entry, why: &str) {
         add(&self.counters.integrity_failures, 1);
         log::warn!("store {}: slot {} failed a check, a miss: {why}", self.dir.display(), e.slot);
+        let worker::Holder::Pinned(key) = *holder else { return };
         if !self.index.lock().unwrap().drop_entry(key, e.slot, e.generation) {
             return;
         }

@@ -1,35 +1,37 @@
-//! Slot records: the persistent index. The file `records` holds one 64-byte record per
-//! slot, at `slot × 64`:
+//! Slot records: the persistent index. The file `records` holds one 128-byte record per
+//! slot, at `slot × 128`:
 //!
 //! ```text
-//!  0..16  namespace digest (xxh3-128)      40..48  seal of the block (its sidecar's)
-//! 16..32  key digest (xxh3-128)            48..52  key length (1..=64)
-//! 32..40  generation                       52..60  zero
-//!                                          60..64  CRC-32 of bytes 0..60
+//!   0..16   namespace digest (xxh3-128)     96..100  key length (1..=64)
+//!  16..80   the key's bytes, zero-padded   100..124  zero
+//!  80..88   generation                     124..128  CRC-32 of bytes 0..124
+//!  88..96   seal of the block (its sidecar's)
 //! ```
+//! The record keeps the key itself, not a digest of it: what a get serves is decided by
+//! the key's bytes.
 //! A slot whose record is all zeros is free (never used, or its entry was removed: that
 //! zeroing is the *tombstone*). Any other record whose CRC fails is damaged and counted.
 //! A record is written only after its block's data and seal are complete, and a slot is
 //! reused only after its tombstone is written, so the record of a slot names either no key
 //! or the key whose bytes the slot holds; the seal ties the two together for a reader.
 
-use super::config::Digest;
+use super::config::{Digest, Key};
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-pub const RECORD_BYTES: u64 = 64;
+pub const RECORD_BYTES: u64 = 128;
+const CRC_AT: usize = RECORD_BYTES as usize - 4;
 const TOMBSTONE: [u8; RECORD_BYTES as usize] = [0; RECORD_BYTES as usize];
 
 /// One slot's record: an entry (key → this slot's bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Record {
     pub namespace: Digest,
-    pub key: Digest,
+    pub key: Key,
     pub generation: u64,
     pub seal: u64,
-    pub key_len: u32,
 }
 
 /// What a slot's record says when read back.
@@ -44,13 +46,14 @@ pub enum Read {
 impl Record {
     pub fn encode(&self) -> [u8; RECORD_BYTES as usize] {
         let mut r = [0u8; RECORD_BYTES as usize];
+        let key = self.key.as_bytes();
         r[..16].copy_from_slice(&self.namespace.to_le_bytes());
-        r[16..32].copy_from_slice(&self.key.to_le_bytes());
-        r[32..40].copy_from_slice(&self.generation.to_le_bytes());
-        r[40..48].copy_from_slice(&self.seal.to_le_bytes());
-        r[48..52].copy_from_slice(&self.key_len.to_le_bytes());
-        let crc = crc32fast::hash(&r[..60]);
-        r[60..].copy_from_slice(&crc.to_le_bytes());
+        r[16..16 + key.len()].copy_from_slice(key);
+        r[80..88].copy_from_slice(&self.generation.to_le_bytes());
+        r[88..96].copy_from_slice(&self.seal.to_le_bytes());
+        r[96..100].copy_from_slice(&self.key.len().to_le_bytes());
+        let crc = crc32fast::hash(&r[..CRC_AT]);
+        r[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         r
     }
 
@@ -61,20 +64,21 @@ impl Record {
         if r == TOMBSTONE {
             return Read::Free;
         }
-        if u32::from_le_bytes(r[60..64].try_into().unwrap()) != crc32fast::hash(&r[..60]) {
+        if u32::from_le_bytes(r[CRC_AT..].try_into().unwrap()) != crc32fast::hash(&r[..CRC_AT]) {
             return Read::Damaged;
         }
-        let rec = Record {
-            namespace: u128::from_le_bytes(r[..16].try_into().unwrap()),
-            key: u128::from_le_bytes(r[16..32].try_into().unwrap()),
-            generation: u64::from_le_bytes(r[32..40].try_into().unwrap()),
-            seal: u64::from_le_bytes(r[40..48].try_into().unwrap()),
-            key_len: u32::from_le_bytes(r[48..52].try_into().unwrap()),
-        };
-        match rec.key_len as usize {
-            1..=super::config::MAX_KEY_BYTES if rec.seal != 0 => Read::Entry(rec),
-            _ => Read::Damaged,
+        let key_len = u32::from_le_bytes(r[96..100].try_into().unwrap()) as usize;
+        let seal = u64::from_le_bytes(r[88..96].try_into().unwrap());
+        let Some(Ok(key)) = r[16..80].get(..key_len).map(Key::new) else { return Read::Damaged };
+        if seal == 0 {
+            return Read::Damaged;
         }
+        Read::Entry(Record {
+            namespace: u128::from_le_bytes(r[..16].try_into().unwrap()),
+            key,
+            generation: u64::from_le_bytes(r[80..88].try_into().unwrap()),
+            seal,
+        })
     }
 }
 
@@ -203,7 +207,16 @@ mod tests {
     use super::*;
 
     fn rec() -> Record {
-        Record { namespace: 1 << 100 | 5, key: 3 << 90 | 9, generation: 42, seal: 0xfeed, key_len: 17 }
+        Record { namespace: 1 << 100 | 5, key: Key::new(b"seventeen bytes!!").unwrap(), generation: 42, seal: 0xfeed }
+    }
+
+    /// A key of every length round-trips whole: its bytes, not a digest, come back.
+    #[test]
+    fn a_record_keeps_the_keys_own_bytes() {
+        for len in [1, 17, 63, 64] {
+            let key = Key::new(&(0..len as u8).map(|b| b ^ 0x5a).collect::<Vec<u8>>()).unwrap();
+            assert_eq!(Record::decode(&Record { key, ..rec() }.encode()), Read::Entry(Record { key, ..rec() }), "{len}");
+        }
     }
 
     #[test]
@@ -225,8 +238,14 @@ mod tests {
 
     #[test]
     fn a_record_without_a_seal_or_with_a_bad_key_length_is_damaged() {
-        for r in [Record { seal: 0, ..rec() }, Record { key_len: 0, ..rec() }, Record { key_len: 65, ..rec() }] {
-            assert_eq!(Record::decode(&r.encode()), Read::Damaged);
+        assert_eq!(Record::decode(&Record { seal: 0, ..rec() }.encode()), Read::Damaged);
+        // A length of no key, or past the key's field, with the CRC right: damage, not a key.
+        for len in [0u32, 65, u32::MAX] {
+            let mut r = rec().encode();
+            r[96..100].copy_from_slice(&len.to_le_bytes());
+            let crc = crc32fast::hash(&r[..CRC_AT]);
+            r[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(Record::decode(&r), Read::Damaged, "{len}");
         }
     }
 }

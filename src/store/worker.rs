@@ -3,10 +3,11 @@
 //! threads, which must not block); this thread reads seals, writes and syncs records,
 //! updates the index, and settles each key.
 
+use super::config::{Digest, Key};
 use super::index::Entry;
 use super::record::Record;
 use super::request::StoreRequest;
-use super::{add, write_id, Digest, Inner};
+use super::{add, write_id, Inner};
 use crate::engine::{OnComplete, TransferOptions};
 use crate::error::Status;
 use crate::memory::Layout;
@@ -17,8 +18,7 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Debug)]
 pub struct PutKey {
     pub index: usize,
-    pub key: Digest,
-    pub key_len: u32,
+    pub key: Key,
     pub slot: u32,
     pub generation: u64,
     /// Its block in the source layout.
@@ -31,16 +31,23 @@ pub struct PutGroup {
     pub keys: Vec<PutKey>,
 }
 
-/// One key of a get: the entry pinned for it and its destination block.
+/// What vouches for the slot a get reads.
+#[derive(Clone, Copy, Debug)]
+pub enum Holder {
+    /// This store's index pinned the entry of this key.
+    Pinned(Key),
+    /// The owner handed the slot out to this data-only process: the slot's record is read
+    /// back after the data, and must still be the one the handle names.
+    Handle { digest: Digest, key_len: u32 },
+}
+
+/// One key of a get: the entry it reads and its destination block.
 #[derive(Clone, Debug)]
 pub struct GetKey {
     pub index: usize,
-    pub key: Digest,
+    pub holder: Holder,
     pub entry: Entry,
     pub dst: u64,
-    /// Pinned in this store's index; otherwise a slot handed out by the owner, whose
-    /// record is read back to check it still names the key.
-    pub pinned: bool,
 }
 
 /// The keys of one get that one engine transfer loads (held in one shard).
@@ -171,8 +178,7 @@ impl Inner {
         };
         let keys = |v: &[(PutKey, u64)]| PutGroup { req: g.req.clone(), keys: v.iter().map(|(k, _)| k.clone()).collect() };
         self.put_failed(keys(&removed), Status::Cancelled, "the key was removed while it was being put");
-        let record =
-            |k: &PutKey, seal| Record { namespace: self.namespace, key: k.key, generation: k.generation, seal, key_len: k.key_len };
+        let record = |k: &PutKey, seal| Record { namespace: self.namespace, key: k.key, generation: k.generation, seal };
         let written = commit.iter().try_for_each(|(k, seal)| records.write(k.slot, &record(k, *seal))).and_then(|_| records.sync());
         if let Err(e) = written {
             // Records maybe on disk, maybe not: the slots leave use until the next open.
@@ -199,16 +205,24 @@ impl Inner {
 
     fn unpin(&self, keys: &[GetKey]) {
         let mut ix = self.index.lock().unwrap();
-        for k in keys.iter().filter(|k| k.pinned) {
+        for k in keys.iter().filter(|k| matches!(k.holder, Holder::Pinned(_))) {
             ix.unpin(k.entry.slot);
         }
     }
 
-    /// Whether the slot of a handed-out `k` still holds the record it was handed out with.
+    /// Whether the slot of `k` still holds the record its holder vouched for: always, for
+    /// a slot this store's index pinned; read back, for a handed-out one.
     fn record_still_names(&self, k: &GetKey) -> crate::error::Result<bool> {
-        let want =
-            Record { namespace: self.namespace, key: k.key, generation: k.entry.generation, seal: k.entry.seal, key_len: k.entry.key_len };
-        Ok(self.records.lock().unwrap().read(k.entry.slot)? == super::record::Read::Entry(want))
+        let Holder::Handle { digest, key_len } = k.holder else { return Ok(true) };
+        Ok(match self.records.lock().unwrap().read(k.entry.slot)? {
+            super::record::Read::Entry(r) => {
+                r.namespace == self.namespace
+                    && r.key.len() == key_len
+                    && r.key.digest() == digest
+                    && (r.generation, r.seal) == (k.entry.generation, k.entry.seal)
+            }
+            _ => false,
+        })
     }
 
     /// A get's transfer failed other than by a check: its keys fail with its status.
@@ -234,7 +248,7 @@ impl Inner {
         }
         if status == Status::Integrity {
             for k in &g.keys {
-                self.integrity_miss(k.key, &k.entry, message);
+                self.integrity_miss(&k.holder, &k.entry, message);
             }
             add(&self.counters.misses, g.keys.len() as u64);
             self.unpin(&g.keys);
@@ -250,10 +264,7 @@ impl Inner {
         for k in &g.keys {
             let slot = k.entry.slot;
             let seal = self.sidecar(g.shard).seal_of_block(self.block_of(slot));
-            let record = match k.pinned {
-                true => Ok(true),
-                false => self.record_still_names(k),
-            };
+            let record = self.record_still_names(k);
             results.push(match seal.and_then(|s| record.map(|r| (s, r))) {
                 Ok((_, false)) => {
                     let why = format!("slot {slot} no longer holds the entry it was handed out for");
@@ -263,7 +274,7 @@ impl Inner {
                 Ok((seal, true)) if seal == k.entry.seal => (Status::Ok, String::new()),
                 Ok(_) => {
                     let why = format!("slot {slot} holds a block other than the one its record was written for");
-                    self.integrity_miss(k.key, &k.entry, &why);
+                    self.integrity_miss(&k.holder, &k.entry, &why);
                     (Status::Integrity, why)
                 }
                 Err(e) => (e.status, e.message),
