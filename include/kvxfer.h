@@ -28,7 +28,8 @@
 // 1.5: `kvx_engine_completion_fd`, `KVX_XFER_CRITICAL`; slot handles: `kvx_slot_handle`,
 // `KVX_STORE_DATA_ONLY`, `KVX_RESERVED_*`, `kvx_store_lease_slots`, `_reserve_slots`,
 // `_commit_slots`, `_abort_slots`, `_read_slots`, `_write_slots`.
-#define KVX_ABI_MINOR 5
+// 1.6: lease tokens: `kvx_store_lease`, `kvx_store_release`.
+#define KVX_ABI_MINOR 6
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 #define KVX_DEVICE_AUTO -2
@@ -508,6 +509,10 @@ typedef struct kvx_api {
                                   size_t,
                                   const struct kvx_transfer_options*,
                                   struct kvx_store_request**);
+  // ABI 1.6.
+  kvx_status (*store_lease)(struct kvx_store*, const struct kvx_key*, size_t, uint64_t*, size_t*);
+  // ABI 1.6.
+  kvx_status (*store_release)(struct kvx_store*, const uint64_t*, size_t);
 } kvx_api;
 
 #define KVX_OK 0
@@ -800,8 +805,29 @@ kvx_status kvx_store_lookup(struct kvx_store *s,
                             uint8_t *present_out,
                             size_t *leading_hits_out);
 
-// Gives back one lease of each of `keys[i]`, i < `n` (a key without one is skipped).
+// Gives back the oldest lease taken by key (`KVX_LOOKUP_LEASE`, `kvx_store_lease_slots`)
+// of each of `keys[i]`, i < `n` (a key without one is skipped). Leases taken by key
+// belong to the key, not to a caller: any get of the key spends one on the slot it
+// loads. Several holders of one key use `kvx_store_lease` instead.
 kvx_status kvx_store_release_leases(struct kvx_store *s, const struct kvx_key *ks, size_t n);
+
+// Leases each hit of `keys[i]`, i < `n`, for the caller alone (1.6): `leases_out[i]` is
+// the lease's token (never 0) where the store holds the key, else 0, and
+// `*leading_hits_out` the number of leading keys held. A leased hit stays loadable
+// (neither evicted nor its slot reused) until its token is given back with
+// `kvx_store_release`; no get, and no other caller's release, spends it. To load a leased
+// hit, submit its get, then release the lease (the get holds the slot from its submit).
+// Owner only. `leases_out` holds `n` elements; outputs are written only on `KVX_OK`.
+kvx_status kvx_store_lease(struct kvx_store *s,
+                           const struct kvx_key *ks,
+                           size_t n,
+                           uint64_t *leases_out,
+                           size_t *leading_hits_out);
+
+// Gives back the leases `leases[i]`, i < `n`, from `kvx_store_lease` (1.6); a 0 is
+// skipped. All or none: a token not held (given back already, listed twice, or of another
+// open of the store) is `KVX_ERR_INVALID_ARG`, naming it, and nothing is given back.
+kvx_status kvx_store_release(struct kvx_store *s, const uint64_t *leases, size_t n);
 
 // Stores block `src_ids[i]` of `src` under `keys[i]`, i < `n`, asynchronously. Whole
 // blocks only (a layer range in `opts` is refused); `opts` may be NULL and takes no

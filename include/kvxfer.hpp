@@ -289,6 +289,20 @@ class Store {
   void release_leases(const std::vector<kvx_key> &keys) {
     check(kvx_store_release_leases(h_.get(), keys.data(), keys.size()));
   }
+  struct Leases {
+    std::vector<uint64_t> tokens;  // the lease of each hit (0 for a miss), the caller's alone
+    size_t leading_hits = 0;       // the leading keys held (a prefix's hits)
+  };
+  // (ABI 1.6) Leases each hit for the caller alone, until release(tokens): no get, and no
+  // other caller's release, spends it. Get a leased hit, then release its lease.
+  Leases lease(const std::vector<kvx_key> &keys) {
+    Leases l;
+    l.tokens.resize(keys.size());
+    check(kvx_store_lease(h_.get(), keys.data(), keys.size(), l.tokens.data(), &l.leading_hits));
+    return l;
+  }
+  // (ABI 1.6) Gives back leases from lease() (0s skipped); all or none.
+  void release(const std::vector<uint64_t> &tokens) { check(kvx_store_release(h_.get(), tokens.data(), tokens.size())); }
   // Stores block src_ids[i] of `src` under keys[i]; `src` must outlive the request.
   StoreRequest put(const Layout &src, const std::vector<uint64_t> &src_ids, const std::vector<kvx_key> &keys,
                    const kvx_transfer_options *opts = nullptr) {

@@ -342,6 +342,58 @@ fn a_leased_hit_stays_loadable_and_a_full_store_of_held_entries_fails_the_key_al
     assert_eq!(put_keys(&e, &s, &[key(7)]), vec![Status::Ok]);
 }
 
+/// A lease taken by key, given back by key, frees the slot it was taken on, not the
+/// newest slot of the key: a key removed and put again while leased has leases on two
+/// slots, and giving back the older lease must leave the newer one's slot pinned.
+#[test]
+fn a_lease_given_back_by_key_frees_the_oldest_leased_slot_of_the_key() {
+    let e = engine_arc();
+    let s = Store::open(&e, &store_dir(), &StoreConfig { shards: 1, ..store_cfg(2, b"ns") }).unwrap();
+    put_keys(&e, &s, &[key(1)]);
+    // Caller 1 leases key 1 (#1); it is removed and put again (#2); caller 2 leases #2.
+    assert!(s.lookup(&[key(1)], true).unwrap().0[0]);
+    assert_eq!(s.remove(&[key(1)]).unwrap(), [Status::Ok]);
+    assert_eq!(put_keys(&e, &s, &[key(1)]), [Status::Ok]);
+    assert!(s.lookup(&[key(1)], true).unwrap().0[0]);
+    // Caller 1 is done: #1's slot comes free, and a put takes it instead of evicting #2.
+    s.release_leases(&[key(1)]).unwrap();
+    assert_eq!(put_keys(&e, &s, &[key(2)]), [Status::Ok]);
+    assert_eq!(s.stats().evictions, 0, "the put took the freed slot");
+    assert_eq!(exact_hits(&e, &s, &[key(1), key(2)]), [Status::Ok, Status::Ok], "caller 2's hit is still loadable");
+}
+
+/// A lease from `lease` is its holder's: another caller's get of the key, or another
+/// holder's lease and release, never gives it back, so the hit stays loadable for its
+/// holder under any eviction pressure until the holder releases it.
+#[test]
+fn a_lease_token_keeps_its_holders_hit_until_that_holder_releases_it() {
+    let e = engine_arc();
+    let s = Store::open(&e, &store_dir(), &StoreConfig { shards: 1, ..store_cfg(2, b"ns") }).unwrap();
+    put_keys(&e, &s, &[key(1), key(2)]);
+    let (leases, leading) = s.lease(&[key(1), key(9)]).unwrap();
+    assert_eq!((leases[1], leading), (None, 1));
+    let mine = leases[0].unwrap();
+    // Another caller leases, loads and gives back its own lease of key 1.
+    let theirs = s.lease(&[key(1)]).unwrap().0[0].unwrap();
+    assert_ne!(mine, theirs);
+    assert_eq!(exact_hits(&e, &s, &[key(1)]), [Status::Ok]);
+    s.release(&[theirs]).unwrap();
+    s.release_leases(&[key(1)]).unwrap();
+    // Puts into the full store evict everything else; key 1 stays.
+    assert_eq!(put_keys(&e, &s, &[key(3)]), [Status::Ok]);
+    assert_eq!(put_keys(&e, &s, &[key(4)]), [Status::Ok]);
+    assert_eq!(s.stats().evictions, 2);
+    assert_eq!(exact_hits(&e, &s, &[key(1)]), [Status::Ok], "the holder's hit still loads");
+    // Given back once; a second time, or a lease listed twice, is refused whole.
+    let err = s.release(&[mine, mine]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    s.release(&[mine]).unwrap();
+    assert_eq!(s.release(&[mine]).unwrap_err().status, Status::InvalidArg);
+    // Released, key 1 may go like any other.
+    assert_eq!(put_keys(&e, &s, &[key(5), key(6)]), [Status::Ok, Status::Ok]);
+    assert_eq!(s.lookup(&[key(1)], false).unwrap().0, [false]);
+}
+
 #[test]
 fn sixteen_threads_of_mixed_operations_never_overfill_and_every_hit_is_exact() {
     let e = engine_arc();

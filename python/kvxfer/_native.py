@@ -228,6 +228,8 @@ def _load() -> ctypes.CDLL:
     # ABI 1.5: the slot calls say so where the library is older.
     slot_protos = {
         "kvx_store_lease_slots": (c_uint32, [store_p, POINTER(KeyC), c_size_t, handle_p, c_void_p]),
+        "kvx_store_lease": (c_uint32, [store_p, POINTER(KeyC), c_size_t, c_void_p, POINTER(c_size_t)]),
+        "kvx_store_release": (c_uint32, [store_p, c_void_p, c_size_t]),
         "kvx_store_reserve_slots": (c_uint32, [store_p, POINTER(KeyC), c_size_t, handle_p, POINTER(c_uint32)]),
         "kvx_store_commit_slots": (c_uint32, [store_p, handle_p, c_size_t, POINTER(c_uint32)]),
         "kvx_store_abort_slots": (c_uint32, [store_p, handle_p, c_size_t]),

@@ -32,6 +32,12 @@ Key = Union[bytes, bytearray, memoryview, str]
 _WAIT_STEP = 0.05
 
 
+def _need_minor(minor: int, what: str) -> None:
+    """Refuses where the loaded library's ABI predates 1.`minor`, which brought `what`."""
+    if n.lib.kvx_abi_version() & 0xFFFF < minor:
+        raise Unsupported(f"{n.library_path} predates {what} (ABI 1.{minor}); use the library this package ships", 5)
+
+
 @dataclass(frozen=True)
 class StoreStats:
     """A store's counters (`kvx_store_counters`): what it holds and has done since it was
@@ -140,8 +146,7 @@ class Store:
         shards: int = 1,
         data_only: bool = False,
     ):
-        if n.lib.kvx_abi_version() & 0xFFFF < 4:
-            raise Unsupported(f"{n.library_path} predates the store (ABI 1.4); use the library this package ships", 5)
+        _need_minor(4, "the store")
         if data_only:
             need_slots()
         if isinstance(namespace, str):
@@ -231,10 +236,35 @@ class Store:
         return [bool(present[i]) for i in range(k.n)], leading.value
 
     def release_leases(self, keys: Sequence[Key]) -> None:
-        """Gives back one lease of each key (a key without one is skipped)."""
+        """Gives back the oldest lease taken by key (`lookup(lease=True)`, `lease_slots`)
+        of each key (a key without one is skipped). Such leases belong to the key: any get
+        of it spends one. Several holders of one key use `lease` instead."""
         k = _Keys(keys)
         with self.engine._gate, self._gate as h:
             _check(n.lib.kvx_store_release_leases(h, k.array, k.n))
+
+    def lease(self, keys: Sequence[Key]) -> Tuple[List[Optional[int]], int]:
+        """Leases each hit for the caller alone: the lease's token (an int) for each hit,
+        None for a miss, and how many leading keys the store holds. A leased hit stays
+        loadable until `release(tokens)`; no get, and no other caller's release, spends
+        it. To load it, `get` the key, then release the lease (ABI 1.6)."""
+        _need_minor(6, "lease tokens")
+        k = _Keys(keys)
+        tokens = (ctypes.c_uint64 * max(k.n, 1))()
+        leading = ctypes.c_size_t()
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_lease(h, k.array, k.n, tokens, ctypes.byref(leading)))
+        return [tokens[i] or None for i in range(k.n)], leading.value
+
+    def release(self, leases: Sequence[Optional[int]]) -> None:
+        """Gives back leases from `lease` (None is skipped). All or none: a lease not held
+        (given back already, or listed twice) raises `InvalidArgument` and gives back
+        nothing."""
+        _need_minor(6, "lease tokens")
+        tokens = [t for t in leases if t is not None]
+        array = (ctypes.c_uint64 * max(len(tokens), 1))(*tokens)
+        with self.engine._gate, self._gate as h:
+            _check(n.lib.kvx_store_release(h, array, len(tokens)))
 
     def remove(self, keys: Sequence[Key]) -> List[Optional[Error]]:
         """Removes each key: None once its removal is recorded (it never comes back), or

@@ -192,6 +192,28 @@ def test_a_store_whose_engine_closed_says_so_and_still_closes(tmp_path):
     r.release()
 
 
+def test_a_lease_token_is_its_holders_until_it_gives_it_back(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    src, a = host_pool(engine, cfg, 1)
+    dst, b = host_pool(engine, cfg, 2)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=2, namespace=b"ns") as s:
+        s.put(src, [0, 1], [b"a", b"b"]).wait()
+        leases, leading = s.lease([b"a", b"never put"])
+        assert leading == 1 and leases[1] is None and isinstance(leases[0], int)
+        # Another caller's get of the key does not spend the lease: eviction passes it by.
+        s.get([b"a"], dst, [0]).wait()
+        s.put(src, [2], [b"c"]).wait()
+        s.put(src, [3], [b"d"]).wait()
+        assert s.lookup([b"a", b"b", b"c"]) == ([True, False, False], 1)
+        s.get([b"a"], dst, [1]).wait()
+        assert block(b, cfg, 1) == block(a, cfg, 0)
+        with pytest.raises(kvxfer.InvalidArgument):
+            s.release([leases[0], leases[0]])
+        s.release(leases)
+        with pytest.raises(kvxfer.InvalidArgument):
+            s.release(leases)
+
+
 def test_a_released_get_still_lands_its_blocks(engine, tmp_path):
     cfg = geometry(blocks=4)
     dst, b = host_pool(engine, cfg, 14)

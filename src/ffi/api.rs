@@ -182,6 +182,10 @@ pub struct kvx_api {
         *const kvx_transfer_options,
         *mut *mut kvx_store_request,
     ) -> kvx_status,
+    /// ABI 1.6.
+    pub store_lease: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, *mut u64, *mut usize) -> kvx_status,
+    /// ABI 1.6.
+    pub store_release: unsafe extern "C" fn(*mut kvx_store, *const u64, usize) -> kvx_status,
 }
 
 static API: kvx_api = kvx_api {
@@ -242,6 +246,8 @@ static API: kvx_api = kvx_api {
     store_abort_slots: kvx_store_abort_slots,
     store_read_slots: kvx_store_read_slots,
     store_write_slots: kvx_store_write_slots,
+    store_lease: kvx_store_lease,
+    store_release: kvx_store_release,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

@@ -115,6 +115,16 @@ pub unsafe fn slice<'a, T>(p: *const T, len: usize, name: &str) -> Result<&'a [T
     Ok(std::slice::from_raw_parts(p, len))
 }
 
+/// Writes `values[i]` to `out[i]`: the caller gave room for as many.
+///
+/// # Safety
+/// `out` is non-NULL and holds `values.len()` elements.
+pub unsafe fn write_all<T>(out: *mut T, values: impl IntoIterator<Item = T>) {
+    for (i, v) in values.into_iter().enumerate() {
+        out.add(i).write(v);
+    }
+}
+
 /// A versioned struct whose first field is `struct_size`.
 pub trait Versioned: Copy {
     /// Name in messages.

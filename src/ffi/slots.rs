@@ -43,16 +43,6 @@ unsafe fn slot_handles(p: *const kvx_slot_handle, n: usize) -> Result<Vec<SlotHa
     Ok(slice(p, n, "handles")?.iter().map(|&h| h.into()).collect())
 }
 
-/// Writes `values[i]` to `out[i]`: the caller gave room for as many.
-///
-/// # Safety
-/// `out` is non-NULL and holds `values.len()` elements.
-unsafe fn write_all<T>(out: *mut T, values: impl IntoIterator<Item = T>) {
-    for (i, v) in values.into_iter().enumerate() {
-        out.add(i).write(v);
-    }
-}
-
 /// As `kvx_store_lookup` with `KVX_LOOKUP_LEASE`, for a data-only process: where the
 /// store holds `keys[i]`, i < `n`, `present_out[i]` is 1 and `handles_out[i]` the handle to
 /// read it with (`kvx_store_read_slots` in any process); else 0 and a zeroed handle. Each

@@ -11,7 +11,7 @@ use super::types::*;
 use crate::engine::{Engine, TransferOptions};
 use crate::error::{bail, Error, Result, Status};
 use crate::layout::LayoutConfig;
-use crate::store::{Store, StoreConfig, StoreFlags, StoreRequest, MAX_KEY_BYTES};
+use crate::store::{Lease, Store, StoreConfig, StoreFlags, StoreRequest, MAX_KEY_BYTES};
 use std::ffi::{c_char, CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -286,10 +286,59 @@ pub unsafe extern "C" fn kvx_store_lookup(
     )
 }
 
-/// Gives back one lease of each of `keys[i]`, i < `n` (a key without one is skipped).
+/// Gives back the oldest lease taken by key (`KVX_LOOKUP_LEASE`, `kvx_store_lease_slots`)
+/// of each of `keys[i]`, i < `n` (a key without one is skipped). Leases taken by key
+/// belong to the key, not to a caller: any get of the key spends one on the slot it
+/// loads. Several holders of one key use `kvx_store_lease` instead.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_store_release_leases(s: *mut kvx_store, ks: *const kvx_key, n: usize) -> kvx_status {
     status(|| store(s)?.release_leases(&keys(ks, n)?))
+}
+
+/// Leases each hit of `keys[i]`, i < `n`, for the caller alone (1.6): `leases_out[i]` is
+/// the lease's token (never 0) where the store holds the key, else 0, and
+/// `*leading_hits_out` the number of leading keys held. A leased hit stays loadable
+/// (neither evicted nor its slot reused) until its token is given back with
+/// `kvx_store_release`; no get, and no other caller's release, spends it. To load a leased
+/// hit, submit its get, then release the lease (the get holds the slot from its submit).
+/// Owner only. `leases_out` holds `n` elements; outputs are written only on `KVX_OK`.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_store_lease(
+    s: *mut kvx_store,
+    ks: *const kvx_key,
+    n: usize,
+    leases_out: *mut u64,
+    leading_hits_out: *mut usize,
+) -> kvx_status {
+    guard(
+        || {
+            let store = store(s)?;
+            let keys = keys(ks, n)?;
+            non_null(leases_out, "leases_out")?;
+            let leading = Out::new(leading_hits_out, "leading_hits_out")?;
+            let (leases, hits) = store.lease(&keys)?;
+            Ok((leading, leases, hits))
+        },
+        |(leading, leases, hits)| {
+            // SAFETY: checked non-NULL, with room for `n` elements, one per key.
+            unsafe { write_all(leases_out, leases.into_iter().map(|l| l.map_or(0, |l| l.0))) };
+            leading.write(hits)
+        },
+    )
+}
+
+/// Gives back the leases `leases[i]`, i < `n`, from `kvx_store_lease` (1.6); a 0 is
+/// skipped. All or none: a token not held (given back already, listed twice, or of another
+/// open of the store) is `KVX_ERR_INVALID_ARG`, naming it, and nothing is given back.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_store_release(s: *mut kvx_store, leases: *const u64, n: usize) -> kvx_status {
+    status(|| {
+        let store = store(s)?;
+        // SAFETY: the caller gives `n` tokens at `leases`; `slice` checks NULL and the count.
+        let tokens = unsafe { slice(leases, n, "leases") }?;
+        let held: Vec<Lease> = tokens.iter().filter(|&&t| t != 0).map(|&t| Lease(t)).collect();
+        store.release(&held)
+    })
 }
 
 /// Stores block `src_ids[i]` of `src` under `keys[i]`, i < `n`, asynchronously. Whole

@@ -51,7 +51,8 @@ pub const KVX_ABI_MAJOR: u32 = 1;
 /// 1.5: `kvx_engine_completion_fd`, `KVX_XFER_CRITICAL`; slot handles: `kvx_slot_handle`,
 /// `KVX_STORE_DATA_ONLY`, `KVX_RESERVED_*`, `kvx_store_lease_slots`, `_reserve_slots`,
 /// `_commit_slots`, `_abort_slots`, `_read_slots`, `_write_slots`.
-pub const KVX_ABI_MINOR: u32 = 5;
+/// 1.6: lease tokens: `kvx_store_lease`, `kvx_store_release`.
+pub const KVX_ABI_MINOR: u32 = 6;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 pub const KVX_DEVICE_AUTO: i32 = -2;

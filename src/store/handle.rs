@@ -71,7 +71,7 @@ impl Store {
         Ok(keys
             .iter()
             .map(|&k| {
-                ix.lease(k).map(|e| SlotHandle {
+                ix.lease_keyed(k).map(|e| SlotHandle {
                     slot: e.slot,
                     generation: e.generation,
                     key_digest: k.digest(),

@@ -7,6 +7,11 @@
 //! (its entry was removed, evicted or dropped, and it goes back to the free list once its
 //! tombstone is written and nothing pins it). A pin is a get in flight or a lease; a
 //! pinned slot is never evicted nor reused, so its bytes stay its key's.
+//!
+//! A lease belongs to its holder: it is a token, given back by that token alone, and it
+//! pins the slot it was taken on (not whatever slot its key names later). Leases taken by
+//! key (`lease_keyed`: the ABI's `KVX_LOOKUP_LEASE` and slot handles) are tokens the
+//! index keeps for the key, oldest first, for callers that name only keys.
 
 use super::config::{Digest, Key};
 use super::record::Record;
@@ -112,9 +117,13 @@ pub struct Index {
     free: Vec<u32>,
     /// Keys being put → their slot.
     writing: KeyMap<u32>,
-    /// Leased keys → the slot each lease pins (a key removed and put again while leased
-    /// may have leases on two slots).
-    leases: KeyMap<Vec<u32>>,
+    /// Every lease held: token → the slot it pins.
+    leases: HashMap<u64, u32>,
+    /// Tokens of the leases taken by key, oldest first (a key removed and put again while
+    /// leased may have leases on two slots).
+    keyed: KeyMap<std::collections::VecDeque<u64>>,
+    /// The last lease token given out (tokens start at 1: 0 is "no lease" at the ABI).
+    last_lease: u64,
     generation: u64,
     pub evictions: u64,
     /// Slots found holding a record that no entry uses: their tombstones are written on
@@ -134,7 +143,9 @@ impl Index {
             slots: (0..capacity).map(|_| Slot { state: State::Free, pins: 0, older: NIL, newer: NIL }).collect(),
             free: Vec::new(),
             writing: KeyMap::default(),
-            leases: KeyMap::default(),
+            leases: HashMap::new(),
+            keyed: KeyMap::default(),
+            last_lease: 0,
             generation: found.last().map_or(0, |(_, r)| r.generation),
             evictions: 0,
             stale: Vec::new(),
@@ -210,23 +221,54 @@ impl Index {
         self.entries.contains_key(&key)
     }
 
-    /// Pins a held key's slot until `release_lease` or a get of it: its entry, if held.
-    pub fn lease(&mut self, key: Key) -> Option<Entry> {
+    /// Pins a held key's slot until its token is given back (`release`): its entry and
+    /// the lease's token, if held.
+    pub fn lease(&mut self, key: Key) -> Option<(Entry, u64)> {
         let e = self.touch(key)?;
         self.slots[e.slot as usize].pins += 1;
-        self.leases.entry(key).or_default().push(e.slot);
+        self.last_lease += 1;
+        self.leases.insert(self.last_lease, e.slot);
+        Some((e, self.last_lease))
+    }
+
+    /// Gives back the lease of `token`: whether it was held.
+    pub fn release(&mut self, token: u64) -> bool {
+        let Some(slot) = self.leases.remove(&token) else { return false };
+        self.unpin(slot);
+        true
+    }
+
+    /// Whether the lease of `token` is held.
+    pub fn holds_lease(&self, token: u64) -> bool {
+        self.leases.contains_key(&token)
+    }
+
+    /// A lease kept for `key` itself, for callers that name only keys: its entry, if held.
+    pub fn lease_keyed(&mut self, key: Key) -> Option<Entry> {
+        let (e, token) = self.lease(key)?;
+        self.keyed.entry(key).or_default().push_back(token);
         Some(e)
     }
 
-    /// Gives back one lease of `key`, where it has one: whether it had.
-    pub fn release_lease(&mut self, key: Key) -> bool {
-        let Some(slots) = self.leases.get_mut(&key) else { return false };
-        let slot = slots.pop().expect("a leased key has a lease");
-        if slots.is_empty() {
-            self.leases.remove(&key);
+    /// Gives back the oldest lease kept for `key`, where it has one: whether it had.
+    pub fn release_keyed(&mut self, key: Key) -> bool {
+        self.spend_keyed(key, |_| true)
+    }
+
+    /// Gives back the oldest lease kept for `key` on `slot` (a get of the key loads that
+    /// slot, and its own pin holds it from here): whether there was one.
+    pub fn spend_keyed_on(&mut self, key: Key, slot: u32) -> bool {
+        self.spend_keyed(key, |s| s == slot)
+    }
+
+    fn spend_keyed(&mut self, key: Key, on: impl Fn(u32) -> bool) -> bool {
+        let Some(tokens) = self.keyed.get_mut(&key) else { return false };
+        let Some(at) = tokens.iter().position(|t| on(self.leases[t])) else { return false };
+        let token = tokens.remove(at).expect("a position in the list");
+        if tokens.is_empty() {
+            self.keyed.remove(&key);
         }
-        self.unpin(slot);
-        true
+        self.release(token)
     }
 
     /// A slot whose record could not be brought back to a tombstone (an I/O error): out of
@@ -417,7 +459,7 @@ mod tests {
         let mut ix = Index::new(3, vec![(0, rec(10, 1)), (2, rec(12, 3)), (1, rec(11, 2))]);
         assert_eq!(ix.len(), 3);
         // 10 is oldest, but leased; 11 is next, but pinned by a get.
-        assert!(ix.lease(k(10)).is_some());
+        assert!(ix.lease_keyed(k(10)).is_some());
         let e11 = ix.pin(k(11)).unwrap();
         ix.touch(k(12));
         ix.touch(k(11));
@@ -541,6 +583,48 @@ mod tests {
             }
             assert_eq!(ix.len(), order.len());
         }
+    }
+
+    /// A lease is its holder's: a get by another caller, or another holder's release,
+    /// never gives it back, and a release gives back the slot that lease pinned.
+    #[test]
+    fn a_lease_pins_its_own_slot_until_its_own_token_comes_back() {
+        let mut ix = Index::new(2, vec![(0, rec(1, 1))]);
+        let (a1, t1) = ix.lease(k(1)).unwrap();
+        // The key removed and put again: a second holder leases the new entry.
+        assert_eq!(ix.remove(k(1)), Removed::Entry(a1.slot));
+        ix.recorded(a1.slot);
+        assert!(matches!(put(&mut ix, 1), PutStart::Slot { .. }));
+        let (a2, t2) = ix.lease(k(1)).unwrap();
+        assert_ne!(a1.slot, a2.slot);
+        // Another caller's get comes and goes: both leases stay.
+        let g = ix.pin(k(1)).unwrap();
+        ix.unpin(g.slot);
+        assert!(ix.holds_lease(t1) && ix.holds_lease(t2));
+        assert_eq!(put(&mut ix, 2), PutStart::NoRoom, "both slots are leased");
+        // The first holder gives its lease back: the old slot is freed, the new one stays.
+        assert!(ix.release(t1));
+        assert!(!ix.release(t1), "a token is given back once");
+        assert!(matches!(put(&mut ix, 2), PutStart::Slot { slot, evicted: false, .. } if slot == a1.slot));
+        assert!(ix.contains(k(1)), "the second holder's lease still pins its entry");
+        assert!(ix.release(t2));
+    }
+
+    /// Leases taken by key are given back oldest first, and a get spends only one on the
+    /// slot it loads.
+    #[test]
+    fn leases_by_key_go_back_oldest_first_and_a_get_spends_its_own_slots() {
+        let mut ix = Index::new(2, vec![(0, rec(1, 1))]);
+        let old = ix.lease_keyed(k(1)).unwrap();
+        assert_eq!(ix.remove(k(1)), Removed::Entry(old.slot));
+        ix.recorded(old.slot);
+        assert!(matches!(put(&mut ix, 1), PutStart::Slot { .. }));
+        let new = ix.lease_keyed(k(1)).unwrap();
+        assert!(!ix.spend_keyed_on(k(1), 7), "no lease on another slot");
+        assert!(ix.release_keyed(k(1)), "the oldest lease, on the old slot");
+        assert!(matches!(put(&mut ix, 2), PutStart::Slot { slot, .. } if slot == old.slot));
+        assert!(ix.spend_keyed_on(k(1), new.slot));
+        assert!(!ix.release_keyed(k(1)));
     }
 
     #[test]

@@ -47,6 +47,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+/// A hit leased for its holder alone (`Store::lease`), until the holder gives it back
+/// (`Store::release`). Its token is unique within an open of the store and never 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease(pub u64);
+
 /// What a store holds and has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -255,24 +260,56 @@ impl Store {
     }
 
     /// Whether each key is held, and how many keys from the first are (the runtime's
-    /// prefix hit). With `lease`, each hit stays loadable (never evicted, its slot never
-    /// reused) until a get of it or `release_leases`.
+    /// prefix hit). With `lease`, each hit is leased by key: it stays loadable (never
+    /// evicted, its slot never reused) until a get of it or `release_leases`, whoever
+    /// calls them; several holders of one key use `lease` instead.
     pub fn lookup<K: AsRef<[u8]>>(&self, keys: &[K], lease: bool) -> Result<(Vec<bool>, usize)> {
         self.inner.owner()?;
         let keys = keys_of(keys)?;
         let mut ix = self.inner.index.lock().unwrap();
-        let present: Vec<bool> = keys.iter().map(|&k| if lease { ix.lease(k).is_some() } else { ix.contains(k) }).collect();
+        let present: Vec<bool> = keys.iter().map(|&k| if lease { ix.lease_keyed(k).is_some() } else { ix.contains(k) }).collect();
         let leading = present.iter().take_while(|&&p| p).count();
         Ok((present, leading))
     }
 
-    /// Gives back one lease of each key (a key without one is skipped).
+    /// Gives back the oldest lease taken by key (`lookup` with `lease`, `lease_slots`) of
+    /// each key; a key without one is skipped.
     pub fn release_leases<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<()> {
         self.inner.owner()?;
         let keys = keys_of(keys)?;
         let mut ix = self.inner.index.lock().unwrap();
         for k in keys {
-            ix.release_lease(k);
+            ix.release_keyed(k);
+        }
+        Ok(())
+    }
+
+    /// Leases each hit for the caller alone: `Some(lease)` where the key is held, and how
+    /// many keys from the first are. Each hit stays loadable (never evicted, its slot never
+    /// reused) until its lease is given back with `release`, by its holder only: no get,
+    /// and no other caller's lease or release, spends it. To load a leased hit, get the
+    /// key, then release the lease (the get's own pin holds the slot from its submit).
+    pub fn lease<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<(Vec<Option<Lease>>, usize)> {
+        self.inner.owner()?;
+        let keys = keys_of(keys)?;
+        let mut ix = self.inner.index.lock().unwrap();
+        let leases: Vec<Option<Lease>> = keys.iter().map(|&k| ix.lease(k).map(|(_, token)| Lease(token))).collect();
+        let leading = leases.iter().take_while(|l| l.is_some()).count();
+        Ok((leases, leading))
+    }
+
+    /// Gives back `leases` (from `lease`). All or none: a lease not held (given back
+    /// already, or of another open of the store) refuses the call with `InvalidArg`,
+    /// naming it, and gives back nothing.
+    pub fn release(&self, leases: &[Lease]) -> Result<()> {
+        self.inner.owner()?;
+        let mut ix = self.inner.index.lock().unwrap();
+        let mut seen = std::collections::HashSet::with_capacity(leases.len());
+        if let Some((i, l)) = leases.iter().enumerate().find(|(_, l)| !ix.holds_lease(l.0) || !seen.insert(l.0)) {
+            bail!(InvalidArg, "lease {} (index {i}) is not held: given back already, listed twice, or of another open of the store", l.0);
+        }
+        for l in leases {
+            ix.release(l.0);
         }
         Ok(())
     }
@@ -375,8 +412,9 @@ impl Store {
             for (i, &key) in keys.iter().enumerate() {
                 match ix.pin(key) {
                     Some(entry) => {
-                        // The get's own pin holds the slot from here; a lease it had is spent.
-                        ix.release_lease(key);
+                        // The get's own pin holds the slot from here; a lease taken by key on
+                        // that slot is spent (leases from `lease` are their holders' own).
+                        ix.spend_keyed_on(key, entry.slot);
                         let holder = worker::Holder::Pinned(key);
                         groups[inner.shard_of(entry.slot)].push(worker::GetKey { index: i, holder, entry, dst: dst_ids[i] });
                     }

@@ -623,6 +623,21 @@ static void store_slots(kvx_engine *e, const char *dir) {
   kvx_store_request_release(req);
   EXPECT(memcmp(sp + 5 * block_bytes, dp, block_bytes) == 0, "a leased slot read back with other bytes");
   OK(kvx_store_release_leases(owner, two, 1));
+  /* Lease tokens (1.6): each hit leased for its caller; given back once, all or none. */
+  uint64_t tok[2] = {9, 9};
+  size_t lead = 9;
+  OK(kvx_store_lease(owner, two, 2, tok, &lead));
+  EXPECT(tok[0] != 0 && tok[1] == 0 && lead == 1, "lease tokens: %llu %llu, leading %zu", (unsigned long long)tok[0],
+         (unsigned long long)tok[1], lead);
+  uint64_t twice[2] = {tok[0], tok[0]};
+  expect_fail(kvx_store_release(owner, twice, 2), KVX_ERR_INVALID_ARG, "a lease listed twice");
+  OK(kvx_store_release(owner, tok, 2));
+  expect_fail(kvx_store_release(owner, tok, 1), KVX_ERR_INVALID_ARG, "a lease given back twice");
+  expect_fail(kvx_store_lease(NULL, two, 2, tok, &lead), KVX_ERR_INVALID_ARG, "lease NULL store");
+  expect_fail(kvx_store_lease(owner, two, 2, NULL, &lead), KVX_ERR_INVALID_ARG, "lease NULL leases_out");
+  expect_fail(kvx_store_lease(owner, two, 2, tok, NULL), KVX_ERR_INVALID_ARG, "lease NULL leading_hits_out");
+  expect_fail(kvx_store_release(owner, NULL, 1), KVX_ERR_INVALID_ARG, "release NULL leases");
+  expect_fail(kvx_store_release(data, tok, 1), KVX_ERR_INVALID_ARG, "release in a data-only open");
   /* A reservation aborted: no entry. */
   kvx_key other = {(const uint8_t *)"other", 5};
   OK(kvx_store_remove(owner, keys, 1, st));
@@ -635,8 +650,9 @@ static void store_slots(kvx_engine *e, const char *dir) {
   const kvx_api *api = kvx_get_api(KVX_ABI_MAJOR);
   EXPECT(api->store_lease_slots == kvx_store_lease_slots && api->store_reserve_slots == kvx_store_reserve_slots &&
              api->store_commit_slots == kvx_store_commit_slots && api->store_abort_slots == kvx_store_abort_slots &&
-             api->store_read_slots == kvx_store_read_slots && api->store_write_slots == kvx_store_write_slots,
-         "table entries for the slot calls");
+             api->store_read_slots == kvx_store_read_slots && api->store_write_slots == kvx_store_write_slots &&
+             api->store_lease == kvx_store_lease && api->store_release == kvx_store_release,
+         "table entries for the slot and lease calls");
 
   /* Bad calls. */
   kvx_slot_handle untouched[2];

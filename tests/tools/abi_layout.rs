@@ -32,7 +32,8 @@ fn main() {
         store_release_leases, store_put, store_get, store_remove, store_stats, store_request_wait, store_request_poll,
         store_request_key_status, store_request_key_error, store_request_error, store_request_release,
         engine_completion_fd,
-        store_lease_slots, store_reserve_slots, store_commit_slots, store_abort_slots, store_read_slots, store_write_slots);
+        store_lease_slots, store_reserve_slots, store_commit_slots, store_abort_slots, store_read_slots, store_write_slots,
+        store_lease, store_release);
     layout!(kvx_key; bytes, len);
     layout!(kvx_store_config; struct_size, flags, block, capacity_blocks, namespace_bytes, namespace_len, shards);
     layout!(kvx_store_counters; struct_size, entries, capacity, hits, misses, evictions, integrity_failures, puts, dedups,
