@@ -172,6 +172,28 @@ fn a_key_whose_digest_equals_a_held_keys_is_a_key_of_its_own() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A reopened store evicts what was used least before it closed: the keys read just
+/// before the close survive puts into the full store, the never-read ones go.
+#[test]
+fn a_reopened_store_keeps_the_eviction_order_it_closed_with() {
+    let e = engine_arc();
+    let dir = store_dir();
+    let cfg = StoreConfig { shards: 1, ..store_cfg(8, b"ns") };
+    let s = Store::open(&e, &dir, &cfg).unwrap();
+    let old: Vec<Vec<u8>> = (0..8).map(key).collect();
+    assert!(put_keys(&e, &s, &old).iter().all(|&st| st == Status::Ok));
+    // The first-written half is the one read last.
+    assert_eq!(exact_hits(&e, &s, &old[..4]), [Status::Ok; 4]);
+    s.close();
+    let s = Store::open(&e, &dir, &cfg).unwrap();
+    let new: Vec<Vec<u8>> = (100..104).map(key).collect();
+    assert!(put_keys(&e, &s, &new).iter().all(|&st| st == Status::Ok));
+    let (held, _) = s.lookup(&old, false).unwrap();
+    assert_eq!(held, [true, true, true, true, false, false, false, false], "the keys read before the close stay");
+    s.close();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_get_of_keys_not_held_is_a_miss_for_those_keys_alone() {
     let e = engine_arc();

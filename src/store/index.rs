@@ -126,6 +126,8 @@ pub struct Index {
     last_lease: u64,
     generation: u64,
     pub evictions: u64,
+    /// Whether the eviction order changed since `take_moved` last looked.
+    moved: bool,
     /// Slots found holding a record that no entry uses: their tombstones are written on
     /// open (then `recorded`), before any put may take them.
     pub stale: Vec<u32>,
@@ -148,6 +150,7 @@ impl Index {
             last_lease: 0,
             generation: found.last().map_or(0, |(_, r)| r.generation),
             evictions: 0,
+            moved: false,
             stale: Vec::new(),
         };
         for (slot, r) in found {
@@ -172,6 +175,7 @@ impl Index {
     }
 
     fn link_newest(&mut self, slot: u32) {
+        self.moved = true;
         let newest = self.newest;
         let s = &mut self.slots[slot as usize];
         (s.older, s.newer) = (newest, NIL);
@@ -426,6 +430,45 @@ impl Index {
         self.free_if_done(slot);
     }
 
+    /// Whether the eviction order changed since the last call.
+    pub fn take_moved(&mut self) -> bool {
+        std::mem::take(&mut self.moved)
+    }
+
+    /// The live slots with their generations, least recently used first.
+    pub fn order(&self) -> Vec<(u32, u64)> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        let mut slot = self.oldest;
+        while slot != NIL {
+            let State::Live(key) = &self.slots[slot as usize].state else { unreachable!("the eviction order lists live slots only") };
+            out.push((slot, self.entries[key].generation));
+            slot = self.slots[slot as usize].newer;
+        }
+        out
+    }
+
+    /// Puts the live slots in `order` (slot, generation; least recently used first) where
+    /// each still holds that generation's entry, and every other live slot after them in
+    /// the order it has (entries written since `order` was taken are the newest).
+    pub fn restore_order(&mut self, order: &[(u32, u64)]) {
+        let current = self.order();
+        let mut placed = vec![false; self.slots.len()];
+        let listed = order.iter().filter(|&&(slot, generation)| {
+            let live = match self.slots.get(slot as usize).map(|s| &s.state) {
+                Some(State::Live(key)) => self.entries[key].generation == generation,
+                _ => false,
+            };
+            live && !std::mem::replace(&mut placed[slot as usize], true)
+        });
+        let slots: Vec<u32> = listed.map(|&(slot, _)| slot).collect();
+        let rest = current.iter().map(|&(slot, _)| slot).filter(|&slot| !placed[slot as usize]);
+        let all: Vec<u32> = slots.iter().copied().chain(rest).collect();
+        for &slot in &all {
+            self.unlink(slot);
+            self.link_newest(slot);
+        }
+    }
+
     /// Slots of every entry with its record, for a verify on open.
     pub fn entries(&self) -> impl Iterator<Item = (Key, Entry)> + '_ {
         self.entries.iter().map(|(k, e)| (*k, *e))
@@ -625,6 +668,28 @@ mod tests {
         assert!(matches!(put(&mut ix, 2), PutStart::Slot { slot, .. } if slot == old.slot));
         assert!(ix.spend_keyed_on(k(1), new.slot));
         assert!(!ix.release_keyed(k(1)));
+    }
+
+    /// An order taken from one index, restored in another built in write order, puts
+    /// the entries back in use order: stale and unknown slots are skipped, and entries not
+    /// in the order (written since) come last.
+    #[test]
+    fn a_restored_order_evicts_what_was_used_least_before() {
+        let found = || vec![(0, rec(10, 1)), (1, rec(11, 2)), (2, rec(12, 3)), (3, rec(13, 4))];
+        let mut ix = Index::new(5, found());
+        ix.touch(k(10));
+        ix.touch(k(12));
+        let mut order = ix.order();
+        assert_eq!(order, [(1, 2), (3, 4), (0, 1), (2, 3)]);
+        order.retain(|&(slot, _)| slot != 3);
+        order.insert(0, (2, 99)); // another generation: someone else's entry now
+        order.insert(0, (4, 1)); // a free slot
+        order.push((9, 1)); // past the capacity
+        let mut again = Index::new(5, found());
+        again.restore_order(&order);
+        assert_eq!(again.order(), [(1, 2), (0, 1), (2, 3), (3, 4)]);
+        assert!(matches!(put(&mut again, 20), PutStart::Slot { slot: 4, evicted: false, .. }));
+        assert!(matches!(put(&mut again, 21), PutStart::Slot { slot: 1, evicted: true, .. }), "key 11 was used least");
     }
 
     #[test]

@@ -26,6 +26,7 @@ mod config;
 mod dir;
 mod handle;
 mod index;
+mod recency;
 mod record;
 mod request;
 mod worker;
@@ -255,6 +256,8 @@ impl Store {
             add(&counters.integrity_failures, bad.len() as u64);
         }
         let mut index = Index::new(cfg.capacity_blocks as u32, found);
+        index.restore_order(&recency::read(dir));
+        index.take_moved();
         bad.append(&mut index.stale);
         Ok((index, bad))
     }
@@ -514,6 +517,7 @@ impl Store {
             n = self.inner.idle.wait(n).unwrap();
         }
         drop(n);
+        self.inner.save_order(true);
         let _ = self.inner.tx.send(worker::Msg::Stop);
         let _ = thread.join();
     }
@@ -526,6 +530,24 @@ impl Drop for Store {
 }
 
 impl Inner {
+    /// Writes the eviction order (`recency`) where it changed since it was last written,
+    /// or `always`; a failure is logged (the order is a hint: a store without it opens).
+    fn save_order(&self, always: bool) {
+        if self.data_only || std::process::id() != self.pid {
+            return;
+        }
+        let order = {
+            let mut ix = self.index.lock().unwrap();
+            if !ix.take_moved() && !always {
+                return;
+            }
+            ix.order()
+        };
+        if let Err(e) = recency::write(&self.dir, &order) {
+            log::warn!("store {}: {e}; a reopen orders entries by when they were written", self.dir.display());
+        }
+    }
+
     /// Refuses what only the owner may do (everything touching the index) in a data-only open.
     fn owner(&self) -> Result<()> {
         if std::process::id() != self.pid {

@@ -102,19 +102,35 @@ pub fn on_complete(tx: &Sender<Msg>, opts: &TransferOptions, done: Done) -> (Tra
     (TransferOptions { on_complete: Some(f), ..opts.clone() }, cell)
 }
 
+/// How often the store thread writes the eviction order while it changes, so a reopen
+/// after a crash keeps the recency of at most this long ago.
+const ORDER_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
-    while let Ok(msg) = rx.recv() {
-        match msg {
-            Msg::Done(Done::Put(g, source), status, message) => inner.put_done(g, source, status, &message),
-            Msg::Done(Done::Get(g), status, message) => inner.get_done(g, status, &message),
-            Msg::Done(Done::Write(g), status, message) => {
-                for i in g.keys {
-                    g.req.settle(i, status, message.as_str());
+    use crossbeam_channel::RecvTimeoutError;
+    let mut next_order = std::time::Instant::now() + ORDER_EVERY;
+    loop {
+        match rx.recv_deadline(next_order) {
+            Ok(Msg::Done(done, status, message)) => {
+                match done {
+                    Done::Put(g, source) => inner.put_done(g, source, status, &message),
+                    Done::Get(g) => inner.get_done(g, status, &message),
+                    Done::Write(g) => {
+                        for i in g.keys {
+                            g.req.settle(i, status, message.as_str());
+                        }
+                    }
                 }
+                inner.end();
             }
-            Msg::Stop => return,
+            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Timeout) => {}
         }
-        inner.end();
+        // Also under a steady stream of completions, which never lets the wait time out.
+        if std::time::Instant::now() >= next_order {
+            inner.save_order(false);
+            next_order = std::time::Instant::now() + ORDER_EVERY;
+        }
     }
 }
 

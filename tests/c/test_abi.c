@@ -303,7 +303,7 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
 
 /* The files a store makes in its directory (docs/store.md), removed after a test. */
 static void remove_store_dir(const char *dir) {
-  const char *names[] = {"lock", "meta", "records", "data-0", "data-0.kvxsum", "data-1", "data-1.kvxsum"};
+  const char *names[] = {"lock", "meta", "records", "order", "data-0", "data-0.kvxsum", "data-1", "data-1.kvxsum"};
   char p[600];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     snprintf(p, sizeof p, "%s/%s", dir, names[i]);
