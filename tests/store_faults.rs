@@ -354,3 +354,33 @@ fn after_a_failed_sync_no_later_put_to_the_shard_is_acknowledged_until_the_store
     let r = s.put(&src, &[1], &[key(1)], &Default::default()).unwrap();
     assert_eq!(wait(&r), Status::Ok, "opened again, the store syncs: {}", r.key_message(0));
 }
+
+/// A reservation whose evicted slot's tombstone cannot be made durable fails whole; the
+/// slots it took from the free list go back there (their records are tombstones already),
+/// so the store keeps its capacity, and only the evicted slot leaves use until a reopen.
+#[test]
+fn a_failed_reservation_gives_back_the_free_slots_it_took() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-reserve-fails");
+    let cfg = StoreConfig { shards: 1, flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(small_block(), 3, b"ns") };
+    let s = Store::open(&e, &dir, &cfg).unwrap();
+    let src = e.create_layout(&LayoutConfig { num_blocks: 4, ..small_block() }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&src, 1);
+    let put = |ids: &[u64], keys: &[Vec<u8>]| {
+        let r = s.put(&src, ids, keys, &Default::default()).unwrap();
+        wait(&r);
+        (0..keys.len()).map(|i| r.key_status(i).unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(put(&[0, 1], &[key(0), key(1)]), [Status::Ok, Status::Ok]);
+    // One free slot and one eviction: the evicted slot's tombstone sync fails.
+    fault::inject(Site::DiskSync, 0, Fault::Errno(libc::EIO));
+    let err = s.reserve_slots(&[key(2), key(3)]).unwrap_err();
+    fault::clear();
+    assert_eq!(err.status, Status::Io, "{}", err.message);
+    // The free slot is free again: a put takes it, and one more evicts key 1.
+    assert_eq!(put(&[2, 3], &[key(4), key(5)]), [Status::Ok, Status::Ok], "the store kept its free slot");
+    assert_eq!(s.stats().entries, 2);
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -115,10 +115,17 @@ impl Store {
         // Evicted slots' tombstones first. The slot's old block stays: its checksums carry
         // another write's tags, so `commit_slots` never takes it for the new key's.
         if let Err(e) = inner.tombstone(&evicted) {
+            // The call fails whole: every reservation is undone. An evicted slot's record
+            // may still name its old key, so it leaves use until the store is opened again;
+            // a slot from the free list holds a tombstone and goes back to it.
             let mut ix = inner.index.lock().unwrap();
             for r in &out {
                 if let Reservation::Write(h) = r {
-                    for (req, i) in ix.abandon(h.slot) {
+                    let waiters = match evicted.contains(&h.slot) {
+                        true => ix.abandon(h.slot),
+                        false => ix.finish_put(h.slot, None),
+                    };
+                    for (req, i) in waiters {
                         req.settle(i, e.status, e.message.clone());
                     }
                 }

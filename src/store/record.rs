@@ -189,7 +189,9 @@ impl Records {
         if !self.durable {
             return Ok(());
         }
-        self.file.sync_data().map_err(|e| self.err("syncing", e))
+        use std::os::fd::AsFd;
+        crate::io::posix::sync_data(self.file.as_fd())
+            .map_err(|e| Error::new(e.status, format!("syncing {}: {}", self.path.display(), e.message)))
     }
 
     /// Makes the file durable as made (its size), whatever the mode.
