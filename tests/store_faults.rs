@@ -384,3 +384,18 @@ fn a_failed_reservation_gives_back_the_free_slots_it_took() {
     drop(s);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A write handle whose slot holds a committed entry is stale: writing it again, after its
+/// commit, is refused before anything is written, and the entry keeps its bytes.
+#[test]
+fn a_write_through_a_committed_handle_is_refused_and_the_entry_stays() {
+    let _serial = serial();
+    let OneSlot { e, owner, data, src, .. } = one_slot(small_block(), "store-stale-write");
+    let h = write_handle(&owner, &key(1));
+    assert_eq!(wait(&data.write_slots(&src, &[0], &[h], &Default::default()).unwrap()), Status::Ok);
+    assert_eq!(owner.commit_slots(&[h]).unwrap(), vec![Status::Ok]);
+    let err = data.write_slots(&src, &[1], &[h], &Default::default()).map(|_| ()).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    assert!(err.message.contains("stale"), "{}", err.message);
+    assert_eq!(get_exact(&e, &owner, &small_block(), &key(1)), Status::Ok, "the committed entry keeps its bytes");
+}

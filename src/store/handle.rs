@@ -21,6 +21,7 @@
 
 use super::config::{keys_of, Digest, StoreFlags, MAX_KEY_BYTES};
 use super::index::{Entry, PutStart};
+use super::record::Read;
 use super::request::StoreRequest;
 use super::worker::{self, GetKey, Holder, PutGroup, PutKey, WriteGroup};
 use super::{write_id, Inner, Store};
@@ -266,6 +267,21 @@ impl Store {
         }
         if opts.layer_begin != 0 || (opts.layer_end != 0 && opts.layer_end as u64 != inner.cfg.block.num_layers) {
             bail!(InvalidArg, "a slot is written whole: put every layer");
+        }
+        // A reserved slot's record is a tombstone until its commit; one that names an entry
+        // means the handle is stale (committed already, or handed out before the owner
+        // opened the store again), and writing it would destroy that entry.
+        {
+            let records = inner.records.lock().unwrap();
+            for (i, h) in handles.iter().enumerate() {
+                if let Read::Entry(_) = records.read(h.slot)? {
+                    bail!(
+                        InvalidArg,
+                        "handle {i}: slot {} holds a committed entry, so the handle is stale (committed already, or handed out before the owner opened the store again); reserve the key again",
+                        h.slot
+                    );
+                }
+            }
         }
         inner.check_side(src, src_ids, "source")?;
         let plain = TransferOptions { on_complete: None, ..opts.clone() };
