@@ -708,13 +708,21 @@ fn store_data_mover() {
     for (i, (k, _)) in reads.iter().enumerate() {
         assert!(holds_key(&dst, i as u64, &key(*k)), "slot of key {k}");
     }
-    // A handle that no longer names the slot's entry is a miss, not another key's bytes.
+    // A handle that no longer names the slot's entry is a miss, not another key's bytes,
+    // and its status says the handle is stale (not that the store is damaged).
     let stale = SlotHandle { generation: handles[0].generation + 100, ..handles[0] };
     let r = s.read_slots(&[stale], &dst, &[7], &Default::default()).unwrap();
-    assert_eq!(wait(&r), Status::Integrity);
+    assert_eq!(wait(&r), Status::InvalidArg, "{}", r.key_message(0));
+    assert!(r.key_message(0).contains("stale"), "{}", r.key_message(0));
     let wrong_key = SlotHandle { key_digest: handles[1].key_digest ^ 1, ..handles[0] };
     let r = s.read_slots(&[wrong_key], &dst, &[7], &Default::default()).unwrap();
-    assert_eq!(wait(&r), Status::Integrity);
+    assert_eq!(wait(&r), Status::InvalidArg, "{}", r.key_message(0));
+    // A write handle, or a zeroed one, names no entry to read: the call is refused whole.
+    for h in [SlotHandle { seal: 0, ..handles[0] }, SlotHandle { slot: 0, generation: 0, key_digest: 0, key_len: 0, seal: 0, epoch: 0 }] {
+        let err = s.read_slots(&[h], &dst, &[7], &Default::default()).map(|_| ()).unwrap_err();
+        assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    }
+    assert_eq!(s.stats().integrity_failures, 0, "a stale handle is not damage");
     // The reserved slots are written from a device layout.
     let src = e.create_layout(&block(8), VLLM, StorageKind::Device).unwrap();
     for (i, (k, _)) in writes.iter().enumerate() {

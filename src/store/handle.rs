@@ -231,6 +231,11 @@ impl Store {
     ) -> Result<Arc<StoreRequest>> {
         let inner = &self.inner;
         inner.check_handles(handles, dst_ids.len())?;
+        // A read handle carries its entry's seal (never 0); a write handle or a zeroed one
+        // (C's for a key that was not held) names no entry to read.
+        if let Some(i) = handles.iter().position(|h| h.seal == 0 || h.epoch == 0) {
+            bail!(InvalidArg, "handle {i} is not a read handle (lease_slots gives those, for the keys it found)");
+        }
         inner.check_side(dst, dst_ids, "destination")?;
         let plain = TransferOptions { on_complete: None, ..opts.clone() };
         inner.engine.check(&inner.shards[0], &[0], dst, &dst_ids[..1], &plain)?;

@@ -5,7 +5,7 @@
 
 use super::config::{Digest, Key};
 use super::index::Entry;
-use super::record::Record;
+use super::record::{Read, Record};
 use super::request::StoreRequest;
 use super::{add, write_id, Inner};
 use crate::engine::{OnComplete, TransferOptions};
@@ -29,6 +29,13 @@ pub struct PutKey {
 pub struct PutGroup {
     pub req: Arc<StoreRequest>,
     pub keys: Vec<PutKey>,
+}
+
+/// Whether a slot's record is still the one a get's holder vouched for.
+enum Vouched {
+    Yes,
+    Stale,
+    Damaged,
 }
 
 /// What vouches for the slot a get reads.
@@ -227,17 +234,22 @@ impl Inner {
     }
 
     /// Whether the slot of `k` still holds the record its holder vouched for: always, for
-    /// a slot this store's index pinned; read back, for a handed-out one.
-    fn record_still_names(&self, k: &GetKey) -> crate::error::Result<bool> {
-        let Holder::Handle { digest, key_len } = k.holder else { return Ok(true) };
+    /// a slot this store's index pinned; read back, for a handed-out one, where `Stale`
+    /// is a record that reads well but names another entry (or none), and `Damaged` one
+    /// that does not read.
+    fn record_still_names(&self, k: &GetKey) -> crate::error::Result<Vouched> {
+        let Holder::Handle { digest, key_len } = k.holder else { return Ok(Vouched::Yes) };
         Ok(match self.records.lock().unwrap().read(k.entry.slot)? {
-            super::record::Read::Entry(r) => {
-                r.namespace == self.namespace
+            Read::Entry(r)
+                if r.namespace == self.namespace
                     && r.key.len() == key_len
                     && r.key.digest() == digest
-                    && (r.generation, r.seal) == (k.entry.generation, k.entry.seal)
+                    && (r.generation, r.seal) == (k.entry.generation, k.entry.seal) =>
+            {
+                Vouched::Yes
             }
-            _ => false,
+            Read::Entry(_) | Read::Free => Vouched::Stale,
+            Read::Damaged => Vouched::Damaged,
         })
     }
 
@@ -282,12 +294,17 @@ impl Inner {
             let seal = self.sidecar(g.shard).seal_of_block(self.block_of(slot));
             let record = self.record_still_names(k);
             results.push(match seal.and_then(|s| record.map(|r| (s, r))) {
-                Ok((_, false)) => {
-                    let why = format!("slot {slot} no longer holds the entry it was handed out for");
-                    add(&self.counters.integrity_failures, 1);
-                    (Status::Integrity, why)
+                Ok((_, Vouched::Stale)) => {
+                    let why = format!(
+                        "slot {slot} no longer holds the entry this handle was handed out for: the handle is stale (its lease was released, or the owner opened the store again); lease the key again"
+                    );
+                    (Status::InvalidArg, why)
                 }
-                Ok((seal, true)) if seal == k.entry.seal => (Status::Ok, String::new()),
+                Ok((_, Vouched::Damaged)) => {
+                    add(&self.counters.integrity_failures, 1);
+                    (Status::Integrity, format!("slot {slot}'s record is damaged"))
+                }
+                Ok((seal, Vouched::Yes)) if seal == k.entry.seal => (Status::Ok, String::new()),
                 Ok(_) => {
                     let why = format!("slot {slot} holds a block other than the one its record was written for");
                     self.integrity_miss(&k.holder, &k.entry, &why);
