@@ -88,7 +88,17 @@ fn load_host_verbs() {
     // its own state.
     let handle = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if handle.is_null() {
-        log::debug!("NIXL: the host has no libibverbs.so.1; UCX's InfiniBand modules use the copies NIXL ships");
+        // SAFETY: dlerror's string, when there is one, is read before any other dl call
+        // on this thread.
+        let why = unsafe {
+            let e = libc::dlerror();
+            if e.is_null() {
+                "no reason given".into()
+            } else {
+                std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
+        };
+        log::debug!("NIXL: the host's libibverbs.so.1 was not loaded ({why}); UCX's InfiniBand modules use the copies NIXL ships");
     } else {
         log::debug!("NIXL: loaded the host's libibverbs.so.1 before UCX, local to itself");
     }
