@@ -10,7 +10,7 @@
 //! Flags (the bench's, same defaults): --num-layers --inner-dim --page-size --outer-dim
 //! --dtype-bytes --num-blocks --blocks-per-batch --iterations --warmup --layout
 //! --host-layout --device auto|emulated|N --direction --requests --random-blocks --json.
-use kvxfer::io::nixl::Span;
+use kvxfer::io::nixl::{new_agent, Span};
 use kvxfer::layout::{segments, Placement};
 use kvxfer::{Device, Engine, EngineConfig, Layout, LayoutConfig, LayoutKind, StorageKind};
 use nixl_sys::{Agent, AgentConfig, MemType, OptArgs, XferDescList, XferOp, XferRequest, XferStatus};
@@ -124,7 +124,7 @@ fn side(o: &Opts, name: &str) -> Side {
         Device::Cuda(n) => (MemType::Vram, n as u64),
         _ => (MemType::Dram, 0), // the emulated device is host memory
     };
-    let agent = Agent::new_configured(name, &AgentConfig::default()).unwrap_or_else(|e| fail(&format!("NIXL agent: {e}")));
+    let agent = new_agent(name, &AgentConfig::default()).unwrap_or_else(|e| fail(&format!("NIXL agent: {e}")));
     let (_, params) = agent.get_plugin_params("UCX").unwrap_or_else(|e| fail(&format!("NIXL's UCX plugin: {e}")));
     let backend = agent.create_backend("UCX", &params).unwrap_or_else(|e| fail(&format!("UCX backend: {e}")));
     let mut opts = OptArgs::new().unwrap();

@@ -6,7 +6,9 @@
 //! `KVX_ERR_REMOTE` within the import's timeout and local work goes on; a stopped peer's
 //! read keeps its bounce slot out of the ring until NIXL reports it ended, and a direct
 //! read its local layout alive; held slots never take the whole ring; a replaced import
-//! ends its transfers at once. Bad blobs are refused and leave working imports alone. Skipped (and counted) without NIXL's libraries on the library path.
+//! ends its transfers at once. Bad blobs are refused and leave working imports alone.
+//! Programs that used remote layouts, peer and importer, exit with status 0. Skipped
+//! (and counted) without NIXL's libraries on the library path.
 mod common;
 use common::cases::{case, run};
 use common::*;
@@ -451,12 +453,14 @@ fn held_slots_never_take_the_whole_ring() {
 
 /// Runs this binary again with `var` set (TCP on loopback) and waits at most 120 s.
 fn run_child(var: &str, what: &str) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env(var, "1")
-        .env("UCX_TLS", "tcp")
-        .env("UCX_NET_DEVICES", "lo")
-        .spawn()
-        .expect("spawning the test's child");
+    run_child_with(var, what, &[("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")]);
+}
+
+/// Runs this binary again with `var` and `env` set and waits at most 120 s for it to
+/// exit with status 0.
+fn run_child_with(var: &str, what: &str, env: &[(&str, &str)]) {
+    let mut child =
+        Command::new(std::env::current_exe().unwrap()).env(var, "1").envs(env.iter().copied()).spawn().expect("spawning the test's child");
     let deadline = Instant::now() + Duration::from_secs(120);
     let status = loop {
         if let Some(status) = child.try_wait().expect("waiting for the child") {
@@ -623,6 +627,29 @@ fn kept_layout_main() {
     drop(stopped);
 }
 
+/// A program that used remote layouts exits with status 0 when it returns from main:
+/// the child imports the peer's blob, reads from it and exports a layout of its own;
+/// the peer, once its stdin closes, returns from main as well. Both run over the
+/// transports this suite runs with (UCX's own choice unless `UCX_TLS` says otherwise),
+/// with whatever RDMA libraries the host has installed.
+fn a_program_that_used_remote_layouts_exits_0() {
+    run_child_with("KVX_REMOTE_EXITS", "the child that used remote layouts", &[]);
+}
+
+fn exits_main() {
+    let mut peer = Peer::spawn(4);
+    let e = engine();
+    let remote = import(&e, &peer.blobs[1], Duration::from_secs(20));
+    let local = make_layout(&e, &peer_cfg(4), FC, StorageKind::Host);
+    fill(&local, 0);
+    assert_eq!(transfer(&e, &remote[0], &[3], &local, &[0], &TransferOptions::default()), Status::Ok);
+    check(&local, 0, PEER_SEEDS[0], &[(3, 0)], 0..4, "the read before the exit");
+    e.export(&[local]).expect("export");
+    drop(peer.child.stdin.take());
+    let status = peer.child.wait().expect("waiting for the peer");
+    assert!(status.success(), "the peer, which exported layouts, exited with {status}");
+}
+
 /// A blob refused by import leaves every working import as it was: a newer blob of the
 /// same peer whose layout metadata NIXL refuses, and a blob that names one peer but
 /// carries another's metadata, break neither peer's layouts; the peer's real newer
@@ -748,6 +775,9 @@ fn main() {
     if std::env::var_os("KVX_REMOTE_HELD").is_some() {
         return held_slots_main();
     }
+    if std::env::var_os("KVX_REMOTE_EXITS").is_some() {
+        return exits_main();
+    }
     let why = kvxfer::io::nixl::missing();
     run(vec![
         case("moves_blocks_both_ways", moves_blocks_both_ways).unless(why.clone()),
@@ -762,6 +792,7 @@ fn main() {
         case("a_read_from_a_replaced_import_ends_at_once", a_read_from_a_replaced_import_ends_at_once).unless(why.clone()),
         case("a_read_from_a_killed_peer_holds_its_slot", a_read_from_a_killed_peer_holds_its_slot).unless(why.clone()),
         case("a_timed_out_read_keeps_its_local_layout", a_timed_out_read_keeps_its_local_layout).unless(why.clone()),
+        case("a_program_that_used_remote_layouts_exits_0", a_program_that_used_remote_layouts_exits_0).unless(why.clone()),
         case("duplicate_and_crossed_exports_end", duplicate_and_crossed_exports_end).unless(why.clone()),
         case("without_nixl_export_and_import_are_unsupported", without_nixl_export_and_import_are_unsupported)
             .unless(why.is_none().then(|| "NIXL is on the library path; this case checks the refusal without it".to_string())),

@@ -16,7 +16,7 @@ use nixl_sys::{
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Once, Weak};
 use std::time::{Duration, Instant};
 
 /// A span NIXL registers: memory (address, bytes) or a file (offset 0, bytes, fd).
@@ -60,6 +60,50 @@ pub fn missing() -> Option<String> {
     })
 }
 
+/// A NIXL agent. Every agent kvxfer makes is made here, and so are those of programs
+/// that drive NIXL beside kvxfer (`cpp_examples/remote_limit.rs`): the first call loads
+/// the host's RDMA verbs library, where one is installed, on its own before NIXL starts
+/// UCX (`load_host_verbs`).
+pub fn new_agent(name: &str, cfg: &AgentConfig) -> std::result::Result<Agent, nixl_sys::NixlError> {
+    static HOST_VERBS: Once = Once::new();
+    HOST_VERBS.call_once(load_host_verbs);
+    Agent::new_configured(name, cfg)
+}
+
+/// Loads the host's `libibverbs.so.1`, with the netlink libraries it links
+/// (`libnl-3`, `libnl-route-3`), local to itself and bound at once, before UCX loads its
+/// modules; it stays loaded for the life of the process.
+///
+/// NIXL's wheel carries its own copies of libibverbs and libnl, which UCX's InfiniBand
+/// modules link; UCX's EFA module links the host's `libefa.so.1` as well, and that pulls
+/// the host's copies into the same dlopen group, behind the wheel's. The host's
+/// libnl-route would then bind its own exported functions to the wheel's copy: its
+/// constructors' registrations are refused as duplicates, and at exit its destructors
+/// unlink list entries that were never linked (SIGSEGV in `rtnl_tc_unregister` under
+/// `_dl_fini`). Loaded first on its own, the host's copy binds to itself, and the
+/// wheel's, loaded later by UCX, to itself: both are consistent. Without the host's
+/// library (no RDMA packages) this does nothing.
+fn load_host_verbs() {
+    // SAFETY: loads a system library by its soname; its constructors only set up
+    // its own state.
+    let handle = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror's string, when there is one, is read before any other dl call
+        // on this thread.
+        let why = unsafe {
+            let e = libc::dlerror();
+            if e.is_null() {
+                "no reason given".into()
+            } else {
+                std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
+        };
+        log::debug!("NIXL: the host's libibverbs.so.1 was not loaded ({why}); UCX's InfiniBand modules use the copies NIXL ships");
+    } else {
+        log::debug!("NIXL: loaded the host's libibverbs.so.1 before UCX, local to itself");
+    }
+}
+
 static NEXT_AGENT: AtomicU64 = AtomicU64::new(0);
 
 /// Registered files: file id -> (the file's key, while it lives; its FILE registrations).
@@ -91,7 +135,7 @@ impl Port {
         let unsupported = |what: &str, e: nixl_sys::NixlError| {
             Error::new(Status::Unsupported, format!("KVX_IO_NIXL: {what} ({e}); check NIXL_PLUGIN_DIR, or use KVX_IO_POSIX"))
         };
-        let agent = Agent::new_configured(&name, &cfg).map_err(|e| unsupported("creating an agent failed", e))?;
+        let agent = new_agent(&name, &cfg).map_err(|e| unsupported("creating an agent failed", e))?;
         let (_mems, params) = agent.get_plugin_params("POSIX").map_err(|e| unsupported("the POSIX plugin was not found", e))?;
         let backend = agent.create_backend("POSIX", &params).map_err(|e| unsupported("the POSIX backend did not start", e))?;
         let mut opts = OptArgs::new().map_err(|e| failed("creating options", e))?;

@@ -4,7 +4,7 @@
 
 use super::blob::{Blob, Mem, Shared};
 use crate::error::{bail, Error, Result, Status};
-use crate::io::nixl::{missing, Span};
+use crate::io::nixl::{missing, new_agent, Span};
 use nixl_sys::{
     Agent, AgentConfig, MemType, OptArgs, RegDescList, RegistrationHandle, ThreadSync, XferDescList, XferOp, XferRequest, XferStatus,
 };
@@ -223,7 +223,7 @@ fn ucx_agent(name: &str, cfg: &AgentConfig) -> Result<(Agent, nixl_sys::Backend)
     let unsupported = |what: &str, e: nixl_sys::NixlError| {
         Error::new(Status::Unsupported, format!("remote layouts: {what} ({e}); check that NIXL's plugins/libplugin_UCX.so and UCX's libraries are installed, or NIXL_PLUGIN_DIR"))
     };
-    let agent = Agent::new_configured(name, cfg).map_err(|e| unsupported("creating a NIXL agent failed", e))?;
+    let agent = new_agent(name, cfg).map_err(|e| unsupported("creating a NIXL agent failed", e))?;
     let (_mems, params) = agent.get_plugin_params("UCX").map_err(|e| unsupported("the UCX plugin was not found", e))?;
     let backend = agent.create_backend("UCX", &params).map_err(|e| unsupported("the UCX backend did not start", e))?;
     Ok((agent, backend))
