@@ -15,7 +15,9 @@
 
 use super::config::Digest;
 use crate::error::{Error, Result};
+use crate::fault::power_cut;
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -83,16 +85,17 @@ impl Record {
 /// its key, instead of a record after its data), else sparse.
 fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
+    let set_len = || power_cut::resize(file.as_fd(), bytes, || file.set_len(bytes));
     if file.metadata()?.len() > bytes {
-        file.set_len(bytes)?;
+        set_len()?;
     }
     // SAFETY: fallocate on a descriptor we own.
-    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) } == 0 {
+    if power_cut::resize(file.as_fd(), bytes, || unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) }) == 0 {
         return Ok(());
     }
     let err = std::io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(bytes),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => set_len(),
         _ => Err(err),
     }
 }
@@ -126,14 +129,16 @@ impl Records {
     fn open_as(dir: &Path, slots: u64, create: bool, durable: bool, read_only: bool) -> Result<Records> {
         let path = Self::path(dir);
         let shown = path.display();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .create(create)
-            // Made afresh: records a cut-short making left must not name the new files' blocks.
-            .truncate(create)
-            .open(&path)
-            .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        let file = power_cut::create(&path, || {
+            OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .create(create)
+                // Made afresh: records a cut-short making left must not name the new files' blocks.
+                .truncate(create)
+                .open(&path)
+        })
+        .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
         let want = slots * RECORD_BYTES;
         let len = file.metadata().map_err(|e| Error::io(format_args!("stat {shown}"), e))?.len();
         if len != want && !read_only {
@@ -172,12 +177,17 @@ impl Records {
     }
 
     pub fn write(&self, slot: u32, rec: &Record) -> Result<()> {
-        self.file.write_all_at(&rec.encode(), slot as u64 * RECORD_BYTES).map_err(|e| self.err("writing", e))
+        self.write_at(&rec.encode(), slot)
     }
 
     /// Marks `slot` free on disk.
     pub fn tombstone(&self, slot: u32) -> Result<()> {
-        self.file.write_all_at(&TOMBSTONE, slot as u64 * RECORD_BYTES).map_err(|e| self.err("writing", e))
+        self.write_at(&TOMBSTONE, slot)
+    }
+
+    fn write_at(&self, r: &[u8; RECORD_BYTES as usize], slot: u32) -> Result<()> {
+        let off = slot as u64 * RECORD_BYTES;
+        power_cut::write(self.file.as_fd(), off, RECORD_BYTES, || self.file.write_all_at(r, off)).map_err(|e| self.err("writing", e))
     }
 
     /// In durable mode, makes every record written so far durable.
@@ -185,12 +195,12 @@ impl Records {
         if !self.durable {
             return Ok(());
         }
-        self.file.sync_data().map_err(|e| self.err("syncing", e))
+        power_cut::sync(self.file.as_fd(), || self.file.sync_data()).map_err(|e| self.err("syncing", e))
     }
 
     /// Makes the file durable as made (its size), whatever the mode.
     pub fn sync_all(&self) -> Result<()> {
-        self.file.sync_all().map_err(|e| self.err("syncing", e))
+        power_cut::sync(self.file.as_fd(), || self.file.sync_all()).map_err(|e| self.err("syncing", e))
     }
 
     fn err(&self, what: &str, e: std::io::Error) -> Error {
