@@ -12,7 +12,8 @@
 //! it survives the process being killed at any instant. `cut`, run after the process is
 //! gone, undoes every entry not made void, newest first: unsynced writes and sizes go
 //! back to what was synced, files created since their folder's last sync vanish, renames
-//! not yet synced by a folder sync are undone.
+//! not yet synced by a folder sync are undone. A cut may also keep a random part of the
+//! unsynced writes, as the kernel's writeback may have written them.
 //!
 //! Removals are not undone: a removed file stays removed. Every change the store makes to
 //! its files passes through the hooks below (the `pwrite`s and syncs of `io::posix`, which
@@ -113,6 +114,8 @@ mod journal {
         pub entries: usize,
         /// Writes and resizes reverted.
         pub writes: u64,
+        /// Unsynced writes and resizes the writeback kept.
+        pub kept: u64,
         /// Files removed, created since their folder's last sync.
         pub removed: u64,
         /// Renames undone.
@@ -314,15 +317,31 @@ mod journal {
     }
 
     /// The power cut: undoes every change `journal` holds that no later sync made
-    /// durable, newest first. Run once the recording process is gone; a process that
-    /// died before it recorded left no journal, and nothing to undo.
-    pub fn cut(journal: &Path) -> Result<Cut> {
-        cut_after(journal, usize::MAX)
+    /// durable, newest first. With `writeback` (a seed), each unsynced write or resize is
+    /// kept or undone at random instead, as the kernel's own writeback may have written
+    /// some of them before the cut and not others. Run once the recording process is
+    /// gone; a process that died before it recorded left no journal, and nothing to undo.
+    pub fn cut(journal: &Path, writeback: Option<u64>) -> Result<Cut> {
+        apply(journal, usize::MAX, writeback)
     }
 
     /// The power cut as if it had come once the process had made the changes and syncs
     /// of the first `made` entries of `journal` only: the later ones are undone too.
     pub fn cut_after(journal: &Path, made: usize) -> Result<Cut> {
+        apply(journal, made, None)
+    }
+
+    fn apply(journal: &Path, made: usize, writeback: Option<u64>) -> Result<Cut> {
+        // xorshift: kept (false) or undone, for each unsynced write.
+        let mut x = writeback.map(|s| s | 1);
+        let mut undo_this = move || {
+            x.as_mut().is_none_or(|x| {
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                *x & 1 == 0
+            })
+        };
         let mut cut = Cut::default();
         let mut synced: HashSet<Id> = HashSet::new();
         let journal = match std::fs::read(journal) {
@@ -337,6 +356,7 @@ mod journal {
                 Entry::Sync { id } if i < made => {
                     synced.insert(id);
                 }
+                Entry::Undo { id: file, .. } if i < made && undone(&file) && !undo_this() => cut.kept += 1,
                 Entry::Undo { id: file, path, off, size, bytes } if undone(&file) => {
                     // Only while the path still names that file (not one made there since
                     // it was removed).
