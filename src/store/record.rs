@@ -129,16 +129,12 @@ impl Records {
     fn open_as(dir: &Path, slots: u64, create: bool, durable: bool, read_only: bool) -> Result<Records> {
         let path = Self::path(dir);
         let shown = path.display();
-        let file = power_cut::create(&path, || {
-            OpenOptions::new()
-                .read(true)
-                .write(!read_only)
-                .create(create)
-                // Made afresh: records a cut-short making left must not name the new files' blocks.
-                .truncate(create)
-                .open(&path)
-        })
-        .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        let file = power_cut::create(&path, || OpenOptions::new().read(true).write(!read_only).create(create).truncate(false).open(&path))
+            .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        if create {
+            // Made afresh: records a cut-short making left must not name the new files' blocks.
+            power_cut::resize(file.as_fd(), 0, || file.set_len(0)).map_err(|e| Error::io(format_args!("emptying {shown}"), e))?;
+        }
         let want = slots * RECORD_BYTES;
         let len = file.metadata().map_err(|e| Error::io(format_args!("stat {shown}"), e))?.len();
         if len != want && !read_only {
