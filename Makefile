@@ -136,8 +136,9 @@ miri:
 	rustup component add --toolchain nightly miri
 	MIRIFLAGS=-Zmiri-disable-isolation $(CARGO) +nightly miri test --lib ffi::boundary
 
-# The store's crash torture, long form: 500 SIGKILLs at random instants (`make test`
-# runs 20); KVX_STORE_CRASH_SEED=<seed> replays a run. Not part of make test.
+# The store's crash torture, long form: 500 rounds per mode, durable and not, half SIGKILLs
+# at random instants and half power cuts (`make test` runs 40 per mode);
+# KVX_STORE_CRASH_SEED=<seed> replays a run. Not part of make test.
 store-crash: $(TEST_DIR)
 	KVX_STORE_CRASH_ROUNDS=$${KVX_STORE_CRASH_ROUNDS:-500} KVX_TEST_DIR=$(TEST_DIR) $(CARGO) test --release --test store_crash -- --nocapture
 

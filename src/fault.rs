@@ -2,7 +2,8 @@
 //! or device op fail with an errno, return short, or (on the device) fail like a CUDA
 //! error; and make the file system report another direct-I/O alignment. With it comes
 //! the deferred emulated device (`deferred_device`), whose copies complete later on a
-//! thread of their own, as a GPU's do, and can be held back.
+//! thread of their own, as a GPU's do, and can be held back; and power cuts
+//! (`power_cut`), which drop whatever was written and not synced.
 //!
 //! Only in builds with the `fault-injection` feature, which the crate's own tests turn
 //! on (a dev-dependency on itself) and release builds leave off: there `check` is a
@@ -39,6 +40,8 @@ pub enum Fault {
     /// stays in flight for as long as the test needs.
     Hold,
 }
+
+pub mod power_cut;
 
 #[cfg(feature = "fault-injection")]
 pub use plan::*;

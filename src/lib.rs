@@ -37,11 +37,11 @@ pub use memory::{Layout, StorageKind};
 #[cfg(test)]
 mod layering {
     const ALLOWED: &[(&str, &[&str])] = &[
-        ("store", &["engine", "memory", "file", "layout", "host", "error"]),
+        ("store", &["engine", "memory", "file", "layout", "host", "fault", "error"]),
         ("engine", &["memory", "remote", "file", "io", "gpu", "layout", "host", "error"]),
         ("memory", &["remote", "file", "gpu", "layout", "host", "error"]),
         ("remote", &["io", "gpu", "layout", "error"]),
-        ("file", &["io", "gpu", "layout", "host", "error"]),
+        ("file", &["io", "gpu", "layout", "host", "fault", "error"]),
         ("io", &["gpu", "host", "fault", "error"]),
         ("gpu", &["host", "fault", "error"]),
         ("layout.rs", &["error"]),

@@ -25,6 +25,7 @@
 use super::place::{self, Found};
 use super::{DiskFile, DEFAULT_IO_ALIGN};
 use crate::error::{bail, Error, Result, Status};
+use crate::fault::power_cut;
 use crate::io::{posix, Extent, Port};
 use crate::layout::{Geometry, Placement, MAX_IO_ALIGN};
 use std::collections::BTreeMap;
@@ -238,7 +239,7 @@ impl Sidecar {
         if let Some(align) = create_with {
             let want = Self::header(g, align);
             // Zero entries: every block starts out "never written".
-            s.file.set_len(bytes).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
+            power_cut::resize(s.file.as_fd(), bytes, || s.file.set_len(bytes)).map_err(|e| Error::io(format_args!("sizing {shown}"), e))?;
             unsafe { posix::write_all_at(s.file.as_fd(), want.as_ptr(), want.len() as u64, 0) }?;
         } else {
             let mut got = [0u8; HEADER_FIELDS];
@@ -279,24 +280,26 @@ impl Sidecar {
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true).create_new(true);
         let err = |e| Error::io(format_args!("creating {shown}"), e);
-        match opts.open(path) {
+        let create = || power_cut::create(path, || opts.open(path));
+        match create() {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             made => return made.map_err(err),
         }
         let found = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(err)?;
+        let emptied = |f: File| power_cut::resize(f.as_fd(), 0, || f.set_len(0)).map(|_| f).map_err(err);
         let old = match place::found(path, &found).map_err(err)? {
             Found::Replace(old) => old,
-            Found::InPlace => return found.set_len(0).map(|_| found).map_err(err),
+            Found::InPlace => return emptied(found),
         };
         match std::fs::remove_file(path) {
             Err(e) if place::refused(&e) => {
                 log::info!("{shown}: cannot be replaced ({e}); truncated in place");
-                return found.set_len(0).map(|_| found).map_err(err);
+                return emptied(found);
             }
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(format_args!("replacing {shown}"), e)),
             _ => {}
         }
-        let file = opts.open(path).map_err(err)?;
+        let file = create().map_err(err)?;
         place::take_over(&file, &old, path)?;
         Ok(file)
     }

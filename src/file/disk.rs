@@ -6,6 +6,7 @@
 use super::checksum::WriteIds;
 use super::place::{self, open_at, Found, Place};
 use crate::error::{bail, Error, Result};
+use crate::fault::power_cut;
 use crate::host::{map_anonymous, unmap};
 use crate::io::{posix, streamed, Extent, FileKey, Io, Port};
 use crate::layout::Placement;
@@ -117,7 +118,7 @@ impl DiskFile {
             None => (None, cpath.as_c_str()),
         };
         let (buffered, found) = if create {
-            match open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
+            match power_cut::create(path, || open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)) {
                 Ok(f) => (f, None),
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                     let f = open_at(dir, name, libc::O_RDWR | libc::O_CREAT).map_err(opening)?;
@@ -177,17 +178,17 @@ impl DiskFile {
         }
         let shown = self.path.display();
         if create {
-            let fd = self.buffered.as_raw_fd();
+            let (fd, at) = (self.buffered.as_raw_fd(), self.buffered.as_fd());
             // SAFETY: plain syscalls on an owned descriptor.
-            if self.truncate && unsafe { libc::ftruncate(fd, 0) } != 0 {
+            if self.truncate && power_cut::resize(at, 0, || unsafe { libc::ftruncate(fd, 0) }) != 0 {
                 return Err(Error::io(format_args!("truncating {shown}"), std::io::Error::last_os_error()));
             }
-            if unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) } != 0 {
+            if power_cut::resize(at, bytes, || unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) }) != 0 {
                 let err = std::io::Error::last_os_error();
                 if !matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) {
                     return Err(Error::io(format_args!("reserving {bytes} bytes for {shown}"), err));
                 }
-                if unsafe { libc::ftruncate(fd, bytes as libc::off_t) } != 0 {
+                if power_cut::resize(at, bytes, || unsafe { libc::ftruncate(fd, bytes as libc::off_t) }) != 0 {
                     return Err(Error::io(format_args!("sizing {shown} to {bytes} bytes"), std::io::Error::last_os_error()));
                 }
             }
@@ -225,8 +226,8 @@ impl DiskFile {
         }
         let (dir, name) = (Some(place.dir()), place.name());
         // Exclusive: a file someone put at the path meanwhile is theirs.
-        self.buffered =
-            open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).map_err(|e| Error::io(format_args!("creating {shown}"), e))?;
+        self.buffered = power_cut::create(&self.path, || open_at(dir, name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL))
+            .map_err(|e| Error::io(format_args!("creating {shown}"), e))?;
         self.remove_on_drop = true;
         place::take_over(&self.buffered, old, &self.path)?;
         if self.direct.is_some() {

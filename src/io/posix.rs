@@ -2,7 +2,7 @@
 //! short transfer continues where it stopped, so callers see all bytes or an error.
 
 use crate::error::{Error, Result};
-use crate::fault::{self, Fault, Site};
+use crate::fault::{self, power_cut, Fault, Site};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// One `pread`/`pwrite` system call, or the fault a test injected in its place: an
@@ -18,10 +18,10 @@ unsafe fn syscall(site: Site, fd: BorrowedFd<'_>, buf: *mut u8, len: u64, offset
         Some(Fault::Short) if len >= 8192 => (len / 2) & !4095,
         _ => len,
     } as usize;
-    let (fd, off) = (fd.as_raw_fd(), offset as libc::off_t);
+    let (raw, off) = (fd.as_raw_fd(), offset as libc::off_t);
     match site {
-        Site::DiskWrite => libc::pwrite(fd, buf as *const libc::c_void, len, off),
-        _ => libc::pread(fd, buf as *mut libc::c_void, len, off),
+        Site::DiskWrite => power_cut::write(fd, offset, len as u64, || libc::pwrite(raw, buf as *const libc::c_void, len, off)),
+        _ => libc::pread(raw, buf as *mut libc::c_void, len, off),
     }
 }
 
@@ -107,12 +107,14 @@ fn sync_with(fd: BorrowedFd<'_>, call: unsafe extern "C" fn(libc::c_int) -> libc
     }
     loop {
         // SAFETY: plain syscall on a borrowed, open descriptor.
-        if unsafe { call(fd.as_raw_fd()) } == 0 {
-            return Ok(());
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINTR) {
-            return Err(Error::io(name, err));
+        let synced = power_cut::sync(fd, || match unsafe { call(fd.as_raw_fd()) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+        match synced {
+            Ok(()) => return Ok(()),
+            Err(err) if err.raw_os_error() == Some(libc::EINTR) => {}
+            Err(err) => return Err(Error::io(name, err)),
         }
     }
 }

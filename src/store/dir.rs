@@ -11,9 +11,10 @@
 
 use super::config::{namespace_digest, StoreConfig, StoreFlags};
 use crate::error::{bail, Error, Result, Status};
+use crate::fault::power_cut;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -212,15 +213,19 @@ pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
 pub fn write_meta(dir: &Path, meta: &Meta) -> Result<()> {
     let (tmp, path) = (dir.join("meta.tmp"), meta_path(dir));
     let io = |what: &str, e| Error::io(format_args!("{what} {}", tmp.display()), e);
-    let mut f = File::create(&tmp).map_err(|e| io("creating", e))?;
-    f.write_all(&meta.encode()).map_err(|e| io("writing", e))?;
-    f.sync_all().map_err(|e| io("syncing", e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(format_args!("renaming {} to {}", tmp.display(), path.display()), e))?;
+    let f = power_cut::create(&tmp, || File::create(&tmp)).map_err(|e| io("creating", e))?;
+    let bytes = meta.encode();
+    power_cut::write(f.as_fd(), 0, META_BYTES as u64, || (&f).write_all(&bytes)).map_err(|e| io("writing", e))?;
+    power_cut::sync(f.as_fd(), || f.sync_all()).map_err(|e| io("syncing", e))?;
+    power_cut::rename(&tmp, &path, || std::fs::rename(&tmp, &path))
+        .map_err(|e| Error::io(format_args!("renaming {} to {}", tmp.display(), path.display()), e))?;
     sync_dir(dir)
 }
 
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(format_args!("syncing the directory {}", dir.display()), e))
+    File::open(dir)
+        .and_then(|d| power_cut::sync(d.as_fd(), || d.sync_all()))
+        .map_err(|e| Error::io(format_args!("syncing the directory {}", dir.display()), e))
 }
 
 /// The directory, made where `CREATE` asks for it.

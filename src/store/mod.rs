@@ -186,6 +186,15 @@ impl Store {
             false => Records::open(dir, cfg.capacity_blocks, create, durable)?,
         };
         if create {
+            // Whatever the mode, everything `meta` will say exists is durable before it:
+            // a shard's size, its sidecar's header and both names (a durable shard was
+            // synced as made). Else a power cut could keep `meta` and lose a header, and
+            // no later open would take the store.
+            if !durable {
+                for shard in &shards {
+                    shard.file().expect("store shards are files").sync_created()?;
+                }
+            }
             records.sync_all()?;
             dir::write_meta(dir, &want)?;
             log::info!(

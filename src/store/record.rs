@@ -17,7 +17,9 @@
 
 use super::config::{Digest, Key};
 use crate::error::{Error, Result};
+use crate::fault::{self, power_cut};
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -87,16 +89,17 @@ impl Record {
 /// its key, instead of a record after its data), else sparse.
 fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
+    let set_len = || power_cut::resize(file.as_fd(), bytes, || file.set_len(bytes));
     if file.metadata()?.len() > bytes {
-        file.set_len(bytes)?;
+        set_len()?;
     }
     // SAFETY: fallocate on a descriptor we own.
-    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) } == 0 {
+    if power_cut::resize(file.as_fd(), bytes, || unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) }) == 0 {
         return Ok(());
     }
     let err = std::io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(bytes),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => set_len(),
         _ => Err(err),
     }
 }
@@ -130,14 +133,12 @@ impl Records {
     fn open_as(dir: &Path, slots: u64, create: bool, durable: bool, read_only: bool) -> Result<Records> {
         let path = Self::path(dir);
         let shown = path.display();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .create(create)
-            // Made afresh: records a cut-short making left must not name the new files' blocks.
-            .truncate(create)
-            .open(&path)
+        let file = power_cut::create(&path, || OpenOptions::new().read(true).write(!read_only).create(create).truncate(false).open(&path))
             .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
+        if create {
+            // Made afresh: records a cut-short making left must not name the new files' blocks.
+            power_cut::resize(file.as_fd(), 0, || file.set_len(0)).map_err(|e| Error::io(format_args!("emptying {shown}"), e))?;
+        }
         let want = slots * RECORD_BYTES;
         let len = file.metadata().map_err(|e| Error::io(format_args!("stat {shown}"), e))?.len();
         if len != want && !read_only {
@@ -176,12 +177,17 @@ impl Records {
     }
 
     pub fn write(&self, slot: u32, rec: &Record) -> Result<()> {
-        self.file.write_all_at(&rec.encode(), slot as u64 * RECORD_BYTES).map_err(|e| self.err("writing", e))
+        self.write_at(&rec.encode(), slot)
     }
 
     /// Marks `slot` free on disk.
     pub fn tombstone(&self, slot: u32) -> Result<()> {
-        self.file.write_all_at(&TOMBSTONE, slot as u64 * RECORD_BYTES).map_err(|e| self.err("writing", e))
+        self.write_at(&TOMBSTONE, slot)
+    }
+
+    fn write_at(&self, r: &[u8; RECORD_BYTES as usize], slot: u32) -> Result<()> {
+        let off = slot as u64 * RECORD_BYTES;
+        power_cut::write(self.file.as_fd(), off, RECORD_BYTES, || self.file.write_all_at(r, off)).map_err(|e| self.err("writing", e))
     }
 
     /// In durable mode, makes every record written so far durable.
@@ -189,14 +195,16 @@ impl Records {
         if !self.durable {
             return Ok(());
         }
-        use std::os::fd::AsFd;
-        crate::io::posix::sync_data(self.file.as_fd())
-            .map_err(|e| Error::new(e.status, format!("syncing {}: {}", self.path.display(), e.message)))
+        // At the fault plan's `DiskSync` site, as every other sync of the store's files.
+        if let Some(fault::Fault::Errno(e)) = fault::check(fault::Site::DiskSync) {
+            return Err(self.err("syncing", std::io::Error::from_raw_os_error(e)));
+        }
+        power_cut::sync(self.file.as_fd(), || self.file.sync_data()).map_err(|e| self.err("syncing", e))
     }
 
     /// Makes the file durable as made (its size), whatever the mode.
     pub fn sync_all(&self) -> Result<()> {
-        self.file.sync_all().map_err(|e| self.err("syncing", e))
+        power_cut::sync(self.file.as_fd(), || self.file.sync_all()).map_err(|e| self.err("syncing", e))
     }
 
     fn err(&self, what: &str, e: std::io::Error) -> Error {
