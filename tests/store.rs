@@ -465,6 +465,47 @@ fn a_stale_entry_pointing_at_a_slot_reused_for_another_key_is_a_miss() {
     assert_eq!((s.stats().entries, s.stats().integrity_failures), (0, 1));
 }
 
+/// Cuts `file` of an open 1-shard store of 20 keys after block 9: a get of the ten keys
+/// whose blocks are whole and one whose block or checksums were cut off, in one batch,
+/// loads the ten; the one is an `Integrity` miss, its entry dropped, and put again it loads.
+fn a_file_cut_while_open_fails_the_keys_past_the_cut_alone(file: &str) {
+    let e = engine_arc();
+    let dir = store_dir();
+    let s = Store::open(&e, &dir, &StoreConfig { shards: 1, ..store_cfg(20, b"ns") }).unwrap();
+    let keys: Vec<Vec<u8>> = (0..20).map(key).collect();
+    assert_eq!(put_keys(&e, &s, &keys), vec![Status::Ok; 20]);
+    let path = dir.join(file);
+    let len = std::fs::metadata(&path).unwrap().len();
+    // The sidecar: a 4096-byte header, then one entry per block; the data: blocks alone.
+    let header = if file.ends_with(".kvxsum") { 4096 } else { 0 };
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(header + (len - header) / 20 * 10).unwrap();
+    let (whole, cut): (Vec<Vec<u8>>, Vec<Vec<u8>>) = keys.iter().cloned().partition(|k| slot_of(&dir, k) < 10);
+    let batch: Vec<Vec<u8>> = whole.iter().chain(&cut[..1]).cloned().collect();
+    let dst = e.create_layout(&block(11), FC, StorageKind::Host).unwrap();
+    let r = s.get(&batch, &dst, &(0..11).collect::<Vec<_>>(), &Default::default()).unwrap();
+    wait(&r);
+    let mut want = vec![Status::Ok; 10];
+    want.push(Status::Integrity);
+    assert_eq!(statuses(&r), want, "{file} cut: {}", r.key_message(10));
+    assert!(r.key_message(10).contains("cut short"), "{}", r.key_message(10));
+    assert!((0..10).all(|i| holds_key(&dst, i, &batch[i as usize])), "the whole keys load byte-exact");
+    let st = s.stats();
+    assert_eq!((st.entries, st.integrity_failures), (19, 1), "the cut key's entry dropped and counted: {st:?}");
+    assert_eq!(exact_hits(&e, &s, &batch), [vec![Status::Ok; 10], vec![Status::NotFound]].concat(), "once dropped, a miss");
+    assert_eq!(put_keys(&e, &s, &cut[..1]), vec![Status::Ok], "put again");
+    assert_eq!(exact_hits(&e, &s, &batch), vec![Status::Ok; 11], "and loads");
+}
+
+#[test]
+fn a_sidecar_cut_while_open_fails_the_keys_past_the_cut_alone() {
+    a_file_cut_while_open_fails_the_keys_past_the_cut_alone("data-0.kvxsum");
+}
+
+#[test]
+fn a_data_file_cut_while_open_fails_the_keys_past_the_cut_alone() {
+    a_file_cut_while_open_fails_the_keys_past_the_cut_alone("data-0");
+}
+
 #[test]
 fn a_durable_store_round_trips_and_reopens() {
     let e = engine_arc();

@@ -344,6 +344,12 @@ impl Sidecar {
             .map_err(|e| self.err(e))
     }
 
+    /// Whether the file still holds all of `block`'s checksums (one cut short does not).
+    pub fn holds_block(&self, block: u64) -> Result<bool> {
+        let len = self.file.metadata().map_err(|e| Error::io(format_args!("stat {}", self.path.display()), e))?.len();
+        Ok(len >= self.block_offset(block) + self.entry_bytes)
+    }
+
     /// `block`'s seal as stored: 0 for a block never completely written. A key-value store
     /// over the file ties a block's content to a key by recording this value.
     pub fn seal_of_block(&self, block: u64) -> Result<u64> {

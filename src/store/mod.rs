@@ -567,6 +567,28 @@ impl Inner {
         Ok(())
     }
 
+    /// Why `slot`'s own bytes cannot be read however often it is tried: its block, or its
+    /// checksums, lie past the end of a file cut short. `None` where they are all there:
+    /// a failed read of them is then the disk's failure, not this key's, and its entry
+    /// stays.
+    fn cut_short(&self, slot: u32) -> Option<String> {
+        let (k, block) = (self.shard_of(slot), self.block_of(slot));
+        let shard = &self.shards[k];
+        let end = (block + 1) * shard.placement.block_stride;
+        let file = shard.file()?;
+        match file.file_len() {
+            Ok(len) if len < end => {
+                return Some(format!("{} was cut short to {len} bytes, before the end of slot {slot}'s block", file.path().display()))
+            }
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+        match self.sidecar(k).holds_block(block) {
+            Ok(false) => Some(format!("{} was cut short before the end of slot {slot}'s checksums", self.sidecar(k).path().display())),
+            _ => None,
+        }
+    }
+
     /// A check failed on `key`'s entry: counted, logged, and the entry dropped (its
     /// tombstone written) if it is still the one checked.
     fn integrity_miss(&self, key: Digest, e: &index::Entry, why: &str) {
