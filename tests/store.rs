@@ -506,6 +506,66 @@ fn a_data_file_cut_while_open_fails_the_keys_past_the_cut_alone() {
     a_file_cut_while_open_fails_the_keys_past_the_cut_alone("data-0");
 }
 
+/// Damage to one shard of a closed store: `damage` changes the files of shard 1.
+fn damaged_shard_costs_its_entries_alone(what: &str, damage: impl Fn(&Path)) {
+    let e = engine_arc();
+    let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
+    for verify in [false, true] {
+        let dir = four_keys(&e);
+        let in_shard_1: Vec<bool> = keys.iter().map(|k| slot_of(&dir, k) % 2 == 1).collect();
+        let lost = in_shard_1.iter().filter(|&&b| b).count() as u64;
+        assert!(lost > 0 && lost < 4, "keys in both shards: {in_shard_1:?}");
+        damage(&dir);
+        let data_only = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DATA_ONLY, ..store_cfg(8, b"ns") });
+        let err = data_only.err().unwrap_or_else(|| panic!("{what}: a data-only open of a damaged shard"));
+        assert!(err.message.contains("owner") && !err.message.contains("KVX_DISK_CREATE"), "{what}: {}", err.message);
+        let flags = if verify { StoreFlags::VERIFY_ON_OPEN } else { StoreFlags::NONE };
+        let c = StoreConfig { flags, ..store_cfg(8, b"ns") };
+        let s = Store::open(&e, &dir, &c).unwrap_or_else(|err| panic!("{what} (verify {verify}): {err}"));
+        let st = s.stats();
+        assert_eq!((st.entries, st.integrity_failures), (4 - lost, lost), "{what} (verify {verify}): {st:?}");
+        let want: Vec<Status> = in_shard_1.iter().map(|&b| if b { Status::NotFound } else { Status::Ok }).collect();
+        assert_eq!(exact_hits(&e, &s, &keys), want, "{what} (verify {verify})");
+        drop(s);
+        // The drop was recorded: reopened, the same entries and nothing counted again.
+        let s = Store::open(&e, &dir, &c).unwrap();
+        let st = s.stats();
+        assert_eq!((st.entries, st.integrity_failures), (4 - lost, 0), "{what} (verify {verify}) reopened: {st:?}");
+        assert_eq!(put_keys(&e, &s, &keys), vec![Status::Ok; 4]);
+        assert_eq!(exact_hits(&e, &s, &keys), vec![Status::Ok; 4], "{what} (verify {verify}): put again");
+        drop(s);
+        let s = Store::open(&e, &dir, &c).unwrap();
+        assert_eq!(exact_hits(&e, &s, &keys), vec![Status::Ok; 4], "{what} (verify {verify}): reopened after");
+    }
+}
+
+fn set_len(path: &Path, len: u64) {
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(len).unwrap();
+}
+
+#[test]
+fn a_data_file_cut_short_costs_its_shards_entries_alone() {
+    damaged_shard_costs_its_entries_alone("data-1 cut", |dir| {
+        let path = dir.join("data-1");
+        set_len(&path, std::fs::metadata(&path).unwrap().len() * 3 / 4);
+    });
+    damaged_shard_costs_its_entries_alone("data-1 missing", |dir| std::fs::remove_file(dir.join("data-1")).unwrap());
+}
+
+#[test]
+fn a_sidecar_cut_or_its_header_lost_costs_its_shards_entries_alone() {
+    let sidecar = |dir: &Path| dir.join("data-1.kvxsum");
+    damaged_shard_costs_its_entries_alone("sidecar cut after block 1", |dir| set_len(&sidecar(dir), 4096 + 40));
+    damaged_shard_costs_its_entries_alone("sidecar header cut", |dir| set_len(&sidecar(dir), 20));
+    damaged_shard_costs_its_entries_alone("sidecar missing", |dir| std::fs::remove_file(sidecar(dir)).unwrap());
+    damaged_shard_costs_its_entries_alone("a byte of the sidecar's magic", |dir| flip(&sidecar(dir), 3));
+    damaged_shard_costs_its_entries_alone("a byte of the sidecar's geometry", |dir| flip(&sidecar(dir), 16));
+    // A power cut can keep the file's size and lose its first page.
+    damaged_shard_costs_its_entries_alone("the sidecar's header zeroed", |dir| {
+        std::fs::OpenOptions::new().write(true).open(sidecar(dir)).unwrap().write_all_at(&[0; 4096], 0).unwrap()
+    });
+}
+
 #[test]
 fn a_durable_store_round_trips_and_reopens() {
     let e = engine_arc();

@@ -171,10 +171,11 @@ impl Store {
                 flags |= f;
             }
         }
-        let geometry = cfg.shard_geometry();
-        let shards = (0..cfg.shards)
-            .map(|k| engine.create_disk_layout(&geometry, &dir.join(format!("data-{k}")), flags))
-            .collect::<Result<Vec<_>>>()?;
+        let (shards, remade): (Vec<_>, Vec<_>) = (0..cfg.shards as usize)
+            .map(|k| Self::open_shard(engine, cfg, dir, k, flags, data_only))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
         let records = match data_only {
             true => Records::open_read_only(dir, cfg.capacity_blocks)?,
             false => Records::open(dir, cfg.capacity_blocks, create, durable)?,
@@ -193,7 +194,7 @@ impl Store {
         let counters = Counters::default();
         let (index, stale) = match data_only {
             true => (Index::new(cfg.capacity_blocks as u32, Vec::new()), Vec::new()),
-            false => Self::scan(&records, cfg, want.namespace, &counters, dir)?,
+            false => Self::scan(&records, cfg, want.namespace, &counters, dir, &remade)?,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
@@ -228,18 +229,68 @@ impl Store {
         Ok(Store { inner, thread: Some(thread), _lock: lock })
     }
 
+    /// Opens shard `k`'s data file and its checksums, or makes them: when the store is
+    /// made, and in place of a shard found damaged (a file missing or cut short, a checksum
+    /// header lost, as a power cut can leave them), whose entries all go: then with the
+    /// reason. Damage to one shard costs its entries, never the store. A data-only open
+    /// refuses a damaged shard: only the owner, which holds the records, may make it anew.
+    fn open_shard(
+        engine: &Arc<Engine>,
+        cfg: &StoreConfig,
+        dir: &Path,
+        k: usize,
+        flags: DiskFlags,
+        data_only: bool,
+    ) -> Result<(Arc<Layout>, Option<String>)> {
+        let geometry = cfg.shard_geometry();
+        let path = dir.join(format!("data-{k}"));
+        let damage = match flags.contains(DiskFlags::CREATE) {
+            true => None,
+            false => crate::file::checksum::damage(&path, &geometry.validate()?)?,
+        };
+        match damage {
+            None => Ok((engine.create_disk_layout(&geometry, &path, flags)?, None)),
+            Some(why) if data_only => bail!(
+                Integrity,
+                "{why}: the store in {} has a damaged shard, which its owner makes anew when it opens the store; open the store in its owner first, then for data",
+                dir.display()
+            ),
+            Some(why) => Ok((engine.create_disk_layout(&geometry, &path, flags | DiskFlags::CREATE)?, Some(why))),
+        }
+    }
+
     /// Reads every record (no data): the index of the valid ones, and the slots whose
-    /// records are damaged or of another namespace, to be made tombstones.
-    fn scan(records: &Records, cfg: &StoreConfig, namespace: Digest, counters: &Counters, dir: &Path) -> Result<(Index, Vec<u32>)> {
+    /// records are damaged, of another namespace or in a shard made anew (`remade`: why,
+    /// per shard), to be made tombstones.
+    fn scan(
+        records: &Records,
+        cfg: &StoreConfig,
+        namespace: Digest,
+        counters: &Counters,
+        dir: &Path,
+        remade: &[Option<String>],
+    ) -> Result<(Index, Vec<u32>)> {
         let mut found = Vec::new();
         let mut bad = Vec::new();
+        let (mut gone, mut dropped) = (Vec::new(), vec![0u64; remade.len()]);
         for (slot, r) in records.read_all(cfg.capacity_blocks)?.into_iter().enumerate() {
+            let shard = slot % remade.len();
             match r {
                 Read::Free => {}
+                Read::Entry(_) if remade[shard].is_some() => {
+                    dropped[shard] += 1;
+                    gone.push(slot as u32);
+                }
                 Read::Entry(rec) if rec.namespace == namespace => found.push((slot as u32, rec)),
                 Read::Entry(_) | Read::Damaged => bad.push(slot as u32),
             }
         }
+        for (k, why) in remade.iter().enumerate() {
+            if let Some(why) = why {
+                log::warn!("store {}: {why}; shard data-{k} is made anew and its {} entries are dropped", dir.display(), dropped[k]);
+            }
+        }
+        add(&counters.integrity_failures, gone.len() as u64);
         if !bad.is_empty() {
             log::warn!(
                 "store {}: {} slot records are damaged or of another namespace (first: slot {}); their slots are free",
@@ -250,6 +301,7 @@ impl Store {
             add(&counters.integrity_failures, bad.len() as u64);
         }
         let mut index = Index::new(cfg.capacity_blocks as u32, found);
+        bad.append(&mut gone);
         bad.append(&mut index.stale);
         Ok((index, bad))
     }
