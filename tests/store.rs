@@ -566,6 +566,36 @@ fn a_sidecar_cut_or_its_header_lost_costs_its_shards_entries_alone() {
     });
 }
 
+/// Only `meta` damaged refuses the store (nothing else says what its files hold), and the
+/// refusal says what to do with it.
+#[test]
+fn a_damaged_meta_refuses_the_store_saying_what_to_do() {
+    let e = engine_arc();
+    for (byte, status) in [(8, Status::Version), (30, Status::Integrity)] {
+        let dir = four_keys(&e);
+        flip(&dir.join("meta"), byte);
+        let err = Store::open(&e, &dir, &store_cfg(8, b"ns")).err().expect("a damaged meta is refused");
+        assert_eq!(err.status, status, "{}", err.message);
+        assert!(err.message.contains("remove the directory"), "byte {byte}: {}", err.message);
+    }
+}
+
+/// A records file removed by hand loses the entries, not the store: it opens empty.
+#[test]
+fn a_store_whose_records_file_is_missing_opens_empty() {
+    let e = engine_arc();
+    let dir = four_keys(&e);
+    std::fs::remove_file(dir.join("records")).unwrap();
+    let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
+    let s = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::VERIFY_ON_OPEN, ..store_cfg(8, b"ns") }).unwrap();
+    assert_eq!(s.stats().entries, 0);
+    assert_eq!(exact_hits(&e, &s, &keys), vec![Status::NotFound; 4]);
+    assert_eq!(put_keys(&e, &s, &keys), vec![Status::Ok; 4]);
+    drop(s);
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    assert_eq!(exact_hits(&e, &s, &keys), vec![Status::Ok; 4]);
+}
+
 #[test]
 fn a_durable_store_round_trips_and_reopens() {
     let e = engine_arc();

@@ -143,7 +143,11 @@ impl Meta {
         let u32_at = |o: usize| u32::from_le_bytes(m[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap());
         if u32_at(8) != VERSION {
-            bail!(Version, "{shown} is of store version {}; this kvxfer reads version {VERSION}", u32_at(8));
+            bail!(
+                Version,
+                "{shown} is of store version {}; this kvxfer reads version {VERSION}: open it with a kvxfer of its version, or remove the directory to start the store afresh",
+                u32_at(8)
+            );
         }
         if u32_at(META_BYTES - 4) != crc32fast::hash(&m[..META_BYTES - 4]) {
             bail!(Integrity, "{shown} is damaged (its checksum does not match); remove the directory to start the store afresh");

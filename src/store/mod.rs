@@ -176,10 +176,14 @@ impl Store {
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();
+        let lost = !create && !data_only && Self::records_lost(dir)?;
         let records = match data_only {
             true => Records::open_read_only(dir, cfg.capacity_blocks)?,
-            false => Records::open(dir, cfg.capacity_blocks, create, durable)?,
+            false => Records::open(dir, cfg.capacity_blocks, create || lost, durable)?,
         };
+        if lost {
+            records.sync_all()?;
+        }
         if create {
             records.sync_all()?;
             dir::write_meta(dir, &want)?;
@@ -215,7 +219,7 @@ impl Store {
         });
         inner.clear_stale(&stale)?;
         if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
-            inner.verify_seals()?;
+            inner.verify_seals();
         }
         let worker_inner = inner.clone();
         let thread = std::thread::Builder::new()
@@ -256,6 +260,20 @@ impl Store {
                 dir.display()
             ),
             Some(why) => Ok((engine.create_disk_layout(&geometry, &path, flags | DiskFlags::CREATE)?, Some(why))),
+        }
+    }
+
+    /// Whether the records file is gone (removed by hand: a store never removes it). The
+    /// store then opens empty, with a new one: what its shards hold is no one's entry.
+    fn records_lost(dir: &Path) -> Result<bool> {
+        let path = Records::path(dir);
+        match std::fs::symlink_metadata(&path) {
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                log::warn!("store {}: {} is missing: every entry is lost, and the store opens empty", dir.display(), path.display());
+                Ok(true)
+            }
+            Err(e) => Err(Error::io(format_args!("stat {}", path.display()), e)),
         }
     }
 
@@ -607,16 +625,29 @@ impl Inner {
         Ok(())
     }
 
-    /// Drops every entry whose record's seal is not its block's current seal.
-    fn verify_seals(&self) -> Result<()> {
+    /// Drops every entry whose record's seal is not its block's current seal. An entry
+    /// whose seal the disk fails to read (EIO: shards cut short were made anew before)
+    /// stays, counted in one warning: a failed read says nothing about the block, and
+    /// every get checks the block it loads.
+    fn verify_seals(&self) {
         let entries: Vec<_> = self.index.lock().unwrap().entries().collect();
+        let (mut unread, mut first) = (0u64, None);
         for (key, e) in entries {
-            let seal = self.sidecar(self.shard_of(e.slot)).seal_of_block(self.block_of(e.slot))?;
-            if seal != e.seal {
-                self.integrity_miss(key, &e, "its block is not the one its record was written for");
+            match self.sidecar(self.shard_of(e.slot)).seal_of_block(self.block_of(e.slot)) {
+                Ok(seal) if seal == e.seal => {}
+                Ok(_) => self.integrity_miss(key, &e, "its block is not the one its record was written for"),
+                Err(err) => {
+                    unread += 1;
+                    first.get_or_insert(err);
+                }
             }
         }
-        Ok(())
+        if let Some(err) = first {
+            log::warn!(
+                "store {}: the seals of {unread} entries could not be read ({err}); they stay, and a get checks each block it loads",
+                self.dir.display()
+            );
+        }
     }
 
     /// Why `slot`'s own bytes cannot be read however often it is tried: its block, or its
