@@ -57,8 +57,9 @@ pub struct StoreStats {
     /// Keys a get did not load: not held, or a failed check.
     pub misses: u64,
     pub evictions: u64,
-    /// Failed checks: damaged records found on open, and gets whose block did not match
-    /// its record or its checksums (each also a miss).
+    /// Failed checks and damage: damaged records found on open, the entries of a shard
+    /// found damaged on open (made anew), and gets whose block did not match its record or
+    /// its checksums or lay past the end of a file cut short (each also a miss).
     pub integrity_failures: u64,
     /// Blocks written by puts.
     pub puts: u64,
@@ -144,7 +145,9 @@ impl Store {
     /// Opens the store in `dir`, or makes it there (`StoreFlags::CREATE`). Refused with
     /// `Busy` naming the owner's pid while another process (or another open in this one)
     /// has it, and with `Incompatible` when it was made with another geometry, capacity,
-    /// shard count or namespace.
+    /// shard count or namespace. A shard found damaged (a file missing or cut short, a
+    /// checksum header lost) is made anew and its entries dropped: of damage, only a
+    /// damaged `meta` refuses the store.
     pub fn open(engine: &Arc<Engine>, dir: &Path, cfg: &StoreConfig) -> Result<Store> {
         cfg.validate()?;
         let data_only = cfg.flags.contains(StoreFlags::DATA_ONLY);
