@@ -313,8 +313,9 @@ typedef struct kvx_store_counters {
   // Keys gets did not load: not held, or a failed check.
   uint64_t misses;
   uint64_t evictions;
-  // Failed checks: damaged records found on open, and gets whose block did not match
-  // its record or its checksums (each also a miss).
+  // Failed checks and damage: damaged records found on open, the entries of a shard
+  // found damaged on open (made anew), and gets whose block did not match its record or
+  // its checksums or lay past the end of a file cut short (each also a miss).
   uint64_t integrity_failures;
   // Blocks written by puts.
   uint64_t puts;

@@ -581,6 +581,137 @@ fn a_stale_entry_pointing_at_a_slot_reused_for_another_key_is_a_miss() {
     assert_eq!((s.stats().entries, s.stats().integrity_failures), (0, 1));
 }
 
+/// Cuts `file` of an open 1-shard store of 20 keys after block 9: a get of the ten keys
+/// whose blocks are whole and one whose block or checksums were cut off, in one batch,
+/// loads the ten; the one is an `Integrity` miss, its entry dropped, and put again it loads.
+fn a_file_cut_while_open_fails_the_keys_past_the_cut_alone(file: &str) {
+    let e = engine_arc();
+    let dir = store_dir();
+    let s = Store::open(&e, &dir, &StoreConfig { shards: 1, ..store_cfg(20, b"ns") }).unwrap();
+    let keys: Vec<Vec<u8>> = (0..20).map(key).collect();
+    assert_eq!(put_keys(&e, &s, &keys), vec![Status::Ok; 20]);
+    let path = dir.join(file);
+    let len = std::fs::metadata(&path).unwrap().len();
+    // The sidecar: a 4096-byte header, then one entry per block; the data: blocks alone.
+    let header = if file.ends_with(".kvxsum") { 4096 } else { 0 };
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(header + (len - header) / 20 * 10).unwrap();
+    let (whole, cut): (Vec<Vec<u8>>, Vec<Vec<u8>>) = keys.iter().cloned().partition(|k| slot_of(&dir, k) < 10);
+    let batch: Vec<Vec<u8>> = whole.iter().chain(&cut[..1]).cloned().collect();
+    let dst = e.create_layout(&block(11), FC, StorageKind::Host).unwrap();
+    let r = s.get(&batch, &dst, &(0..11).collect::<Vec<_>>(), &Default::default()).unwrap();
+    wait(&r);
+    let mut want = vec![Status::Ok; 10];
+    want.push(Status::Integrity);
+    assert_eq!(statuses(&r), want, "{file} cut: {}", r.key_message(10));
+    assert!(r.key_message(10).contains("cut short"), "{}", r.key_message(10));
+    assert!((0..10).all(|i| holds_key(&dst, i, &batch[i as usize])), "the whole keys load byte-exact");
+    let st = s.stats();
+    assert_eq!((st.entries, st.integrity_failures), (19, 1), "the cut key's entry dropped and counted: {st:?}");
+    assert_eq!(exact_hits(&e, &s, &batch), [vec![Status::Ok; 10], vec![Status::NotFound]].concat(), "once dropped, a miss");
+    assert_eq!(put_keys(&e, &s, &cut[..1]), vec![Status::Ok], "put again");
+    assert_eq!(exact_hits(&e, &s, &batch), vec![Status::Ok; 11], "and loads");
+}
+
+#[test]
+fn a_sidecar_cut_while_open_fails_the_keys_past_the_cut_alone() {
+    a_file_cut_while_open_fails_the_keys_past_the_cut_alone("data-0.kvxsum");
+}
+
+#[test]
+fn a_data_file_cut_while_open_fails_the_keys_past_the_cut_alone() {
+    a_file_cut_while_open_fails_the_keys_past_the_cut_alone("data-0");
+}
+
+/// Damage to one shard of a closed store: `damage` changes the files of shard 1.
+fn damaged_shard_costs_its_entries_alone(what: &str, damage: impl Fn(&Path)) {
+    let e = engine_arc();
+    let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
+    for verify in [false, true] {
+        let dir = four_keys(&e);
+        let in_shard_1: Vec<bool> = keys.iter().map(|k| slot_of(&dir, k) % 2 == 1).collect();
+        let lost = in_shard_1.iter().filter(|&&b| b).count() as u64;
+        assert!(lost > 0 && lost < 4, "keys in both shards: {in_shard_1:?}");
+        damage(&dir);
+        let data_only = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DATA_ONLY, ..store_cfg(8, b"ns") });
+        let err = data_only.err().unwrap_or_else(|| panic!("{what}: a data-only open of a damaged shard"));
+        assert!(err.message.contains("owner") && !err.message.contains("KVX_DISK_CREATE"), "{what}: {}", err.message);
+        let flags = if verify { StoreFlags::VERIFY_ON_OPEN } else { StoreFlags::NONE };
+        let c = StoreConfig { flags, ..store_cfg(8, b"ns") };
+        let s = Store::open(&e, &dir, &c).unwrap_or_else(|err| panic!("{what} (verify {verify}): {err}"));
+        let st = s.stats();
+        assert_eq!((st.entries, st.integrity_failures), (4 - lost, lost), "{what} (verify {verify}): {st:?}");
+        let want: Vec<Status> = in_shard_1.iter().map(|&b| if b { Status::NotFound } else { Status::Ok }).collect();
+        assert_eq!(exact_hits(&e, &s, &keys), want, "{what} (verify {verify})");
+        drop(s);
+        // The drop was recorded: reopened, the same entries and nothing counted again.
+        let s = Store::open(&e, &dir, &c).unwrap();
+        let st = s.stats();
+        assert_eq!((st.entries, st.integrity_failures), (4 - lost, 0), "{what} (verify {verify}) reopened: {st:?}");
+        assert_eq!(put_keys(&e, &s, &keys), vec![Status::Ok; 4]);
+        assert_eq!(exact_hits(&e, &s, &keys), vec![Status::Ok; 4], "{what} (verify {verify}): put again");
+        drop(s);
+        let s = Store::open(&e, &dir, &c).unwrap();
+        assert_eq!(exact_hits(&e, &s, &keys), vec![Status::Ok; 4], "{what} (verify {verify}): reopened after");
+    }
+}
+
+fn set_len(path: &Path, len: u64) {
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(len).unwrap();
+}
+
+#[test]
+fn a_data_file_cut_short_costs_its_shards_entries_alone() {
+    damaged_shard_costs_its_entries_alone("data-1 cut", |dir| {
+        let path = dir.join("data-1");
+        set_len(&path, std::fs::metadata(&path).unwrap().len() * 3 / 4);
+    });
+    damaged_shard_costs_its_entries_alone("data-1 missing", |dir| std::fs::remove_file(dir.join("data-1")).unwrap());
+}
+
+#[test]
+fn a_sidecar_cut_or_its_header_lost_costs_its_shards_entries_alone() {
+    let sidecar = |dir: &Path| dir.join("data-1.kvxsum");
+    damaged_shard_costs_its_entries_alone("sidecar cut after block 1", |dir| set_len(&sidecar(dir), 4096 + 40));
+    damaged_shard_costs_its_entries_alone("sidecar header cut", |dir| set_len(&sidecar(dir), 20));
+    damaged_shard_costs_its_entries_alone("sidecar missing", |dir| std::fs::remove_file(sidecar(dir)).unwrap());
+    damaged_shard_costs_its_entries_alone("a byte of the sidecar's magic", |dir| flip(&sidecar(dir), 3));
+    damaged_shard_costs_its_entries_alone("a byte of the sidecar's geometry", |dir| flip(&sidecar(dir), 16));
+    // A power cut can keep the file's size and lose its first page.
+    damaged_shard_costs_its_entries_alone("the sidecar's header zeroed", |dir| {
+        std::fs::OpenOptions::new().write(true).open(sidecar(dir)).unwrap().write_all_at(&[0; 4096], 0).unwrap()
+    });
+}
+
+/// Only `meta` damaged refuses the store (nothing else says what its files hold), and the
+/// refusal says what to do with it.
+#[test]
+fn a_damaged_meta_refuses_the_store_saying_what_to_do() {
+    let e = engine_arc();
+    for (byte, status) in [(8, Status::Version), (30, Status::Integrity)] {
+        let dir = four_keys(&e);
+        flip(&dir.join("meta"), byte);
+        let err = Store::open(&e, &dir, &store_cfg(8, b"ns")).err().expect("a damaged meta is refused");
+        assert_eq!(err.status, status, "{}", err.message);
+        assert!(err.message.contains("remove the directory"), "byte {byte}: {}", err.message);
+    }
+}
+
+/// A records file removed by hand loses the entries, not the store: it opens empty.
+#[test]
+fn a_store_whose_records_file_is_missing_opens_empty() {
+    let e = engine_arc();
+    let dir = four_keys(&e);
+    std::fs::remove_file(dir.join("records")).unwrap();
+    let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
+    let s = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::VERIFY_ON_OPEN, ..store_cfg(8, b"ns") }).unwrap();
+    assert_eq!(s.stats().entries, 0);
+    assert_eq!(exact_hits(&e, &s, &keys), vec![Status::NotFound; 4]);
+    assert_eq!(put_keys(&e, &s, &keys), vec![Status::Ok; 4]);
+    drop(s);
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    assert_eq!(exact_hits(&e, &s, &keys), vec![Status::Ok; 4]);
+}
+
 #[test]
 fn a_durable_store_round_trips_and_reopens() {
     let e = engine_arc();

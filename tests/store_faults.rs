@@ -66,6 +66,63 @@ fn a_full_disk_fails_the_keys_written_there_alone_and_the_store_goes_on() {
     assert!((0..2).all(|b| (0..2).all(|l| (0..2).all(|o| read_region(&dst, b, l, o) == region_pattern(1, b, l, o, 512)))), "both keys");
 }
 
+/// A read that fails in a batch (EIO) fails the batch's transfer: the keys are read again
+/// one by one, so they load once the disk reads; a failed read is the disk's, not a
+/// block's, so no entry is dropped.
+#[test]
+fn a_failed_read_in_a_batch_is_retried_key_by_key_and_drops_no_entry() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-faults");
+    let c = cfg(0, 2, 2, 4, 64, 2);
+    let s = Store::open(&e, &dir, &StoreConfig::new(c, 4, b"ns")).unwrap();
+    let src = e.create_layout(&cfg(4, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&src, 1);
+    let dst = e.create_layout(&cfg(4, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
+    let r = s.put(&src, &[0, 1, 2, 3], &keys, &Default::default()).unwrap();
+    assert_eq!(r.wait(Some(Duration::from_secs(60))), Status::Ok);
+    fault::inject(Site::DiskRead, 0, Fault::Errno(libc::EIO));
+    let g = s.get(&keys, &dst, &[0, 1, 2, 3], &Default::default()).unwrap();
+    let st = g.wait(Some(Duration::from_secs(60)));
+    fault::clear();
+    assert_eq!(st, Status::Ok, "{}", (0..4).map(|i| g.key_message(i)).collect::<Vec<_>>().join("; "));
+    assert!((0..4).all(|b| (0..2).all(|l| (0..2).all(|o| read_region(&dst, b, l, o) == region_pattern(1, b, l, o, 512)))));
+    let stats = s.stats();
+    assert_eq!((stats.entries, stats.integrity_failures), (4, 0), "{stats:?}");
+}
+
+/// `VERIFY_ON_OPEN` whose read of one entry's seal fails (EIO) opens: the entry is not
+/// dropped for the disk's failure (a get checks its block anyway), and every key loads.
+#[test]
+fn a_failed_seal_read_of_verify_on_open_keeps_the_entry_and_the_store_opens() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-faults");
+    let c = StoreConfig::new(cfg(0, 2, 2, 4, 64, 2), 4, b"ns");
+    let src = e.create_layout(&cfg(4, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&src, 1);
+    let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
+    let s = Store::open(&e, &dir, &c).unwrap();
+    assert_eq!(s.put(&src, &[0, 1, 2, 3], &keys, &Default::default()).unwrap().wait(Some(Duration::from_secs(60))), Status::Ok);
+    drop(s);
+    let verify = StoreConfig { flags: StoreFlags::VERIFY_ON_OPEN, ..c };
+    fault::count_only();
+    drop(Store::open(&e, &dir, &verify).unwrap());
+    let reads = fault::calls(Site::DiskRead);
+    assert!(reads >= 4, "one seal read per entry: {reads} reads");
+    // The last read of the open is the last entry's seal.
+    fault::inject(Site::DiskRead, reads - 1, Fault::Errno(libc::EIO));
+    let opened = Store::open(&e, &dir, &verify);
+    fault::clear();
+    let s = opened.unwrap_or_else(|err| panic!("a failed seal read refused the open: {err}"));
+    let stats = s.stats();
+    assert_eq!((stats.entries, stats.integrity_failures), (4, 0), "{stats:?}");
+    let dst = e.create_layout(&cfg(4, 2, 2, 4, 64, 2), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    assert_eq!(s.get(&keys, &dst, &[0, 1, 2, 3], &Default::default()).unwrap().wait(Some(Duration::from_secs(60))), Status::Ok);
+    assert!((0..4).all(|b| (0..2).all(|l| (0..2).all(|o| read_region(&dst, b, l, o) == region_pattern(1, b, l, o, 512)))));
+}
+
 /// Warm restart: the disk reads of an open (headers, the direct-I/O probe) are as many with
 /// 60 entries as with 4: no block and no per-entry checksum is read.
 #[test]

@@ -341,8 +341,9 @@ pub struct kvx_store_counters {
     /// Keys gets did not load: not held, or a failed check.
     pub misses: u64,
     pub evictions: u64,
-    /// Failed checks: damaged records found on open, and gets whose block did not match
-    /// its record or its checksums (each also a miss).
+    /// Failed checks and damage: damaged records found on open, the entries of a shard
+    /// found damaged on open (made anew), and gets whose block did not match its record or
+    /// its checksums or lay past the end of a file cut short (each also a miss).
     pub integrity_failures: u64,
     /// Blocks written by puts.
     pub puts: u64,

@@ -244,31 +244,37 @@ impl Sidecar {
         } else {
             let mut got = [0u8; HEADER_FIELDS];
             unsafe { posix::read_exact_at(s.file.as_fd(), got.as_mut_ptr(), HEADER_FIELDS as u64, 0) }?;
-            if got[..6] == MAGIC[..6] && got[..8] != MAGIC[..] {
-                bail!(
-                    InvalidArg,
-                    "{shown} is a kvxfer checksum file of another version ({}); recreate the layout with KVX_DISK_CREATE",
-                    String::from_utf8_lossy(&got[..8])
-                );
-            }
-            if got[..8] != MAGIC[..] {
-                bail!(Integrity, "{shown} is not a kvxfer checksum file");
-            }
-            // The stored geometry must cover the layout's (a file may hold more blocks).
-            let field = |i: usize| u64::from_le_bytes(got[8 + i * 8..16 + i * 8].try_into().unwrap());
-            if field(1) != g.cfg.num_layers || field(2) != g.cfg.outer_dim || field(3) != g.region_bytes || field(0) < g.cfg.num_blocks {
-                bail!(InvalidArg, "{shown} was written for another geometry; open the file with the geometry it was created with");
-            }
-            s.file_blocks = field(0);
-            s.block_align = match field(4) {
-                0 => None,
-                a if a.is_power_of_two() && (DEFAULT_IO_ALIGN..=MAX_IO_ALIGN).contains(&a) => Some(a),
-                a => {
-                    bail!(Integrity, "{shown} records blocks padded to {a} bytes, which kvxfer never writes: the checksum file is damaged")
-                }
-            };
+            (s.file_blocks, s.block_align) = Self::parse_header(&got, g, &shown)?;
         }
         Ok(s)
+    }
+
+    /// The data file's blocks and block padding that header `got` records; refused where
+    /// it is not a header kvxfer wrote for a file that holds layout `g`.
+    fn parse_header(got: &[u8; HEADER_FIELDS], g: &Geometry, shown: &dyn std::fmt::Display) -> Result<(u64, Option<u64>)> {
+        if got[..6] == MAGIC[..6] && got[..8] != MAGIC[..] {
+            bail!(
+                InvalidArg,
+                "{shown} is a kvxfer checksum file of another version ({}); recreate the layout with KVX_DISK_CREATE",
+                String::from_utf8_lossy(&got[..8])
+            );
+        }
+        if got[..8] != MAGIC[..] {
+            bail!(Integrity, "{shown} is not a kvxfer checksum file");
+        }
+        // The stored geometry must cover the layout's (a file may hold more blocks).
+        let field = |i: usize| u64::from_le_bytes(got[8 + i * 8..16 + i * 8].try_into().unwrap());
+        if field(1) != g.cfg.num_layers || field(2) != g.cfg.outer_dim || field(3) != g.region_bytes || field(0) < g.cfg.num_blocks {
+            bail!(InvalidArg, "{shown} was written for another geometry; open the file with the geometry it was created with");
+        }
+        let align = match field(4) {
+            0 => None,
+            a if a.is_power_of_two() && (DEFAULT_IO_ALIGN..=MAX_IO_ALIGN).contains(&a) => Some(a),
+            a => {
+                bail!(Integrity, "{shown} records blocks padded to {a} bytes, which kvxfer never writes: the checksum file is damaged")
+            }
+        };
+        Ok((field(0), align))
     }
 
     /// A new, empty sidecar at `path`, as for the data file: a sidecar found there is
@@ -347,6 +353,12 @@ impl Sidecar {
             .map_err(|e| self.err(e))
     }
 
+    /// Whether the file still holds all of `block`'s checksums (one cut short does not).
+    pub fn holds_block(&self, block: u64) -> Result<bool> {
+        let len = self.file.metadata().map_err(|e| Error::io(format_args!("stat {}", self.path.display()), e))?.len();
+        Ok(len >= self.block_offset(block) + self.entry_bytes)
+    }
+
     /// `block`'s seal as stored: 0 for a block never completely written. A key-value store
     /// over the file ties a block's content to a key by recording this value.
     pub fn seal_of_block(&self, block: u64) -> Result<u64> {
@@ -407,6 +419,38 @@ impl Sidecar {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// What keeps the checksummed disk file `data` from opening as a layout of `g` with its
+/// contents: the file or its sidecar missing or cut short, or a sidecar header that is not
+/// one kvxfer wrote for `g` (a power cut can leave zeros there). `None` where both files
+/// are whole. A failure to look (permissions, an I/O error) is an error, not damage.
+pub fn damage(data: &Path, g: &Geometry) -> Result<Option<String>> {
+    let path = Sidecar::path_for(data);
+    let shown = path.display();
+    let (_, _, bytes) = Sidecar::sizes(g)?;
+    let file = match File::open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(format!("{shown} is missing"))),
+        opened => opened.map_err(|e| Error::io(format_args!("opening {shown}"), e))?,
+    };
+    let len = file.metadata().map_err(|e| Error::io(format_args!("stat {shown}"), e))?.len();
+    if len < bytes {
+        return Ok(Some(format!("{shown} is {len} bytes, cut short of the {bytes} its checksums take")));
+    }
+    let mut got = [0u8; HEADER_FIELDS];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut got, 0).map_err(|e| Error::io(format_args!("reading {shown}"), e))?;
+    let align = match Sidecar::parse_header(&got, g, &shown) {
+        Ok((_, align)) => align,
+        Err(e) => return Ok(Some(e.message)),
+    };
+    // Where the header does not record the padding, the least a file of `g` can be.
+    let need = Placement::disk(*g, align.unwrap_or(DEFAULT_IO_ALIGN)).base_bytes();
+    Ok(match std::fs::metadata(data) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!("{} is missing", data.display())),
+        Err(e) => return Err(Error::io(format_args!("stat {}", data.display()), e)),
+        Ok(m) if m.len() < need => Some(format!("{} is {} bytes, cut short of the {need} its blocks take", data.display(), m.len())),
+        Ok(_) => None,
+    })
 }
 
 impl Sidecar {

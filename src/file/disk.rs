@@ -293,6 +293,11 @@ impl DiskFile {
         Ok(())
     }
 
+    /// The file's length now (a file cut short since it was opened is shorter).
+    pub fn file_len(&self) -> Result<u64> {
+        Ok(self.buffered.metadata().map_err(|e| Error::io(format_args!("stat {}", self.path.display()), e))?.len())
+    }
+
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
     }

@@ -147,7 +147,7 @@ impl Meta {
         if u32_at(8) != VERSION {
             bail!(
                 Version,
-                "{shown} is of store format {}; this kvxfer reads format {VERSION}: remove the store's directory to start it afresh in this format (its blocks are lost), or open it with the kvxfer that made it",
+                "{shown} is of store format {}; this kvxfer reads format {VERSION}: remove the directory to start the store afresh in this format (its blocks are lost), or open it with the kvxfer that made it",
                 u32_at(8)
             );
         }

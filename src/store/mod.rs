@@ -63,8 +63,9 @@ pub struct StoreStats {
     /// Keys a get did not load: not held, or a failed check.
     pub misses: u64,
     pub evictions: u64,
-    /// Failed checks: damaged records found on open, and gets whose block did not match
-    /// its record or its checksums (each also a miss).
+    /// Failed checks and damage: damaged records found on open, the entries of a shard
+    /// found damaged on open (made anew), and gets whose block did not match its record or
+    /// its checksums or lay past the end of a file cut short (each also a miss).
     pub integrity_failures: u64,
     /// Blocks written by puts.
     pub puts: u64,
@@ -150,7 +151,9 @@ impl Store {
     /// Opens the store in `dir`, or makes it there (`StoreFlags::CREATE`). Refused with
     /// `Busy` naming the owner's pid while another process (or another open in this one)
     /// has it, and with `Incompatible` when it was made with another geometry, capacity,
-    /// shard count or namespace.
+    /// shard count or namespace. A shard found damaged (a file missing or cut short, a
+    /// checksum header lost) is made anew and its entries dropped: of damage, only a
+    /// damaged `meta` refuses the store.
     pub fn open(engine: &Arc<Engine>, dir: &Path, cfg: &StoreConfig) -> Result<Store> {
         cfg.validate()?;
         let data_only = cfg.flags.contains(StoreFlags::DATA_ONLY);
@@ -177,14 +180,19 @@ impl Store {
                 flags |= f;
             }
         }
-        let geometry = cfg.shard_geometry();
-        let shards = (0..cfg.shards)
-            .map(|k| engine.create_disk_layout(&geometry, &dir.join(format!("data-{k}")), flags))
-            .collect::<Result<Vec<_>>>()?;
+        let (shards, remade): (Vec<_>, Vec<_>) = (0..cfg.shards as usize)
+            .map(|k| Self::open_shard(engine, cfg, dir, k, flags, data_only))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let lost = !create && !data_only && Self::records_lost(dir)?;
         let records = match data_only {
             true => Records::open_read_only(dir, cfg.capacity_blocks)?,
-            false => Records::open(dir, cfg.capacity_blocks, create, durable)?,
+            false => Records::open(dir, cfg.capacity_blocks, create || lost, durable)?,
         };
+        if lost {
+            records.sync_all()?;
+        }
         if create {
             // Whatever the mode, everything `meta` will say exists is durable before it:
             // a shard's size, its sidecar's header and both names (a durable shard was
@@ -208,7 +216,7 @@ impl Store {
         let counters = Counters::default();
         let (index, stale) = match data_only {
             true => (Index::new(cfg.capacity_blocks as u32, Vec::new()), Vec::new()),
-            false => Self::scan(&records, cfg, want.namespace, &counters, dir)?,
+            false => Self::scan(&records, cfg, want.namespace, &counters, dir, &remade)?,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
@@ -229,7 +237,7 @@ impl Store {
         });
         inner.clear_stale(&stale)?;
         if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
-            inner.verify_seals()?;
+            inner.verify_seals();
         }
         let worker_inner = inner.clone();
         let thread = std::thread::Builder::new()
@@ -243,18 +251,82 @@ impl Store {
         Ok(Store { inner, thread: Some(thread), _lock: lock })
     }
 
+    /// Opens shard `k`'s data file and its checksums, or makes them: when the store is
+    /// made, and in place of a shard found damaged (a file missing or cut short, a checksum
+    /// header lost, as a power cut can leave them), whose entries all go: then with the
+    /// reason. Damage to one shard costs its entries, never the store. A data-only open
+    /// refuses a damaged shard: only the owner, which holds the records, may make it anew.
+    fn open_shard(
+        engine: &Arc<Engine>,
+        cfg: &StoreConfig,
+        dir: &Path,
+        k: usize,
+        flags: DiskFlags,
+        data_only: bool,
+    ) -> Result<(Arc<Layout>, Option<String>)> {
+        let geometry = cfg.shard_geometry();
+        let path = dir.join(format!("data-{k}"));
+        let damage = match flags.contains(DiskFlags::CREATE) {
+            true => None,
+            false => crate::file::checksum::damage(&path, &geometry.validate()?)?,
+        };
+        match damage {
+            None => Ok((engine.create_disk_layout(&geometry, &path, flags)?, None)),
+            Some(why) if data_only => bail!(
+                Integrity,
+                "{why}: the store in {} has a damaged shard, which its owner makes anew when it opens the store; open the store in its owner first, then for data",
+                dir.display()
+            ),
+            Some(why) => Ok((engine.create_disk_layout(&geometry, &path, flags | DiskFlags::CREATE)?, Some(why))),
+        }
+    }
+
+    /// Whether the records file is gone (removed by hand: a store never removes it). The
+    /// store then opens empty, with a new one: what its shards hold is no one's entry.
+    fn records_lost(dir: &Path) -> Result<bool> {
+        let path = Records::path(dir);
+        match std::fs::symlink_metadata(&path) {
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                log::warn!("store {}: {} is missing: every entry is lost, and the store opens empty", dir.display(), path.display());
+                Ok(true)
+            }
+            Err(e) => Err(Error::io(format_args!("stat {}", path.display()), e)),
+        }
+    }
+
     /// Reads every record (no data): the index of the valid ones, and the slots whose
-    /// records are damaged or of another namespace, to be made tombstones.
-    fn scan(records: &Records, cfg: &StoreConfig, namespace: Digest, counters: &Counters, dir: &Path) -> Result<(Index, Vec<u32>)> {
+    /// records are damaged, of another namespace or in a shard made anew (`remade`: why,
+    /// per shard), to be made tombstones.
+    fn scan(
+        records: &Records,
+        cfg: &StoreConfig,
+        namespace: Digest,
+        counters: &Counters,
+        dir: &Path,
+        remade: &[Option<String>],
+    ) -> Result<(Index, Vec<u32>)> {
         let mut found = Vec::new();
         let mut bad = Vec::new();
+        let (mut gone, mut dropped) = (Vec::new(), vec![0u64; remade.len()]);
         for (slot, r) in records.read_all(cfg.capacity_blocks)?.into_iter().enumerate() {
+            let shard = slot % remade.len();
             match r {
                 Read::Free => {}
+                Read::Entry(_) if remade[shard].is_some() => {
+                    dropped[shard] += 1;
+                    gone.push(slot as u32);
+                }
                 Read::Entry(rec) if rec.namespace == namespace => found.push((slot as u32, rec)),
                 Read::Entry(_) | Read::Damaged => bad.push(slot as u32),
             }
         }
+        for (k, why) in remade.iter().enumerate() {
+            if let Some(why) = why {
+                log::warn!("store {}: {why}; shard data-{k} is made anew and its {} entries are dropped", dir.display(), dropped[k]);
+            }
+        }
+        add(&counters.integrity_failures, gone.len() as u64);
         if !bad.is_empty() {
             log::warn!(
                 "store {}: {} slot records are damaged or of another namespace (first: slot {}); their slots are free",
@@ -267,6 +339,7 @@ impl Store {
         let mut index = Index::new(cfg.capacity_blocks as u32, found);
         index.restore_order(&recency::read(dir));
         index.take_moved();
+        bad.append(&mut gone);
         bad.append(&mut index.stale);
         Ok((index, bad))
     }
@@ -625,16 +698,51 @@ impl Inner {
         Ok(())
     }
 
-    /// Drops every entry whose record's seal is not its block's current seal.
-    fn verify_seals(&self) -> Result<()> {
+    /// Drops every entry whose record's seal is not its block's current seal. An entry
+    /// whose seal the disk fails to read (EIO: shards cut short were made anew before)
+    /// stays, counted in one warning: a failed read says nothing about the block, and
+    /// every get checks the block it loads.
+    fn verify_seals(&self) {
         let entries: Vec<_> = self.index.lock().unwrap().entries().collect();
+        let (mut unread, mut first) = (0u64, None);
         for (key, e) in entries {
-            let seal = self.sidecar(self.shard_of(e.slot)).seal_of_block(self.block_of(e.slot))?;
-            if seal != e.seal {
-                self.integrity_miss(&worker::Holder::Pinned(key), &e, "its block is not the one its record was written for");
+            match self.sidecar(self.shard_of(e.slot)).seal_of_block(self.block_of(e.slot)) {
+                Ok(seal) if seal == e.seal => {}
+                Ok(_) => self.integrity_miss(&worker::Holder::Pinned(key), &e, "its block is not the one its record was written for"),
+                Err(err) => {
+                    unread += 1;
+                    first.get_or_insert(err);
+                }
             }
         }
-        Ok(())
+        if let Some(err) = first {
+            log::warn!(
+                "store {}: the seals of {unread} entries could not be read ({err}); they stay, and a get checks each block it loads",
+                self.dir.display()
+            );
+        }
+    }
+
+    /// Why `slot`'s own bytes cannot be read however often it is tried: its block, or its
+    /// checksums, lie past the end of a file cut short. `None` where they are all there:
+    /// a failed read of them is then the disk's failure, not this key's, and its entry
+    /// stays.
+    fn cut_short(&self, slot: u32) -> Option<String> {
+        let (k, block) = (self.shard_of(slot), self.block_of(slot));
+        let shard = &self.shards[k];
+        let end = (block + 1) * shard.placement.block_stride;
+        let file = shard.file()?;
+        match file.file_len() {
+            Ok(len) if len < end => {
+                return Some(format!("{} was cut short to {len} bytes, before the end of slot {slot}'s block", file.path().display()))
+            }
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+        match self.sidecar(k).holds_block(block) {
+            Ok(false) => Some(format!("{} was cut short before the end of slot {slot}'s checksums", self.sidecar(k).path().display())),
+            _ => None,
+        }
     }
 
     /// A check failed on the entry `holder` read: counted, logged, and the entry dropped

@@ -262,28 +262,42 @@ impl Inner {
         }
     }
 
+    /// A get's blocks failed a check: misses, and their entries dropped.
+    fn failed_check(&self, g: GetGroup, message: &str) {
+        for k in &g.keys {
+            self.integrity_miss(&k.holder, &k.entry, message);
+        }
+        add(&self.counters.misses, g.keys.len() as u64);
+        self.unpin(&g.keys);
+        for k in &g.keys {
+            g.req.settle(k.index, Status::Integrity, message);
+        }
+    }
+
     /// A get's blocks are loaded (every region checked against its checksum and its
     /// block's seal by the engine): each key is a hit if its block's seal is still the one
     /// its record was written with.
     fn get_done(self: &Arc<Self>, g: GetGroup, status: Status, message: &str) {
-        if status == Status::Integrity && !g.alone && g.keys.len() > 1 {
-            // One bad block fails the whole transfer: load the keys one by one, so it is
-            // a miss for its key alone.
+        if matches!(status, Status::Integrity | Status::Io) && !g.alone && g.keys.len() > 1 {
+            // One bad block, or one that cannot be read, fails the whole transfer: load the
+            // keys one by one, so it fails its key alone.
             for k in g.keys {
                 self.submit_get(&g.req, g.shard, &g.dst, vec![k], &g.opts, true);
             }
             return;
         }
+        // A read of one key's block that failed because the block or its checksums lie
+        // past the end of a file cut short fails every time: damage, as a failed check
+        // is. Any other failed read (EIO) is the disk's, not the block's: the entry stays.
+        let cut = match (status, &g.keys[..]) {
+            (Status::Io, [k]) => self.cut_short(k.entry.slot),
+            _ => None,
+        };
+        if let Some(why) = cut {
+            return self.failed_check(g, &format!("{why} ({message})"));
+        }
         if status == Status::Integrity {
-            for k in &g.keys {
-                self.integrity_miss(&k.holder, &k.entry, message);
-            }
-            add(&self.counters.misses, g.keys.len() as u64);
-            self.unpin(&g.keys);
-            for k in &g.keys {
-                g.req.settle(k.index, Status::Integrity, message);
-            }
-            return;
+            return self.failed_check(g, message);
         }
         if status != Status::Ok {
             return self.get_failed(g, status, message);
