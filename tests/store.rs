@@ -633,6 +633,35 @@ fn a_forked_child_cannot_use_its_parents_owner_store() {
     assert!(matches!(s.reserve_slots(&[b"k"]).unwrap()[0], Reservation::Write(_)), "the parent's store goes on");
 }
 
+/// A store request waited on inside a completion callback of its engine is refused, as a
+/// transfer's is: the callback holds a thread of the engine (here its only I/O worker)
+/// that the get may need, so the wait could never end. Polling it there (timeout 0) is
+/// not refused, and the get loads once the callback has returned.
+#[test]
+fn a_store_request_waited_on_in_a_completion_callback_is_refused() {
+    let e = Arc::new(engine_with(|c| c.io_threads = 1));
+    let s = Arc::new(Store::open(&e, &store_dir(), &store_cfg(8, b"ns")).unwrap());
+    assert_eq!(put_keys(&e, &s, &[key(0)]), vec![Status::Ok]);
+    let dst = e.create_layout(&block(1), FC, StorageKind::Host).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let (store, into, saw) = (s.clone(), dst.clone(), seen.clone());
+    let look = move |_: &kvxfer::Request, _| {
+        let r = store.get(&[key(0)], &into, &[0], &Default::default()).unwrap();
+        // Bounded: a wait that is not refused fails the test instead of hanging it.
+        let waited = r.wait(Some(Duration::from_secs(5)));
+        let polled = r.wait(Some(Duration::ZERO));
+        *saw.lock().unwrap() = Some((waited, polled, r));
+    };
+    let (a, b) = (e.create_layout(&block(1), FC, StorageKind::Host).unwrap(), e.create_layout(&block(1), FC, StorageKind::Host).unwrap());
+    let opts = kvxfer::TransferOptions { on_complete: Some(Arc::new(look)), ..Default::default() };
+    assert_eq!(e.submit(&a, &[0], &b, &[0], &opts).unwrap().wait(Some(Duration::from_secs(60))), Status::Ok);
+    let (waited, polled, r) = seen.lock().unwrap().take().expect("the callback ran");
+    assert_eq!(waited, Status::InvalidArg, "a wait inside the engine's callback");
+    assert_ne!(polled, Status::InvalidArg, "a poll inside the engine's callback");
+    assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
+    assert!(holds_key(&dst, 0, &key(0)));
+}
+
 /// A batch's held keys are used, not evicted to make room for its new ones.
 #[test]
 fn a_put_never_evicts_a_key_of_its_own_batch() {

@@ -35,6 +35,7 @@ use crate::memory::{Layout, StorageKind};
 use bounce::BounceRing;
 pub(crate) use completions::Completions;
 use crossbeam_channel::Sender;
+pub(crate) use request::wait_refusal;
 use request::Transfer;
 use router::{Job, Router};
 use stats::Counters;
@@ -202,6 +203,11 @@ impl Engine {
 
     pub(crate) fn completions(&self) -> &Arc<Completions> {
         &self.completions
+    }
+
+    /// The engine's id, which its layouts and requests carry.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn stats(&self) -> Stats {

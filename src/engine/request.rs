@@ -72,6 +72,23 @@ thread_local! {
     static DELIVERING: Cell<Option<(usize, u64, Status)>> = const { Cell::new(None) };
 }
 
+/// Why a wait of `timeout` for a request of engine `engine` (a transfer, or a store's put
+/// or get) is refused on this thread, if it is: from inside a completion callback of that
+/// engine, for longer than no time. The callback runs on a thread that may be the one to
+/// complete that request (and every request behind it), so such a wait could never end.
+pub(crate) fn wait_refusal(engine: u64, timeout: Option<Duration>) -> Option<Error> {
+    let (_, delivering, _) = DELIVERING.with(|d| d.get())?;
+    if delivering != engine || timeout == Some(Duration::ZERO) {
+        return None;
+    }
+    Some(Error::new(
+        Status::InvalidArg,
+        "waiting for a request from a completion callback of the same engine: callbacks run on the engine's \
+         threads and must not block, and this wait could hold up the request it waits for; poll it (wait with \
+         timeout 0) or wait on a thread of your own",
+    ))
+}
+
 const QUEUED: u8 = 0;
 const CLAIMED: u8 = 1;
 
@@ -299,21 +316,14 @@ impl Request {
         DELIVERING.with(|d| d.get()).and_then(|(addr, _, st)| (addr == self.addr()).then_some(st))
     }
 
-    /// Why a wait is refused, if it is: from inside a completion callback, on another
-    /// request of the callback's engine, for longer than no time. The callback runs on a
-    /// thread that may be the one to complete that request (and every request behind
-    /// it), so such a wait could never end.
+    /// Why a wait is refused, if it is (`wait_refusal`); never inside the request's own
+    /// callback, where it is done.
     fn refusal(&self, timeout: Option<Duration>) -> Option<Error> {
-        let (addr, engine, _) = DELIVERING.with(|d| d.get())?;
-        if addr == self.addr() || engine != self.engine || timeout == Some(Duration::ZERO) {
+        let (addr, _, _) = DELIVERING.with(|d| d.get())?;
+        if addr == self.addr() {
             return None;
         }
-        Some(Error::new(
-            Status::InvalidArg,
-            "waiting for a request from a completion callback of the same engine: callbacks run on the engine's \
-             threads and must not block, and this wait could hold up the request it waits for; poll it (wait with \
-             timeout 0) or wait on a thread of your own",
-        ))
+        wait_refusal(self.engine, timeout)
     }
 
     /// `Pending` until done, then the final status (inside the request's own callback:
