@@ -102,6 +102,9 @@ pub struct Request {
     /// The engine's completion fd, signalled as the final status is set (none for the
     /// store's own transfers).
     completions: Option<Arc<Completions>>,
+    /// Counted in `Counters::inflight` until it completes: a caller's transfer, admitted
+    /// under `max_inflight` (not a store's own: `Engine::submit_for_store`).
+    admitted: bool,
     on_complete: Mutex<Option<OnComplete>>,
     phase: AtomicU8,
     outstanding: AtomicU64,
@@ -118,12 +121,14 @@ pub struct Request {
 }
 
 impl Request {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         engine: u64,
         class: Class,
         transfer: Transfer,
         counters: Arc<Counters>,
         completions: Option<Arc<Completions>>,
+        admitted: bool,
         on_complete: Option<OnComplete>,
         write_ids: Option<Arc<WriteIds>>,
     ) -> Request {
@@ -133,6 +138,7 @@ impl Request {
             transfer: Mutex::new(Some(transfer)),
             counters,
             completions,
+            admitted,
             on_complete: Mutex::new(on_complete),
             phase: AtomicU8::new(QUEUED),
             outstanding: AtomicU64::new(1),
@@ -243,7 +249,9 @@ impl Request {
             _ => String::new(),
         };
         let _ = self.message.set(CString::new(message.replace('\0', " ")).unwrap_or_default());
-        self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+        if self.admitted {
+            self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
         // The callback runs before wait/poll report completion, so a caller that waited
         // knows its callback has returned.
         if let Some(f) = self.on_complete.lock().unwrap().take() {
