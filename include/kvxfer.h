@@ -881,7 +881,9 @@ kvx_status kvx_store_stats(struct kvx_store *s, struct kvx_store_counters *out);
 // Waits up to `timeout_ns` (`UINT64_MAX`: forever; 0 polls) until every key has its
 // status, and returns the request's: `KVX_OK` when every key is `KVX_OK`, else the status
 // of the first key (by index) that is not, its message (naming the key) as the last
-// error; `KVX_ERR_TIMEOUT` while keys are still pending.
+// error; `KVX_ERR_TIMEOUT` while keys are still pending. From inside a completion callback
+// of the store's engine it is `KVX_ERR_INVALID_ARG` unless `timeout_ns` is 0 (the callback
+// may hold the thread the request needs).
 kvx_status kvx_store_request_wait(struct kvx_store_request *r, uint64_t timeout_ns);
 
 // `KVX_PENDING` until every key has its status, then the request's status (as

@@ -293,15 +293,74 @@ fn stores_of_two_namespaces_with_equal_keys_never_see_each_others_bytes() {
     assert!(exact_hits(&e, &a, &keys).iter().all(|&s| s == Status::NotFound));
 }
 
-/// The owner the two-writer test kills: opens the store, says so, and waits.
+/// The owner the lock tests kill: opens the store, says so, and waits. With
+/// `KVX_STORE_OWNER_FORK` set it first forks a child that never execs and only sleeps,
+/// and says that child's pid.
 #[test]
-#[ignore = "run by a_second_writer_is_refused_with_the_owners_pid_until_the_owner_dies in a child process"]
+#[ignore = "run by the owner's lock tests in a child process"]
 fn store_owner() {
     let dir = PathBuf::from(std::env::var_os("KVX_STORE_OWNER_DIR").expect("run by the two-writer test"));
     let e = engine_arc();
     let _s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
-    std::fs::write(dir.join("owner-ready"), b"").unwrap();
+    let mut said = String::new();
+    if std::env::var_os("KVX_STORE_OWNER_FORK").is_some() {
+        // SAFETY: the child only sleeps and exits, both async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe {
+                libc::sleep(60);
+                libc::_exit(0);
+            }
+        }
+        assert!(pid > 0, "fork failed");
+        said = pid.to_string();
+    }
+    std::fs::write(dir.join("owner-ready.tmp"), said).unwrap();
+    std::fs::rename(dir.join("owner-ready.tmp"), dir.join("owner-ready")).unwrap();
     std::thread::sleep(Duration::from_secs(300));
+}
+
+/// Starts `store_owner` on `dir` in a child process and waits until it owns the store:
+/// the child, and what it said (its forked child's pid, with `fork`).
+fn spawn_owner(dir: &Path, fork: bool) -> (std::process::Child, String) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", "store_owner", "--test-threads", "1"]).env("KVX_STORE_OWNER_DIR", dir);
+    if fork {
+        cmd.env("KVX_STORE_OWNER_FORK", "1");
+    }
+    let mut child = cmd.stdout(std::process::Stdio::null()).spawn().unwrap();
+    let started = std::time::Instant::now();
+    while !dir.join("owner-ready").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the owner never opened the store");
+        assert!(child.try_wait().unwrap().is_none(), "the owner exited");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let said = std::fs::read_to_string(dir.join("owner-ready")).unwrap();
+    (child, said)
+}
+
+/// Run by the lock tests in a child process: an open of the store in
+/// `KVX_STORE_LOCKED_DIR` is refused with `Busy` naming process `KVX_STORE_LOCKED_BY`.
+#[test]
+#[ignore = "run by the owner's lock tests in a child process"]
+fn store_refused_here() {
+    let dir = PathBuf::from(std::env::var_os("KVX_STORE_LOCKED_DIR").expect("run by a lock test"));
+    let owner = std::env::var("KVX_STORE_LOCKED_BY").expect("run by a lock test");
+    let e = engine_arc();
+    let err = Store::open(&e, &dir, &store_cfg(8, b"ns")).err().expect("another process opened the store its owner holds");
+    assert_eq!(err.status, Status::Busy, "{}", err.message);
+    assert!(err.message.contains(&format!("process {owner}")), "{}", err.message);
+}
+
+/// Asserts that another process is refused the store in `dir`, which this process owns.
+fn assert_refused_elsewhere(dir: &Path) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "store_refused_here", "--test-threads", "1"])
+        .env("KVX_STORE_LOCKED_DIR", dir)
+        .env("KVX_STORE_LOCKED_BY", std::process::id().to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "another process was not refused the store:\n{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]
@@ -315,24 +374,65 @@ fn a_second_writer_is_refused_with_the_owners_pid_until_the_owner_dies() {
         assert!(err.message.contains(&format!("process {}", std::process::id())), "{}", err.message);
         drop(s);
     }
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "store_owner", "--test-threads", "1"])
-        .env("KVX_STORE_OWNER_DIR", &dir)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while !dir.join("owner-ready").exists() {
-        assert!(started.elapsed() < Duration::from_secs(60), "the owner never opened the store");
-        assert!(child.try_wait().unwrap().is_none(), "the owner exited");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (mut child, _) = spawn_owner(&dir, false);
     let err = Store::open(&e, &dir, &store_cfg(8, b"ns")).err().unwrap();
     assert_eq!(err.status, Status::Busy, "{}", err.message);
     assert!(err.message.contains(&format!("process {}", child.id())), "{}", err.message);
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(Store::open(&e, &dir, &store_cfg(8, b"ns")).is_ok(), "a killed owner's lock is gone");
+}
+
+/// The owner may read or copy its store's files while it runs (to see who owns it, to
+/// back it up): no open or close of any of them gives the store away to another process.
+#[test]
+fn an_owner_that_reads_and_copies_its_store_files_keeps_the_store() {
+    let e = engine_arc();
+    let dir = store_dir();
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    let backup = temp_dir("store-backup");
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let path = f.unwrap().path();
+        std::fs::copy(&path, backup.join(path.file_name().unwrap())).unwrap();
+    }
+    assert_refused_elsewhere(&dir);
+    drop(s);
+    assert!(Store::open(&e, &dir, &store_cfg(8, b"ns")).is_ok(), "a closed store opens again");
+}
+
+/// A forked child closes its copy of the owner's lock descriptor (at the fork, and at its
+/// exit): the owner keeps its lock, and another process is still refused.
+#[test]
+fn a_forked_child_that_exits_leaves_the_owner_its_lock() {
+    let e = engine_arc();
+    let dir = store_dir();
+    let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
+    // SAFETY: the child only exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0, "fork failed");
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    assert_refused_elsewhere(&dir);
+    drop(s);
+}
+
+/// An owner killed while a child it forked (one that never execs) lives leaves no lock
+/// behind: the child got none of it.
+#[test]
+fn a_killed_owners_forked_child_does_not_hold_the_store() {
+    let e = engine_arc();
+    let dir = store_dir();
+    let (mut owner, said) = spawn_owner(&dir, true);
+    let forked: i32 = said.parse().expect("the forked child's pid");
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let reopened = Store::open(&e, &dir, &store_cfg(8, b"ns"));
+    unsafe {
+        libc::kill(forked, libc::SIGKILL);
+    }
+    assert!(reopened.is_ok(), "{:?}", reopened.err());
 }
 
 #[test]
@@ -778,6 +878,35 @@ fn a_forked_child_cannot_use_its_parents_owner_store() {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child used the owner's store (wait status {status})");
     assert!(matches!(s.reserve_slots(&[b"k"]).unwrap()[0], Reservation::Write(_)), "the parent's store goes on");
+}
+
+/// A store request waited on inside a completion callback of its engine is refused, as a
+/// transfer's is: the callback holds a thread of the engine (here its only I/O worker)
+/// that the get may need, so the wait could never end. Polling it there (timeout 0) is
+/// not refused, and the get loads once the callback has returned.
+#[test]
+fn a_store_request_waited_on_in_a_completion_callback_is_refused() {
+    let e = Arc::new(engine_with(|c| c.io_threads = 1));
+    let s = Arc::new(Store::open(&e, &store_dir(), &store_cfg(8, b"ns")).unwrap());
+    assert_eq!(put_keys(&e, &s, &[key(0)]), vec![Status::Ok]);
+    let dst = e.create_layout(&block(1), FC, StorageKind::Host).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let (store, into, saw) = (s.clone(), dst.clone(), seen.clone());
+    let look = move |_: &kvxfer::Request, _| {
+        let r = store.get(&[key(0)], &into, &[0], &Default::default()).unwrap();
+        // Bounded: a wait that is not refused fails the test instead of hanging it.
+        let waited = r.wait(Some(Duration::from_secs(5)));
+        let polled = r.wait(Some(Duration::ZERO));
+        *saw.lock().unwrap() = Some((waited, polled, r));
+    };
+    let (a, b) = (e.create_layout(&block(1), FC, StorageKind::Host).unwrap(), e.create_layout(&block(1), FC, StorageKind::Host).unwrap());
+    let opts = kvxfer::TransferOptions { on_complete: Some(Arc::new(look)), ..Default::default() };
+    assert_eq!(e.submit(&a, &[0], &b, &[0], &opts).unwrap().wait(Some(Duration::from_secs(60))), Status::Ok);
+    let (waited, polled, r) = seen.lock().unwrap().take().expect("the callback ran");
+    assert_eq!(waited, Status::InvalidArg, "a wait inside the engine's callback");
+    assert_ne!(polled, Status::InvalidArg, "a poll inside the engine's callback");
+    assert_eq!(wait(&r), Status::Ok, "{}", r.key_message(0));
+    assert!(holds_key(&dst, 0, &key(0)));
 }
 
 /// A batch's held keys are used, not evicted to make room for its new ones.

@@ -456,3 +456,55 @@ fn a_write_through_a_committed_handle_is_refused_and_the_entry_stays() {
     assert!(err.message.contains("stale"), "{}", err.message);
     assert_eq!(get_exact(&e, &owner, &small_block(), &key(1)), Status::Ok, "the committed entry keeps its bytes");
 }
+
+/// A store's transfers are never refused for the engine's admission limit, which bounds
+/// the caller's own transfers: the store's are bounded already by its capacity and shards,
+/// and a refused one failed a healthy key with `Busy`. Here the limit is 1 and the engine's
+/// only I/O worker is held in a put's disk write, so every transfer after it stays in
+/// flight: the puts and gets behind it wait, and every key loads once it goes on.
+#[test]
+fn store_transfers_are_never_refused_for_the_engines_admission_limit() {
+    let _serial = serial();
+    let e = Arc::new(engine_with(|c| {
+        c.io_threads = 1;
+        c.max_inflight = 1;
+    }));
+    let block = small_block();
+    let s = Store::open(&e, &temp_dir("store-admission"), &StoreConfig { shards: 4, ..StoreConfig::new(block, 16, b"ns") }).unwrap();
+    let _let_go = LetGo;
+    let src = e.create_layout(&LayoutConfig { num_blocks: 9, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    for k in 0..9 {
+        fill_block_for_key(&src, k, &key(k));
+    }
+    let held: Vec<Vec<u8>> = (0..4).map(key).collect();
+    for (i, k) in held.iter().enumerate() {
+        assert_eq!(wait(&s.put(&src, &[i as u64], &[k], &Default::default()).unwrap()), Status::Ok);
+    }
+    fault::inject(Site::DiskWrite, 0, Fault::Hold);
+    let first = s.put(&src, &[8], &[key(8)], &Default::default()).unwrap();
+    until_held();
+    let new: Vec<Vec<u8>> = (4..8).map(key).collect();
+    let put = s.put(&src, &[4, 5, 6, 7], &new, &Default::default()).unwrap();
+    let dst = e.create_layout(&LayoutConfig { num_blocks: 4, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    fill(&dst, 99);
+    let get = s.get(&held, &dst, &[0, 1, 2, 3], &Default::default()).unwrap();
+    let pending = |r: &StoreRequest| (0..r.len()).map(|i| r.key_status(i).unwrap()).collect::<Vec<_>>();
+    assert_eq!(pending(&put), vec![Status::Pending; 4], "a put behind the limit: {}", put.key_message(0));
+    assert_eq!(pending(&get), vec![Status::Pending; 4], "a get behind the limit: {}", get.key_message(0));
+    // The limit still bounds the caller's own transfers.
+    let disk = make_layout(&e, &LayoutConfig { num_blocks: 2, ..block }, LayoutKind::FullyContiguous, StorageKind::Disk);
+    let mine = e.submit(&src, &[0], &disk, &[0], &Default::default()).unwrap();
+    let refused = e.submit(&src, &[1], &disk, &[1], &Default::default()).unwrap_err();
+    assert_eq!(refused.status, Status::Busy, "{}", refused.message);
+    fault::clear();
+    assert_eq!(mine.wait(Some(Duration::from_secs(60))), Status::Ok);
+    assert_eq!(wait(&first), Status::Ok, "{}", first.key_message(0));
+    assert_eq!(wait(&put), Status::Ok, "{}", put.key_message(0));
+    assert_eq!(wait(&get), Status::Ok, "{}", get.key_message(0));
+    for (i, k) in held.iter().enumerate() {
+        assert!(holds_key(&dst, i as u64, k), "key {i} loaded with bytes that are not its own");
+    }
+    for k in &new {
+        assert_eq!(get_exact(&e, &s, &block, k), Status::Ok);
+    }
+}

@@ -432,18 +432,27 @@ class StoreRequest:
     def wait(self, timeout: Optional[float] = None) -> None:
         """Waits up to `timeout` seconds (None: forever) for every key; raises `Timeout`
         if keys are still pending, else the first failed key's error (its message names
-        the key)."""
+        the key). Inside a completion callback of the store's engine it raises
+        `InvalidArgument` unless `timeout` is 0: the callback may hold the thread the
+        request needs."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             left = _WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
             with self._gate as h:
                 st = n.lib.kvx_store_request_wait(h, int(min(left, _WAIT_STEP) * 1e9))
                 if st != 10:  # KVX_ERR_TIMEOUT: this step's
-                    self._ended()
+                    why = n.last_error()
+                    # The request's status, or PENDING: the wait's may be its own, such as
+                    # a wait refused inside a callback.
+                    final = n.lib.kvx_store_request_poll(h)
+                    if final != n.PENDING:
+                        self._ended()
                     if st == n.OK:
                         return
-                    m = n.lib.kvx_store_request_error(h)
-                    raise error_for(st, m.decode("utf-8", "replace") if m else n.last_error())
+                    if st == final:
+                        m = n.lib.kvx_store_request_error(h)
+                        why = m.decode("utf-8", "replace") if m else why
+                    raise error_for(st, why)
             if deadline is not None and left <= _WAIT_STEP:
                 raise Timeout(f"the store request did not complete within {timeout} s", 10)
 

@@ -94,6 +94,44 @@ def test_a_miss_fails_its_key_alone_and_wait_raises_it(engine, tmp_path):
         assert s.stats().misses == 1
 
 
+def test_a_store_request_waited_on_in_a_completion_callback_raises(tmp_path):
+    # The callback holds the engine's only I/O worker, which the get may need: a wait
+    # there could never end, so it raises; a wait of 0 polls.
+    cfg = geometry(blocks=4)
+    seen = []
+    with kvxfer.Engine(device=DEVICE, io_threads=1, bounce_bytes=1 << 20, slot_bytes=64 << 10) as e:
+        src, a = host_pool(e, cfg, 7)
+        dst, b = host_pool(e, cfg, 8)
+        with kvxfer.Store(e, tmp_path / "s", cfg, capacity_blocks=4) as s:
+            s.put(src, [1], [b"held"]).wait()
+
+            def on_complete(req, err):
+                get = s.get([b"held"], dst, [0])
+                seen.append(get)
+                for timeout in (5, None):
+                    try:
+                        get.wait(timeout)
+                        seen.append("waited")
+                    except kvxfer.Error as e:
+                        seen.append(e)
+                        if not isinstance(e, kvxfer.InvalidArgument):
+                            break  # not refused: a wait without a timeout would never end
+                try:
+                    get.wait(0)
+                    seen.append("waited")
+                except kvxfer.Error as e:
+                    seen.append(e)
+
+            e.submit(src, [2], dst, [2], on_complete=on_complete).wait(60)
+            get, *waits = seen
+            assert len(waits) == 3, waits
+            for w in waits[:2]:
+                assert isinstance(w, kvxfer.InvalidArgument) and "completion callback" in str(w), waits
+            assert waits[2] == "waited" or isinstance(waits[2], kvxfer.Timeout), waits  # a poll
+            get.wait(60)
+            assert block(b, cfg, 0) == block(a, cfg, 1)
+
+
 def test_namespaces_never_mix(engine, tmp_path):
     cfg = geometry(blocks=4)
     one, a = host_pool(engine, cfg, 5)

@@ -35,6 +35,7 @@ use crate::memory::{Layout, StorageKind};
 use bounce::BounceRing;
 pub(crate) use completions::Completions;
 use crossbeam_channel::Sender;
+pub(crate) use request::wait_refusal;
 use request::Transfer;
 use router::{Job, Router};
 use stats::Counters;
@@ -204,6 +205,11 @@ impl Engine {
         &self.completions
     }
 
+    /// The engine's id, which its layouts and requests carry.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     pub fn stats(&self) -> Stats {
         Stats { slots_quarantined: self.ring.held() as u64, ..self.counters.snapshot() }
     }
@@ -232,14 +238,16 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
     ) -> Result<Arc<Request>> {
-        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, Some(self.completions.clone()), None)
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, Some(self.completions.clone()), true, None)
     }
 
     /// As `submit`, for a transfer the store makes for one of its requests: its end does
     /// not signal the completion fd, which the store request signals when it ends (a
-    /// signal of its own would come after the store request is seen to end). Into a
-    /// checksummed disk layout, `write_ids[i]` is the identity of the write of
-    /// `dst_blocks[i]` (a store's slots), which its checksums' tags carry.
+    /// signal of its own would come after the store request is seen to end). It is never
+    /// refused for `max_inflight` nor counted against it: a refusal would fail keys whose
+    /// blocks are sound, and the store's calls (a transfer per shard each touches) are the
+    /// caller's to pace. Into a checksummed disk layout, `write_ids[i]` is the identity of
+    /// the write of `dst_blocks[i]` (a store's slots), which its checksums' tags carry.
     pub(crate) fn submit_for_store(
         &self,
         src: &Arc<Layout>,
@@ -249,7 +257,7 @@ impl Engine {
         opts: &TransferOptions,
         write_ids: Option<&[u64]>,
     ) -> Result<Arc<Request>> {
-        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, None, write_ids)
+        self.submit_signalling(src, src_blocks, dst, dst_blocks, opts, None, false, write_ids)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -261,11 +269,12 @@ impl Engine {
         dst_blocks: &[u64],
         opts: &TransferOptions,
         completions: Option<Arc<Completions>>,
+        admitted: bool,
         write_ids: Option<&[u64]>,
     ) -> Result<Arc<Request>> {
         let transfer = self.validate(src, src_blocks, dst, dst_blocks, opts)?;
         let write_ids = write_ids.map(|ids| Arc::new(dst_blocks.iter().copied().zip(ids.iter().copied()).collect()));
-        if self.counters.inflight.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_inflight {
+        if admitted && self.counters.inflight.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_inflight {
             self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
             bail!(Busy, "{} requests are in flight (max_inflight); wait for one to complete and submit again", self.cfg.max_inflight);
         }
@@ -275,12 +284,15 @@ impl Engine {
             transfer,
             self.counters.clone(),
             completions,
+            admitted,
             opts.on_complete.clone(),
             write_ids,
         ));
         let intake = self.intake.read().unwrap();
         if !intake.accepting {
-            self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+            if admitted {
+                self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+            }
             bail!(Shutdown, "the engine is shutting down");
         }
         let queue = |work| {

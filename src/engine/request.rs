@@ -72,6 +72,23 @@ thread_local! {
     static DELIVERING: Cell<Option<(usize, u64, Status)>> = const { Cell::new(None) };
 }
 
+/// Why a wait of `timeout` for a request of engine `engine` (a transfer, or a store's put
+/// or get) is refused on this thread, if it is: from inside a completion callback of that
+/// engine, for longer than no time. The callback runs on a thread that may be the one to
+/// complete that request (and every request behind it), so such a wait could never end.
+pub(crate) fn wait_refusal(engine: u64, timeout: Option<Duration>) -> Option<Error> {
+    let (_, delivering, _) = DELIVERING.with(|d| d.get())?;
+    if delivering != engine || timeout == Some(Duration::ZERO) {
+        return None;
+    }
+    Some(Error::new(
+        Status::InvalidArg,
+        "waiting for a request from a completion callback of the same engine: callbacks run on the engine's \
+         threads and must not block, and this wait could hold up the request it waits for; poll it (wait with \
+         timeout 0) or wait on a thread of your own",
+    ))
+}
+
 const QUEUED: u8 = 0;
 const CLAIMED: u8 = 1;
 
@@ -85,6 +102,9 @@ pub struct Request {
     /// The engine's completion fd, signalled as the final status is set (none for the
     /// store's own transfers).
     completions: Option<Arc<Completions>>,
+    /// Counted in `Counters::inflight` until it completes: a caller's transfer, admitted
+    /// under `max_inflight` (not a store's own: `Engine::submit_for_store`).
+    admitted: bool,
     on_complete: Mutex<Option<OnComplete>>,
     phase: AtomicU8,
     outstanding: AtomicU64,
@@ -101,12 +121,14 @@ pub struct Request {
 }
 
 impl Request {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         engine: u64,
         class: Class,
         transfer: Transfer,
         counters: Arc<Counters>,
         completions: Option<Arc<Completions>>,
+        admitted: bool,
         on_complete: Option<OnComplete>,
         write_ids: Option<Arc<WriteIds>>,
     ) -> Request {
@@ -116,6 +138,7 @@ impl Request {
             transfer: Mutex::new(Some(transfer)),
             counters,
             completions,
+            admitted,
             on_complete: Mutex::new(on_complete),
             phase: AtomicU8::new(QUEUED),
             outstanding: AtomicU64::new(1),
@@ -226,7 +249,9 @@ impl Request {
             _ => String::new(),
         };
         let _ = self.message.set(CString::new(message.replace('\0', " ")).unwrap_or_default());
-        self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+        if self.admitted {
+            self.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
         // The callback runs before wait/poll report completion, so a caller that waited
         // knows its callback has returned.
         if let Some(f) = self.on_complete.lock().unwrap().take() {
@@ -299,21 +324,14 @@ impl Request {
         DELIVERING.with(|d| d.get()).and_then(|(addr, _, st)| (addr == self.addr()).then_some(st))
     }
 
-    /// Why a wait is refused, if it is: from inside a completion callback, on another
-    /// request of the callback's engine, for longer than no time. The callback runs on a
-    /// thread that may be the one to complete that request (and every request behind
-    /// it), so such a wait could never end.
+    /// Why a wait is refused, if it is (`wait_refusal`); never inside the request's own
+    /// callback, where it is done.
     fn refusal(&self, timeout: Option<Duration>) -> Option<Error> {
-        let (addr, engine, _) = DELIVERING.with(|d| d.get())?;
-        if addr == self.addr() || engine != self.engine || timeout == Some(Duration::ZERO) {
+        let (addr, _, _) = DELIVERING.with(|d| d.get())?;
+        if addr == self.addr() {
             return None;
         }
-        Some(Error::new(
-            Status::InvalidArg,
-            "waiting for a request from a completion callback of the same engine: callbacks run on the engine's \
-             threads and must not block, and this wait could hold up the request it waits for; poll it (wait with \
-             timeout 0) or wait on a thread of your own",
-        ))
+        wait_refusal(self.engine, timeout)
     }
 
     /// `Pending` until done, then the final status (inside the request's own callback:

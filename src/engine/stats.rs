@@ -19,7 +19,8 @@ pub struct Counters {
     pub device_copy_ns: AtomicU64,
     pub slot_wait_ns: AtomicU64,
     pub reads_fanned_out: AtomicU64,
-    /// Requests admitted and not yet complete (the `max_inflight` limit applies to it).
+    /// The caller's transfers admitted and not yet complete, which `max_inflight` bounds
+    /// (a store's own transfers are not counted: `Engine::submit_for_store`).
     pub inflight: AtomicU32,
 }
 

@@ -475,7 +475,9 @@ fn report(c: &StoreCall, st: Status) -> kvx_status {
 /// Waits up to `timeout_ns` (`UINT64_MAX`: forever; 0 polls) until every key has its
 /// status, and returns the request's: `KVX_OK` when every key is `KVX_OK`, else the status
 /// of the first key (by index) that is not, its message (naming the key) as the last
-/// error; `KVX_ERR_TIMEOUT` while keys are still pending.
+/// error; `KVX_ERR_TIMEOUT` while keys are still pending. From inside a completion callback
+/// of the store's engine it is `KVX_ERR_INVALID_ARG` unless `timeout_ns` is 0 (the callback
+/// may hold the thread the request needs).
 #[no_mangle]
 pub unsafe extern "C" fn kvx_store_request_wait(r: *mut kvx_store_request, timeout_ns: u64) -> kvx_status {
     let mut result = KVX_ERR_INTERNAL;
@@ -483,7 +485,7 @@ pub unsafe extern "C" fn kvx_store_request_wait(r: *mut kvx_store_request, timeo
         || {
             let c = call(r)?;
             let t = (timeout_ns != u64::MAX).then(|| Duration::from_nanos(timeout_ns));
-            Ok((c, c.req.wait(t)))
+            Ok((c, c.req.try_wait(t)?))
         },
         |(c, st)| {
             result = match st {

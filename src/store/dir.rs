@@ -1,7 +1,8 @@
 //! A store's directory: the owner's lock and the `meta` file that fixes what the store is.
 //!
 //! ```text
-//! <dir>/lock            flock(LOCK_EX) held by the owner for its lifetime; its pid inside
+//! <dir>/lock            an open-file-description lock held by the owner for its lifetime
+//! <dir>/owner           the owner's pid, for the message that refuses another open
 //! <dir>/meta            magic, version, geometry, capacity, shards, namespace digest (CRC'd)
 //! <dir>/records         one 64-byte record per slot: the persistent index (record.rs)
 //! <dir>/data-<k>        shard k: a checksummed disk layout (+ its .kvxsum sidecar)
@@ -12,39 +13,98 @@
 use super::config::{namespace_digest, StoreConfig, StoreFlags};
 use crate::error::{bail, Error, Result, Status};
 use crate::fault::power_cut;
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::FileExt;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 const MAGIC: &[u8; 8] = b"KVXSTOR1";
 /// The store format: 2 since records keep the key's own bytes (128-byte records).
 const VERSION: u32 = 2;
 const META_BYTES: usize = 96;
 
-/// The owner's lock on a store directory: a POSIX record lock on `lock`, which the kernel
-/// drops when the owner exits, however it exits, so a killed owner never blocks the next.
-/// Record locks belong to the process and are not inherited across `fork` (a flock or an
-/// open-file-description lock would be, and a forked child that never execs, a Python
-/// worker say, would hold it past the owner's death). Within the process, where such a
-/// lock never conflicts, `OWNED` refuses a second open of the same directory; the lock
-/// file is opened only after that check, because closing any descriptor of it would drop
-/// the lock.
+/// The owner's lock on a store directory: an open-file-description lock (`F_OFD_SETLK`)
+/// on `lock`. It belongs to the owner's own open of the file, so no other open or close of
+/// the file touches it (a POSIX record lock belongs to the process, which loses it when it
+/// closes any descriptor of the file: reading `lock`, or copying the directory), and it
+/// conflicts with every other open, in this process too, so it also refuses a second open
+/// of the store here. The kernel drops it when the last descriptor of that open is closed,
+/// so a killed owner never blocks the next. A child inherits the descriptor on fork: it is
+/// close-on-exec, and a child forked without exec (a Python worker, say) closes its copy
+/// at the fork (`close_in_child`), so no child keeps the lock past its owner's death; a
+/// close unlocks it explicitly, so neither does a child between its fork and its exec.
 #[derive(Debug)]
 pub struct OwnerLock {
-    _file: File,
-    dir: (u64, u64),
+    file: ManuallyDrop<File>,
+    /// The process that took the lock (a forked child's copy of the descriptor is closed).
+    pid: u32,
 }
 
-/// (device, inode) of each store directory this process owns.
-static OWNED: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+/// The descriptors of every owner's lock of this process, which a forked child closes.
+static LOCKS: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());
 
-fn busy(dir: &Path, pid: impl std::fmt::Display) -> Error {
+thread_local! {
+    /// `LOCKS`, held by the forking thread across a fork: the child closes every lock
+    /// descriptor of the parent, none being taken or closed meanwhile.
+    static FORKING: RefCell<Option<MutexGuard<'static, Vec<RawFd>>>> = const { RefCell::new(None) };
+}
+
+fn locks() -> MutexGuard<'static, Vec<RawFd>> {
+    LOCKS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+extern "C" fn hold_locks() {
+    let held = locks();
+    FORKING.with(|f| *f.borrow_mut() = Some(held));
+}
+
+extern "C" fn release_locks() {
+    FORKING.with(|f| drop(f.borrow_mut().take()));
+}
+
+extern "C" fn close_in_child() {
+    FORKING.with(|f| {
+        if let Some(mut held) = f.borrow_mut().take() {
+            for &fd in held.iter() {
+                // SAFETY: the child's copy of a lock descriptor, which nothing in the child
+                // uses: its `OwnerLock` never touches it (see `Drop`).
+                unsafe { libc::close(fd) };
+            }
+            // The numbers are free for the child's own files from here on.
+            held.clear();
+        }
+    });
+}
+
+/// Sets (`F_WRLCK`) or gives up (`F_UNLCK`) the open-file-description lock of `fd`.
+fn ofd_lock(fd: RawFd, kind: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: a zeroed flock filled in: the whole file, l_pid 0 as OFD locks require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: fcntl on a descriptor we own, with a flock we own.
+    match unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+fn owner_path(dir: &Path) -> PathBuf {
+    dir.join("owner")
+}
+
+fn busy(dir: &Path) -> Error {
+    let owner = match std::fs::read_to_string(owner_path(dir)).ok().and_then(|s| s.trim().parse::<u32>().ok()) {
+        Some(pid) => format!("process {pid}"),
+        None => "another process".into(),
+    };
     Error::new(
         Status::Busy,
         format!(
-            "the store in {} is open for writing by process {pid}; one process owns a store: close it there, or use it from that process",
+            "the store in {} is open for writing by {owner}; one process owns a store: close it there, or use it from that process",
             dir.display()
         ),
     )
@@ -53,15 +113,19 @@ fn busy(dir: &Path, pid: impl std::fmt::Display) -> Error {
 impl OwnerLock {
     /// Takes the lock of `dir`, or refuses with `Busy` naming the process that holds it.
     pub fn take(dir: &Path) -> Result<OwnerLock> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(dir).map_err(|e| Error::io(format_args!("stat {}", dir.display()), e))?;
-        let id = (m.dev(), m.ino());
-        let mut owned = OWNED.lock().unwrap_or_else(|p| p.into_inner());
-        if owned.contains(&id) {
-            return Err(busy(dir, std::process::id()));
-        }
+        static AT_FORK: std::sync::Once = std::sync::Once::new();
+        AT_FORK.call_once(|| {
+            // SAFETY: handlers that take and give back `LOCKS` and close descriptors.
+            let rc = unsafe { libc::pthread_atfork(Some(hold_locks), Some(release_locks), Some(close_in_child)) };
+            if rc != 0 {
+                log::warn!(
+                    "registering a fork handler failed (error {rc}): a child forked without exec holds a store's lock after its owner died, until the child exits"
+                );
+            }
+        });
         let path = dir.join("lock");
         let shown = path.display();
+        // Close-on-exec, as every file std opens.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -69,33 +133,42 @@ impl OwnerLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| Error::io(format_args!("opening {shown}"), e))?;
-        // SAFETY: a zeroed flock filled in: a write lock on the whole file.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
-        // SAFETY: fcntl on a descriptor we own, with a flock we own.
-        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) } != 0 {
-            let err = std::io::Error::last_os_error();
-            if !matches!(err.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
-                return Err(Error::io(format_args!("locking {shown}"), err));
+        {
+            // Locked and listed at once: a child forked in between would keep the lock.
+            let mut held = locks();
+            if let Err(err) = ofd_lock(file.as_raw_fd(), libc::F_WRLCK) {
+                return Err(match err.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::EACCES) => busy(dir),
+                    _ => Error::io(format_args!("locking {shown}"), err),
+                });
             }
-            // SAFETY: as above; F_GETLK fills in the holder.
-            let held = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) } == 0 && fl.l_type != libc::F_UNLCK as libc::c_short;
-            return Err(match held {
-                true => busy(dir, fl.l_pid),
-                false => busy(dir, "another process (it just closed it: open again)"),
-            });
+            held.push(file.as_raw_fd());
         }
-        file.set_len(0).map_err(|e| Error::io(format_args!("writing {shown}"), e))?;
-        file.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0).map_err(|e| Error::io(format_args!("writing {shown}"), e))?;
-        owned.push(id);
-        Ok(OwnerLock { _file: file, dir: id })
+        let lock = OwnerLock { file: ManuallyDrop::new(file), pid: std::process::id() };
+        let (tmp, owner) = (dir.join("owner.tmp"), owner_path(dir));
+        std::fs::write(&tmp, format!("{}\n", lock.pid))
+            .and_then(|_| std::fs::rename(&tmp, &owner))
+            .map_err(|e| Error::io(format_args!("writing {}", owner.display()), e))?;
+        Ok(lock)
     }
 }
 
 impl Drop for OwnerLock {
     fn drop(&mut self) {
-        OWNED.lock().unwrap_or_else(|p| p.into_inner()).retain(|d| *d != self.dir);
+        if std::process::id() != self.pid {
+            // A forked child's: its descriptor was closed at the fork, and the number may
+            // be another file's by now.
+            return;
+        }
+        let fd = self.file.as_raw_fd();
+        // Unlocked before the descriptor leaves `LOCKS`: a child forked meanwhile that
+        // keeps its copy holds no lock with it.
+        if let Err(e) = ofd_lock(fd, libc::F_UNLCK) {
+            log::warn!("unlocking a store's lock file: {e}; the lock goes when the file is closed");
+        }
+        locks().retain(|&f| f != fd);
+        // SAFETY: dropped once, here.
+        unsafe { ManuallyDrop::drop(&mut self.file) };
     }
 }
 

@@ -652,7 +652,7 @@ impl Inner {
 
     /// A put's or get's request, which signals the engine's completion fd when it ends.
     fn request(&self, n: usize) -> Arc<StoreRequest> {
-        Arc::new(StoreRequest::signalling(n, self.engine.completions().clone()))
+        Arc::new(StoreRequest::signalling(n, &self.engine))
     }
 
     fn shard_of(&self, slot: u32) -> usize {

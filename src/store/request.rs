@@ -7,8 +7,8 @@
 //! `Ok` when every key is, else the status of the first key (by index) that is not, so a
 //! caller that reads only the request's status never counts a miss as loaded.
 
-use crate::engine::Completions;
-use crate::error::Status;
+use crate::engine::{Completions, Engine};
+use crate::error::{Result, Status};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,19 +23,20 @@ struct State {
 pub struct StoreRequest {
     state: Mutex<State>,
     done: Condvar,
-    /// The engine's completion fd, signalled once every key has its status (none for the
-    /// store's bookkeeping requests, which no caller is handed).
-    completions: Option<Arc<Completions>>,
+    /// The engine's completion fd, signalled once every key has its status, and the
+    /// engine's id (none for the store's bookkeeping requests, which no caller is handed).
+    engine: Option<(Arc<Completions>, u64)>,
 }
 
 impl StoreRequest {
     pub(super) fn new(n: usize) -> StoreRequest {
-        StoreRequest { state: Mutex::new(State { keys: vec![None; n], left: n, status: None }), done: Condvar::new(), completions: None }
+        StoreRequest { state: Mutex::new(State { keys: vec![None; n], left: n, status: None }), done: Condvar::new(), engine: None }
     }
 
-    /// A request the caller gets back: its end signals the engine's completion fd.
-    pub(super) fn signalling(n: usize, completions: Arc<Completions>) -> StoreRequest {
-        StoreRequest { completions: Some(completions), ..StoreRequest::new(n) }
+    /// A request the caller gets back, whose transfers `engine` runs: its end signals the
+    /// engine's completion fd.
+    pub(super) fn signalling(n: usize, engine: &Engine) -> StoreRequest {
+        StoreRequest { engine: Some((engine.completions().clone(), engine.id())), ..StoreRequest::new(n) }
     }
 
     /// Gives key `i` its status (once; a second is ignored).
@@ -50,7 +51,7 @@ impl StoreRequest {
             let first_failed = s.keys.iter().flatten().map(|k| k.0).find(|&st| st != Status::Ok);
             s.status = Some(first_failed.unwrap_or(Status::Ok));
             // Under the lock, as for a transfer: the status is seen only after the signal.
-            if let Some(c) = &self.completions {
+            if let Some((c, _)) = &self.engine {
                 c.signal();
             }
             self.done.notify_all();
@@ -71,20 +72,34 @@ impl StoreRequest {
         self.state.lock().unwrap().status.unwrap_or(Status::Pending)
     }
 
-    /// Waits up to `timeout` (`None`: forever) for the request's status; `Timeout` otherwise.
+    /// Waits up to `timeout` (`None`: forever) for the request's status; `Timeout`
+    /// otherwise. `InvalidArg` (logged) where `try_wait` refuses the wait.
     pub fn wait(&self, timeout: Option<Duration>) -> Status {
+        self.try_wait(timeout).unwrap_or_else(|e| {
+            log::error!("{e}");
+            e.status
+        })
+    }
+
+    /// As `wait`; a wait refused from inside a completion callback of the engine that
+    /// runs the request's transfers (with a non-zero timeout) is an error saying why: the
+    /// callback may hold the very thread those transfers need.
+    pub fn try_wait(&self, timeout: Option<Duration>) -> Result<Status> {
+        if let Some(e) = self.engine.as_ref().and_then(|&(_, id)| crate::engine::wait_refusal(id, timeout)) {
+            return Err(e);
+        }
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut s = self.state.lock().unwrap();
         loop {
             if let Some(st) = s.status {
-                return st;
+                return Ok(st);
             }
             match deadline {
                 None => s = self.done.wait(s).unwrap(),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        return Status::Timeout;
+                        return Ok(Status::Timeout);
                     }
                     s = self.done.wait_timeout(s, d - now).unwrap().0;
                 }

@@ -139,6 +139,22 @@ static void look(void *user_data, kvx_request *req, kvx_status status) {
   l->other_polled = kvx_request_wait(l->other, 0);
 }
 
+/* What a completion callback saw waiting on a store request of its engine. */
+struct store_looked {
+  kvx_store_request *req;
+  kvx_status waited, polled;
+  char message[256];
+};
+
+static void look_at_store_request(void *user_data, kvx_request *req, kvx_status status) {
+  struct store_looked *l = (struct store_looked *)user_data;
+  (void)req;
+  (void)status;
+  l->waited = kvx_store_request_wait(l->req, UINT64_MAX);
+  snprintf(l->message, sizeof l->message, "%s", kvx_last_error());
+  l->polled = kvx_store_request_wait(l->req, 0);
+}
+
 /* Inside its callback a request is done (poll and wait give the callback's status at
  * once); a blocking wait there on another request of the engine is refused. */
 static void waits_in_callbacks(kvx_engine *e) {
@@ -303,7 +319,7 @@ static void bad_calls_suite(kvx_engine *e, const char *dir) {
 
 /* The files a store makes in its directory (docs/store.md), removed after a test. */
 static void remove_store_dir(const char *dir) {
-  const char *names[] = {"lock", "meta", "records", "order", "data-0", "data-0.kvxsum", "data-1", "data-1.kvxsum"};
+  const char *names[] = {"lock", "owner", "meta", "records", "order", "data-0", "data-0.kvxsum", "data-1", "data-1.kvxsum"};
   char p[600];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -364,6 +380,23 @@ static void store_round_trip(kvx_engine *e, const char *dir) {
     EXPECT(ks == KVX_OK, "put key %zu: %s", i, kvx_status_str(ks));
   }
   EXPECT(strcmp(kvx_store_request_error(put), "") == 0, "a put that succeeded has no message");
+  /* From a completion callback of the store's engine a blocking wait on a store request
+   * is refused (the callback may hold the thread the request needs); a wait of 0 polls. */
+  struct store_looked sl;
+  memset(&sl, 0, sizeof sl);
+  sl.req = put;
+  kvx_transfer_options lo;
+  kvx_transfer_options_init(&lo);
+  lo.on_complete = look_at_store_request;
+  lo.user_data = &sl;
+  uint64_t spare_src = 0, spare_dst = 7;
+  kvx_request *t = NULL;
+  OK(kvx_transfer_submit(e, src, &spare_src, dst, &spare_dst, 1, &lo, &t));
+  OK(kvx_request_wait(t, UINT64_MAX));
+  kvx_request_release(t);
+  EXPECT(sl.waited == KVX_ERR_INVALID_ARG && strstr(sl.message, "callback") != NULL,
+         "wait on a store request from a callback: %s (%s)", kvx_status_str(sl.waited), sl.message);
+  EXPECT(sl.polled == KVX_OK, "wait 0 on a store request from a callback: %s", kvx_status_str(sl.polled));
   kvx_store_request_release(put);
 
   /* A lookup of the four and one more, with a lease. */
