@@ -6,7 +6,10 @@
 //! it; its record is a tombstone until the put commits), `Live` (an entry), or `Retired`
 //! (its entry was removed, evicted or dropped, and it goes back to the free list once its
 //! tombstone is written and nothing pins it). A pin is a get in flight or a lease; a
-//! pinned slot is never evicted nor reused, so its bytes stay its key's.
+//! pinned slot is never evicted nor reused, so its bytes stay its key's. The eviction
+//! order lists only live slots that nothing pins (a slot leaves it at its first pin and
+//! comes back as the most recently used at its last unpin), so an eviction takes the
+//! oldest listed slot at once, however many entries are leased.
 //!
 //! A lease belongs to its holder: it is a token, given back by that token alone, and it
 //! pins the slot it was taken on (not whatever slot its key names later). Leases taken by
@@ -52,7 +55,7 @@ enum State {
 struct Slot {
     state: State,
     pins: u32,
-    /// Neighbours in the eviction order (live slots only; `NIL` at the ends).
+    /// Neighbours in the eviction order (live slots nothing pins; `NIL` at the ends).
     older: u32,
     newer: u32,
 }
@@ -109,8 +112,9 @@ pub enum Removed {
 #[derive(Debug)]
 pub struct Index {
     entries: KeyMap<Entry>,
-    /// The least and the most recently used live slots: the ends of the eviction order,
-    /// a list through the slots' `older`/`newer`, so a use moves a slot in O(1).
+    /// The least and the most recently used live slots that nothing pins: the ends of the
+    /// eviction order, a list through the slots' `older`/`newer`, so a use moves a slot
+    /// and an eviction finds its victim in O(1).
     oldest: u32,
     newest: u32,
     slots: Vec<Slot>,
@@ -205,7 +209,8 @@ impl Index {
 
     fn touch(&mut self, key: Key) -> Option<Entry> {
         let e = *self.entries.get(&key)?;
-        if self.newest != e.slot {
+        // A pinned slot is not listed; its last unpin lists it as the most recent.
+        if self.slots[e.slot as usize].pins == 0 && self.newest != e.slot {
             self.unlink(e.slot);
             self.link_newest(e.slot);
         }
@@ -229,7 +234,7 @@ impl Index {
     /// the lease's token, if held.
     pub fn lease(&mut self, key: Key) -> Option<(Entry, u64)> {
         let e = self.touch(key)?;
-        self.slots[e.slot as usize].pins += 1;
+        self.pin_slot(e.slot);
         self.last_lease += 1;
         self.leases.insert(self.last_lease, e.slot);
         Some((e, self.last_lease))
@@ -291,14 +296,26 @@ impl Index {
     /// Pins a held key's slot for a get; its entry, or `None` for a miss.
     pub fn pin(&mut self, key: Key) -> Option<Entry> {
         let e = self.touch(key)?;
-        self.slots[e.slot as usize].pins += 1;
+        self.pin_slot(e.slot);
         Some(e)
     }
 
-    /// Drops one pin of `slot`.
+    /// Pins a live slot: at its first pin it leaves the eviction order.
+    fn pin_slot(&mut self, slot: u32) {
+        if self.slots[slot as usize].pins == 0 {
+            self.unlink(slot);
+        }
+        self.slots[slot as usize].pins += 1;
+    }
+
+    /// Drops one pin of `slot`: at its last, a live slot comes back to the eviction order
+    /// as the most recently used.
     pub fn unpin(&mut self, slot: u32) {
         let s = &mut self.slots[slot as usize];
         s.pins -= 1;
+        if s.pins == 0 && matches!(s.state, State::Live(_)) {
+            self.link_newest(slot);
+        }
         self.free_if_done(slot);
     }
 
@@ -338,10 +355,7 @@ impl Index {
 
     /// Takes the least recently used entry that nothing pins out of the index.
     fn evict(&mut self) -> Option<u32> {
-        let mut slot = self.oldest;
-        while slot != NIL && self.slots[slot as usize].pins > 0 {
-            slot = self.slots[slot as usize].newer;
-        }
+        let slot = self.oldest;
         if slot == NIL {
             return None;
         }
@@ -400,7 +414,9 @@ impl Index {
     /// Takes `key` out of the index (see `Removed`).
     pub fn remove(&mut self, key: Key) -> Removed {
         if let Some(e) = self.entries.remove(&key) {
-            self.unlink(e.slot);
+            if self.slots[e.slot as usize].pins == 0 {
+                self.unlink(e.slot);
+            }
             self.slots[e.slot as usize].state = State::Retired { recorded: false };
             return Removed::Entry(e.slot);
         }
@@ -437,6 +453,14 @@ impl Index {
 
     /// The live slots with their generations, least recently used first.
     pub fn order(&self) -> Vec<(u32, u64)> {
+        let mut out = self.listed();
+        // Pinned entries are in use now: the most recently used.
+        out.extend(self.entries.values().filter(|e| self.slots[e.slot as usize].pins > 0).map(|e| (e.slot, e.generation)));
+        out
+    }
+
+    /// The eviction order as listed (live slots nothing pins), least recently used first.
+    fn listed(&self) -> Vec<(u32, u64)> {
         let mut out = Vec::with_capacity(self.entries.len());
         let mut slot = self.oldest;
         while slot != NIL {
@@ -447,15 +471,16 @@ impl Index {
         out
     }
 
-    /// Puts the live slots in `order` (slot, generation; least recently used first) where
-    /// each still holds that generation's entry, and every other live slot after them in
-    /// the order it has (entries written since `order` was taken are the newest).
+    /// Puts the listed slots (live, nothing pins them) in `order` (slot, generation; least
+    /// recently used first) where each still holds that generation's entry, and every other
+    /// listed slot after them in the order it has (entries written since `order` was taken
+    /// are the newest).
     pub fn restore_order(&mut self, order: &[(u32, u64)]) {
-        let current = self.order();
+        let current = self.listed();
         let mut placed = vec![false; self.slots.len()];
         let listed = order.iter().filter(|&&(slot, generation)| {
-            let live = match self.slots.get(slot as usize).map(|s| &s.state) {
-                Some(State::Live(key)) => self.entries[key].generation == generation,
+            let live = match self.slots.get(slot as usize) {
+                Some(Slot { state: State::Live(key), pins: 0, .. }) => self.entries[key].generation == generation,
                 _ => false,
             };
             live && !std::mem::replace(&mut placed[slot as usize], true)
@@ -613,8 +638,14 @@ mod tests {
                     }
                 }
                 11..=13 => {
-                    if let Some((_, slot)) = pinned.pop() {
+                    if let Some((key, slot)) = pinned.pop() {
                         ix.unpin(slot);
+                        // The last unpin of a live entry makes it the most recently used.
+                        let live_here = ix.entries().any(|(kk, e)| kk == k(key) && e.slot == slot);
+                        if live_here && !pinned.iter().any(|p| p.1 == slot) {
+                            order.retain(|&o| o != key);
+                            order.push(key);
+                        }
                     }
                 }
                 _ => {
@@ -690,6 +721,26 @@ mod tests {
         assert_eq!(again.order(), [(1, 2), (0, 1), (2, 3), (3, 4)]);
         assert!(matches!(put(&mut again, 20), PutStart::Slot { slot: 4, evicted: false, .. }));
         assert!(matches!(put(&mut again, 21), PutStart::Slot { slot: 1, evicted: true, .. }), "key 11 was used least");
+    }
+
+    /// Leased entries leave the eviction order, so an eviction takes its victim at once
+    /// however many are leased, and a full store of leased entries is `NoRoom` at once; a
+    /// lease given back lists its entry again, as the most recently used.
+    #[test]
+    fn leased_entries_leave_the_eviction_order_until_their_last_lease_ends() {
+        let n = 1000;
+        let mut ix = Index::new(n as u32, (0..n).map(|i| (i as u32, rec(i, i + 1))).collect());
+        let tokens: Vec<u64> = (1..n).map(|i| ix.lease(k(i)).unwrap().1).collect();
+        assert_eq!(ix.listed(), [(0, 1)], "only the entry nothing leases is listed");
+        assert_eq!(ix.order().len(), n as usize, "the order kept across a restart still has every entry");
+        assert!(matches!(put(&mut ix, 5000), PutStart::Slot { slot: 0, evicted: true, .. }));
+        let (_, t) = ix.lease(k(5000)).unwrap();
+        assert_eq!(ix.listed(), [], "every entry is leased");
+        assert_eq!(put(&mut ix, 5001), PutStart::NoRoom);
+        ix.release(tokens[500]);
+        ix.release(t);
+        assert_eq!(ix.listed(), [(501, 502), (0, n + 1)], "listed again in the order their leases ended");
+        assert!(matches!(put(&mut ix, 5001), PutStart::Slot { slot: 501, evicted: true, .. }));
     }
 
     #[test]
