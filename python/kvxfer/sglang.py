@@ -51,14 +51,19 @@ _IO_ALIGN = 4096
 
 
 def page_key(key: str) -> bytes:
-    """The store key of an SGLang page hash: its 32 bytes when it is SGLang's SHA-256 hex
-    digest (64 hex digits), else its UTF-8 bytes (their BLAKE2b digest past 64 bytes)."""
+    """The store key of an SGLang page hash: `h` and its 32 bytes when it is SGLang's
+    SHA-256 digest in lower-case hex (64 digits), else `u` and its UTF-8 bytes (as
+    `store_key` keeps them). The tag byte keeps each page hash its own key: a string whose
+    UTF-8 bytes equal another key's hex-decoded bytes, or hex in upper case, names other
+    bytes."""
     if len(key) == 64:
         try:
-            return bytes.fromhex(key)
+            raw = bytes.fromhex(key)
         except ValueError:
-            pass
-    return store_key(key.encode())
+            raw = b""
+        if raw.hex() == key:
+            return b"h" + raw
+    return store_key(b"u" + key.encode())
 
 
 def check_sglang_version() -> str:

@@ -40,10 +40,12 @@ def namespace_of(kind: str, fields: Dict[str, Any]) -> bytes:
 
 
 def store_key(key: bytes) -> bytes:
-    """A runtime's key as a store key: the key itself, or past the store's 64 bytes its
-    64-byte BLAKE2b digest."""
+    """A runtime's key as a store key: the key itself when shorter than the store's 64
+    bytes, else its 64-byte BLAKE2b digest. No two keys share a store key: a key kept
+    as it is has at most 63 bytes, a digest 64, so a digest never answers for a key
+    whose bytes it happens to be."""
     key = bytes(key)
-    return key if len(key) <= MAX_KEY else hashlib.blake2b(key, digest_size=MAX_KEY).digest()
+    return key if len(key) < MAX_KEY else hashlib.blake2b(key, digest_size=MAX_KEY).digest()
 
 
 @functools.lru_cache(maxsize=None)

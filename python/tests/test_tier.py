@@ -1,5 +1,7 @@
 """kvxfer.tier: namespaces, store keys and chunk layouts, shared by the runtime plug-ins."""
 
+import hashlib
+
 import kvxfer
 from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, chunk_layout, engine_settings, namespace_of, store_key
 
@@ -12,10 +14,18 @@ def test_a_namespace_is_the_kind_and_a_digest_of_every_field():
     assert a != namespace_of("vllm", {"model": "m", "dtype": "bf16"})
 
 
-def test_a_key_past_64_bytes_is_its_digest():
-    assert store_key(b"k" * 64) == b"k" * 64
+def test_a_key_of_64_bytes_or_more_is_its_digest():
+    assert store_key(b"k" * 63) == b"k" * 63
     long = store_key(b"k" * 65)
     assert len(long) == 64 and long != store_key(b"k" * 66)
+    assert len(store_key(b"k" * 64)) == 64 and store_key(b"k" * 64) != b"k" * 64
+
+
+def test_no_two_keys_share_a_store_key():
+    """A long key's digest is itself a legal key: the two must not name one entry."""
+    long = b"k" * 65
+    assert store_key(long) != store_key(hashlib.blake2b(long, digest_size=64).digest())
+    assert store_key(store_key(long)) != store_key(long)
 
 
 def test_a_chunk_is_one_block_of_equal_regions_of_at_most_256_kib():
