@@ -259,7 +259,7 @@ def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path
         e.offload(keys, [0, 1, 2])
         # Key 2's page of layer 0 on rank 1, damaged on disk.
         want = e.caches[1][0][1].numpy().tobytes()
-        assert flip_a_byte(e.spec._settings.directories[1], want, 1000), "the block is in no data file"
+        assert flip_a_byte(e.manager.store_directory(1), want, 1000), "the block is in no data file"
         found, results = e.onboard(keys, [8, 9, 10])
         assert all(found[k] is LookupResult.HIT for k in keys)
         # vLLM's TransferResult of a failed job: rank 1 says its load failed (its KV is
@@ -273,6 +273,66 @@ def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path
     e = Engine(tmp_path)
     try:
         assert e.lookup(keys) == [LookupResult.HIT, LookupResult.MISS, LookupResult.HIT]
+    finally:
+        e.shutdown()
+
+
+def reset(engine):
+    """vLLM's cache reset (on a weight update), then its report that the workers have
+    reported every job from before it."""
+    with engine.manager.lock:
+        engine.manager.reset_cache()
+        engine.manager.on_reset_flushed()
+
+
+def test_a_reset_drops_what_was_stored_before_the_last_restart(tmp_path):
+    """vLLM resets its caches when the weights change: nothing stored before the reset
+    loads again, whoever stored it and after any restart, and the workers, whose stores
+    were open before it, store and load after it."""
+    keys = keys_of(1, 2)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0, 1], seed=10)
+        e.offload(keys, [0, 1])
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        assert e.lookup(keys) == [LookupResult.HIT] * 2
+        stored, results = e.offload(keys_of(7), [2])  # the workers open their stores
+        assert stored == keys_of(7) and all(r.success for r in results)
+        reset(e)
+        assert e.lookup(keys) == [LookupResult.MISS] * 2
+        fill(e, [4, 5], seed=11)
+        want = snapshot(e, [4, 5])
+        stored, results = e.offload(keys_of(1, 3), [4, 5])
+        assert stored == keys_of(1, 3) and all(r.success for r in results)
+        clear(e)
+        found, results = e.onboard(keys_of(1, 3), [6, 7])
+        assert all(found[k] is LookupResult.HIT for k in keys_of(1, 3)) and all(r.success for r in results)
+        assert same(snapshot(e, [6, 7]), want)
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        assert e.lookup(keys_of(1, 2, 3, 7)) == [LookupResult.HIT, LookupResult.MISS, LookupResult.HIT, LookupResult.MISS]
+    finally:
+        e.shutdown()
+
+
+def test_a_reset_before_the_stores_open_drops_them_too(tmp_path):
+    keys = keys_of(1)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0], seed=12)
+        e.offload(keys, [0])
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        assert not e.manager._stores, "the stores open on the first lookup"
+        reset(e)
+        assert e.lookup(keys) == [LookupResult.MISS]
     finally:
         e.shutdown()
 
