@@ -277,6 +277,41 @@ def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path
         e.shutdown()
 
 
+def test_a_load_failed_for_another_reason_than_its_check_keeps_the_key(tmp_path, monkeypatch):
+    """Only a block that failed its check is named for removal: a load that failed for
+    another reason (here the engine's admission limit) fails its job, and the key, whose
+    stored block is sound, still loads after a restart."""
+    from kvxfer.vllm.slot_mover import SlotJob
+
+    keys = keys_of(1, 2)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0, 1], seed=13)
+        want = snapshot(e, [0, 1])
+        e.offload(keys, [0, 1])
+        results_of = SlotJob.results
+
+        def busy_first(job):
+            out = results_of(job)
+            out[0] = kvxfer.Busy("the engine is at its admission limit", 13)
+            return out
+
+        monkeypatch.setattr(SlotJob, "results", busy_first)
+        _, results = e.onboard(keys, [4, 5])
+        assert not any(r.success for r in results)
+        monkeypatch.undo()
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        clear(e)
+        found, results = e.onboard(keys, [0, 1])
+        assert [found[k] for k in keys] == [LookupResult.HIT] * 2 and all(r.success for r in results)
+        assert same(snapshot(e, [0, 1]), want)
+    finally:
+        e.shutdown()
+
+
 def reset(engine):
     """vLLM's cache reset (on a weight update), then its report that the workers have
     reported every job from before it."""

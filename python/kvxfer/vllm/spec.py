@@ -36,7 +36,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..engine import Engine, LayoutConfig
-from ..errors import Error, InvalidArgument, Unsupported
+from ..errors import Error, IntegrityError, InvalidArgument, Unsupported
 from ..store import Store
 from ..tier import capacity_blocks, engine_settings, store_key
 from .namespace import fingerprint, namespace_of, store_directory
@@ -506,15 +506,19 @@ def make_spec_classes() -> Dict[str, type]:
         def _result(self, job_id: int) -> Any:
             """A store job succeeds whatever its blocks did: the manager commits a slot
             only if its write completed, so a failed write is a key not stored. A load
-            that failed for any block fails: vLLM's KV for it is not what was stored."""
+            that failed for any block fails: vLLM's KV for it is not what was stored.
+            Only a block that failed its check (`IntegrityError`) is named in
+            `failed-loads` for removal: one that failed otherwise (an I/O error, the
+            engine's admission limit) may be sound, and loads at the next start."""
             job, slots, is_load, started = self._jobs.pop(job_id)
             results = job.results()
             bad = [(k, e) for k, e in zip(slots.keys, results) if e is not None]
             for k, e in bad:
                 log.warning("kvxfer offloading: rank %d could not %s key %s: %s", self._rank, "load" if is_load else "store", k.hex(), e)
-            if is_load and bad:
+            damaged = [k for k, e in bad if isinstance(e, IntegrityError)]
+            if is_load and damaged:
                 with open(os.path.join(generation_store(self._dir, slots.generation), FAILED_FILE), "a") as f:
-                    f.writelines(f"{k.hex()}\n" for k, _ in bad)
+                    f.writelines(f"{k.hex()}\n" for k in damaged)
             moved = sum(1 for h, e in zip(slots.handles[self._rank], results) if h is not None and e is None)
             return TransferResult(job_id=job_id, success=not (is_load and bad), transfer_size=moved * self._mover.block_bytes, transfer_time=time.monotonic() - started)
 
