@@ -359,7 +359,7 @@ def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, mem
         assert int(store(adapter, [key(50)], [mem.make(50)])) >= 0
     finally:
         adapter.close()
-    with caplog.at_level("WARNING", logger="kvxfer.lmcache"):
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
         adapter = make_adapter(tmp_path, shards=2)
     try:
         assert any("shards" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)

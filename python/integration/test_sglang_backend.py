@@ -308,7 +308,7 @@ def test_a_second_process_of_the_same_rank_takes_a_store_of_its_own(tmp_path):
     """Data-parallel replicas of a rank: a store has one owner, so the second opens the
     next directory and both serve pages."""
     pools = [host_pool(), host_pool()]
-    first, second = (attach(p, storage_config(tmp_path)) for p in pools)
+    first, second = (attach(p, storage_config(tmp_path, replicas=2)) for p in pools)
     try:
         assert first.directory != second.directory
         for i, (b, p) in enumerate(((first, pools[0]), (second, pools[1]))):
@@ -321,6 +321,32 @@ def test_a_second_process_of_the_same_rank_takes_a_store_of_its_own(tmp_path):
     finally:
         first.close()
         second.close()
+
+
+def test_a_second_server_on_the_same_root_dir_is_refused_naming_the_first(tmp_path, backend):
+    """Without data-parallel replicas, a second process of the same rank on the same
+    root_dir is another server: refused, not given a store (and a capacity) of its own."""
+    with pytest.raises(kvxfer.Busy, match=rf"process {os.getpid()}\b.*its own root_dir"):
+        attach(host_pool(), storage_config(tmp_path))
+    assert len([d for d in os.listdir(tmp_path) if os.path.isdir(os.path.join(tmp_path, d))]) == 1
+
+
+def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, caplog):
+    keys = page_hashes(2, seed=15)
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path, shards=1))
+    fill_pages(pool, [1, 2], seed=15)
+    assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    b.close()
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        b = attach(pool, storage_config(tmp_path, shards=2))
+    try:
+        assert any("1 shards, not 2" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+        assert b.batch_exists(keys) == 0
+        assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+        assert b.batch_get_v1(keys, token_indices([3, 4])) == [True, True]
+    finally:
+        b.close()
 
 
 def test_clear_empties_the_store(backend, pool):

@@ -434,6 +434,35 @@ def test_another_model_namespace_or_parallel_layout_does_not_find_them(tmp_path,
         e.shutdown()
 
 
+def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
+    with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_block\b.*capacity_bytes, capacity_blocks"):
+        OffloadingSpecFactory.create_spec(make_config(tmp_path, capacity_block=8))
+
+
+def test_another_shard_count_makes_the_stores_afresh_with_a_warning(tmp_path, caplog):
+    keys = keys_of(1, 2)
+    e = Engine(tmp_path, shards=1)
+    try:
+        fill(e, [0, 1], seed=14)
+        e.offload(keys, [0, 1])
+    finally:
+        e.shutdown()
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        e = Engine(tmp_path, shards=2)
+        try:
+            assert e.lookup(keys) == [LookupResult.MISS] * 2
+            assert any("1 shards, not 2" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+            fill(e, [0], seed=15)
+            want = snapshot(e, [0])
+            stored, results = e.offload(keys_of(3), [0])
+            assert stored == keys_of(3) and all(r.success for r in results)
+            clear(e)
+            found, results = e.onboard(keys_of(3), [1])
+            assert all(r.success for r in results) and same(snapshot(e, [1]), want)
+        finally:
+            e.shutdown()
+
+
 def test_a_chunk_of_several_blocks_is_refused_naming_the_setting(tmp_path):
     config = dataclasses.replace(make_config(tmp_path), cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=4))
     with pytest.raises(kvxfer.Unsupported, match="blocks_per_chunk is 4"):

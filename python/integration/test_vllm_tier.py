@@ -275,6 +275,32 @@ def test_a_restart_of_the_same_configuration_finds_its_chunks(tmp_path):
             other.shutdown()
 
 
+def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
+    with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_byte\b.*capacity_bytes, capacity_blocks"):
+        make_manager(tmp_path, capacity_byte=1 << 20)
+
+
+def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, caplog):
+    keys = keys_of(1, 2)
+    m = make_manager(tmp_path, shards=1)
+    try:
+        offload(m, keys)
+    finally:
+        m.shutdown()
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        m = make_manager(tmp_path, shards=2)
+    try:
+        assert any("1 shards, not 2" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+        results, _ = onboard(m, keys)
+        assert all(results[k] is LookupResult.MISS for k in keys)
+        offload(m, keys_of(3))
+        empty_cpu_tier(m)
+        results, got = onboard(m, keys_of(3))
+        assert results[keys_of(3)[0]] is LookupResult.HIT and np.array_equal(got[keys_of(3)[0]], payload(keys_of(3)[0], BLOCK_BYTES))
+    finally:
+        m.shutdown()
+
+
 def test_another_vllm_version_is_refused_naming_the_supported_one(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
     with pytest.raises(kvxfer.Unsupported, match=r"supports vLLM 0\.33\.0.*vLLM 0\.34\.0 is installed"):

@@ -29,9 +29,9 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .engine import Engine, Layout
-from .errors import Busy, Error, Incompatible, InvalidArgument, Shutdown
+from .errors import Busy, Error, InvalidArgument, Shutdown
 from .store import Store, StoreRequest
-from .tier import check_version, chunk_layout, engine_settings, namespace_of, store_key
+from .tier import check_version, chunk_layout, engine_settings, namespace_of, open_or_remake, store_key
 
 log = logging.getLogger("kvxfer.lmcache")
 
@@ -267,16 +267,14 @@ class KvxferConnector:
         """Opens (or makes) the store of `slot`-byte slots. One made with other settings
         (capacity, shards) is made afresh, with a warning naming what differed."""
         blocks = max(1, self._capacity // slot)
-        settings = dict(capacity_blocks=blocks, namespace=self.namespace, **self._options)
-        try:
-            store = Store(self._engine, self.directory, chunk_layout(1, slot), **settings)
-        except Incompatible as e:
-            log.warning("kvxfer L2 adapter: %s; making it afresh (what it held is dropped)", e.message)
-            shutil.rmtree(self.directory)
-            sizes = []
-            store = Store(self._engine, self.directory, chunk_layout(1, slot), **settings)
+        store = open_or_remake(
+            lambda: Store(self._engine, self.directory, chunk_layout(1, slot), capacity_blocks=blocks, namespace=self.namespace, **self._options),
+            self.directory,
+            "kvxfer L2 adapter",
+        )
         self._slot = slot
-        self._sizes = set(sizes)
+        # A store made afresh holds no size yet.
+        self._sizes = set(sizes) if store.stats().entries else set()
         self._store = store
         self._write_config()
 

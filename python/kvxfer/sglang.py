@@ -17,7 +17,6 @@ imported when the backend class is first asked for. See docs/sglang.md."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, namespace_of, region_bytes, store_key
+from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, namespace_of, open_or_remake, region_bytes, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -41,7 +40,7 @@ _FORMAT = "kvxfer.sglang storage 1"
 
 #: SGLang's own keys in the extra config, beside the backend's settings.
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
-_SETTINGS = ("root_dir", "capacity_bytes", "capacity_pages", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine")
+_SETTINGS = ("root_dir", "capacity_bytes", "capacity_pages", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "replicas")
 
 #: kvxfer's default bounce slot and ring (docs/configuration.md); a region must fit in a
 #: slot with room for two direct-I/O alignments, so larger regions get larger slots.
@@ -196,8 +195,9 @@ def _make_backend_class() -> type:
         must be 1): `root_dir` (required), `capacity_bytes` or `capacity_pages`
         (required), `shards` (data files, default 4), `durable`, `buffered` (tmpfs or
         page-cache I/O), `verify_on_open`, `namespace` (added to the fingerprint),
-        `engine` (kvxfer engine settings: `io_threads`, `io_backend`, ...). The store
-        opens when SGLang registers its host pool."""
+        `engine` (kvxfer engine settings: `io_threads`, `io_backend`, ...), `replicas`
+        (processes of a rank that each own a store under `root_dir`: the data-parallel
+        size, default 1). The store opens when SGLang registers its host pool."""
 
         def __init__(self, storage_config: Any, kwargs: Optional[Dict[str, Any]] = None) -> None:
             extra = dict(storage_config.extra_config or {})
@@ -260,33 +260,51 @@ def _make_backend_class() -> type:
             super().register_mem_host_pool_v2(host_pool, host_pool_name)
 
         def _open(self) -> None:
-            """Opens the store in the first of `<root_dir>/<model>_<digest>_<n>` no other
-            process holds: a store has one owner, and each data-parallel replica of a
-            rank (a process of its own, holding the same bytes under the same hashes)
-            takes one."""
+            """Opens the store in the first of `<root_dir>/<model>_<digest>_<n>`, `n`
+            below `replicas`, that no other process holds: a store has one owner, and
+            each data-parallel replica of a rank (a process of its own, holding the same
+            bytes under the same hashes) takes one, with a capacity of its own. With
+            every one held, refuses naming their owners: a second SGLang server on the
+            same `root_dir` needs its own."""
             s = self._settings
+            replicas = s.get("replicas", 1)
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+                raise InvalidArgument(f'kvxfer.sglang: "replicas" is {replicas!r}; give the data-parallel size (--dp-size), at least 1')
             model = str(self._fields["model"] or "model").replace("/", "_")
-            for n in itertools.count():
+            held = []
+            for n in range(replicas):
                 directory = os.path.join(str(s["root_dir"]), f"{model}_{self.namespace[7:19].decode()}_{n}")
                 os.makedirs(directory, exist_ok=True)
                 try:
-                    self._store = Store(
-                        self._engine,  # type: ignore[arg-type]
+                    self._store = open_or_remake(
+                        lambda: Store(
+                            self._engine,  # type: ignore[arg-type]
+                            directory,
+                            self._config,
+                            self._capacity,
+                            namespace=self.namespace,
+                            durable=bool(s.get("durable", False)),
+                            buffered=bool(s.get("buffered", False)),
+                            verify_on_open=bool(s.get("verify_on_open", False)),
+                            shards=s.get("shards", 4),
+                        ),
                         directory,
-                        self._config,
-                        self._capacity,
-                        namespace=self.namespace,
-                        durable=bool(s.get("durable", False)),
-                        buffered=bool(s.get("buffered", False)),
-                        verify_on_open=bool(s.get("verify_on_open", False)),
-                        shards=s.get("shards", 4),
+                        "kvxfer.sglang",
                     )
-                except Busy:
+                except Busy as e:
+                    held.append(e.message)
                     continue
                 self.directory = directory
                 with open(os.path.join(directory, "config.json"), "w") as f:
                     json.dump(self._fields, f, indent=2, sort_keys=True)
+                if n:
+                    log.info("kvxfer.sglang: replica %d of %d of this rank: store %s, a capacity of its own", n + 1, replicas, directory)
                 return
+            raise Busy(
+                f"kvxfer.sglang: every store of this rank under {s['root_dir']} is held ({'; '.join(held)}); "
+                f'"replicas" is {replicas}: give a second SGLang server its own root_dir, or set "replicas" to the data-parallel size',
+                13,
+            )
 
         # -- v1: pages in place ------------------------------------------------
         def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:

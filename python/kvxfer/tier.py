@@ -10,10 +10,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import Any, Dict, Optional, Sequence
+import logging
+import shutil
+from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
 
 from .engine import LayoutConfig
-from .errors import InvalidArgument, Unsupported
+from .errors import Incompatible, InvalidArgument, Unsupported, VersionError
+
+log = logging.getLogger("kvxfer.tier")
+
+T = TypeVar("T")
 
 #: The store's longest key.
 MAX_KEY = 64
@@ -100,6 +106,19 @@ def capacity_blocks(blocks: Optional[int], nbytes: Optional[int], block_bytes: i
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise InvalidArgument(f"the kvxfer store's capacity is {n!r} {unit} of {block_bytes} bytes; give capacity_bytes of at least one of them")
     return n
+
+
+def open_or_remake(open_store: Callable[[], T], directory: str, plugin: str) -> T:
+    """`open_store()`, the plug-in's store in `directory`; where the store there was made
+    with other settings (geometry, capacity, shard count) or by another store version,
+    the directory is removed and the store made afresh, empty, with a warning naming what
+    differed: a changed setting costs what was stored, never the runtime's start."""
+    try:
+        return open_store()
+    except (Incompatible, VersionError) as e:
+        log.warning("%s: %s; making the store afresh, what it held is dropped", plugin, e.message)
+    shutil.rmtree(directory)
+    return open_store()
 
 
 def check_version(plugin: str, package: str, name: str, supported: Sequence[str], interface: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..engine import Engine, LayoutConfig
 from ..errors import Error, IntegrityError, InvalidArgument, Unsupported
 from ..store import Store
-from ..tier import capacity_blocks, engine_settings, store_key
+from ..tier import capacity_blocks, engine_settings, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .slot_mover import SlotJob, SlotMover, engine_for
 from .version import check_vllm_version
@@ -107,12 +107,39 @@ def write_generation(path: str, generation: int) -> None:
         os.close(fd)
 
 
+#: The spec's keys of `kv_connector_extra_config`.
+SPEC_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine")
+#: vLLM 0.33.0's own keys there, which its OffloadingConnector and offloading specs read.
+VLLM_SETTINGS = (
+    "spec_name",
+    "spec_module_path",
+    "block_size",
+    "blocks_per_chunk",
+    "canonical_layout",
+    "offload_prompt_only",
+    "self_describing_kv_events",
+    "sync_load_budget_bytes",
+    "cpu_bytes_to_use",
+    "eviction_policy",
+    "max_tracker_size",
+    "store_threshold",
+    "secondary_tiers",
+    "tier_poll_interval_s",
+    "backpressure",
+    "enable_telemetry",
+    "connectors",
+)
+
+
 class _Settings:
     """The spec's keys of `kv_connector_extra_config`, checked once."""
 
     def __init__(self, offloading_spec: Any):
         x = offloading_spec.extra_config
         c = offloading_spec.config
+        unknown = sorted(k for k in x if k not in SPEC_SETTINGS and k not in VLLM_SETTINGS)
+        if unknown:
+            raise InvalidArgument(f"KvxferOffloadingSpec: unknown kv_connector_extra_config key(s) {', '.join(unknown)}; its keys are {', '.join(SPEC_SETTINGS)}")
         if not x.get("root_dir"):
             raise InvalidArgument('KvxferOffloadingSpec needs "root_dir" (the stores\' directory) in kv_connector_extra_config')
         if c.cache.blocks_per_chunk != 1:
@@ -233,17 +260,22 @@ def make_spec_classes() -> Dict[str, type]:
             stores: List[Store] = []
             try:
                 for d, geometry, ns in zip(s.directories, geometries, s.namespaces):
+                    at = generation_store(d, self._generation)
                     stores.append(
-                        Store(
-                            self._engine,
-                            generation_store(d, self._generation),
-                            geometry,
-                            capacity,
-                            namespace=ns,
-                            durable=s.durable,
-                            buffered=s.buffered,
-                            verify_on_open=s.verify_on_open,
-                            shards=s.shards,
+                        open_or_remake(
+                            lambda: Store(
+                                self._engine,
+                                at,
+                                geometry,
+                                capacity,
+                                namespace=ns,
+                                durable=s.durable,
+                                buffered=s.buffered,
+                                verify_on_open=s.verify_on_open,
+                                shards=s.shards,
+                            ),
+                            at,
+                            "kvxfer offloading",
                         )
                     )
             except BaseException:

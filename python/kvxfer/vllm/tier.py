@@ -26,11 +26,16 @@ from ..engine import Engine
 from ..errors import Error, InvalidArgument, Unsupported
 from ..store import Store, StoreRequest
 from ..tier import capacity_blocks as capacity_blocks_of
-from ..tier import chunk_layout, engine_settings, store_key
+from ..tier import chunk_layout, engine_settings, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
 
 log = logging.getLogger("kvxfer.vllm")
+
+
+#: The tier's keys of its tier config (beside vLLM's `type`, `module_path` and
+#: `backpressure`, which vLLM takes out first).
+TIER_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "locality")
 
 
 @dataclass
@@ -80,7 +85,10 @@ def make_tier_class() -> type:
             engine: Optional[Dict[str, Any]] = None,
             locality: Optional[str] = None,
             backpressure_detector: Any = None,
+            **unknown: Any,
         ) -> None:
+            if unknown:
+                raise InvalidArgument(f"the kvxfer tier has no setting {', '.join(sorted(unknown))}; its tier config keys are {', '.join(TIER_SETTINGS)}")
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
             self.locality = Locality(locality) if locality is not None else None
             rows = np.asarray(primary_kv_view)
@@ -96,16 +104,21 @@ def make_tier_class() -> type:
             self._engine = Engine("emulated", **engine_settings(engine, buffered))
             try:
                 self._primary = self._engine.register(rows, self._config)
-                self._store = Store(
-                    self._engine,
+                blocks = capacity_blocks_of(capacity_blocks, capacity_bytes, chunk_bytes, "blocks", "its tier config (a block is a chunk of the CPU tier)")
+                self._store = open_or_remake(
+                    lambda: Store(
+                        self._engine,
+                        self.directory,
+                        self._config,
+                        blocks,
+                        namespace=self.namespace,
+                        durable=durable,
+                        buffered=buffered,
+                        verify_on_open=verify_on_open,
+                        shards=shards,
+                    ),
                     self.directory,
-                    self._config,
-                    capacity_blocks_of(capacity_blocks, capacity_bytes, chunk_bytes, "blocks", "its tier config (a block is a chunk of the CPU tier)"),
-                    namespace=self.namespace,
-                    durable=durable,
-                    buffered=buffered,
-                    verify_on_open=verify_on_open,
-                    shards=shards,
+                    f"kvxfer tier {tier_type}",
                 )
             except BaseException:
                 self._engine.close()
