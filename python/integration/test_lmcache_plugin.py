@@ -337,6 +337,12 @@ def test_a_setting_no_store_can_take_is_refused_at_the_start(tmp_path, bad):
         make_adapter(tmp_path, **bad)
 
 
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        make_adapter(tmp_path / "file" / "kv")
+
+
 def test_a_second_server_on_the_same_root_dir_is_refused_naming_the_first(tmp_path, mem):
     first = make_adapter(tmp_path)
     try:

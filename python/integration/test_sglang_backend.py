@@ -359,6 +359,12 @@ def test_clear_empties_the_store(backend, pool):
     assert backend.batch_exists(keys) == 2
 
 
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path, pool):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        StorageBackendFactory.create_backend("dynamic", storage_config(tmp_path / "file" / "kv"), pool)
+
+
 def test_a_config_without_interface_v1_is_refused(tmp_path, pool):
     config = storage_config(tmp_path, interface_v1=None)
     with pytest.raises(kvxfer.InvalidArgument, match="interface_v1"):

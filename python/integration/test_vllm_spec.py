@@ -434,6 +434,12 @@ def test_another_model_namespace_or_parallel_layout_does_not_find_them(tmp_path,
         e.shutdown()
 
 
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        OffloadingSpecFactory.create_spec(make_config(tmp_path / "file" / "kv"))
+
+
 def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
     with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_block\b.*capacity_bytes, capacity_blocks"):
         OffloadingSpecFactory.create_spec(make_config(tmp_path, capacity_block=8))

@@ -275,6 +275,12 @@ def test_a_restart_of_the_same_configuration_finds_its_chunks(tmp_path):
             other.shutdown()
 
 
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        make_manager(tmp_path / "file" / "kv")
+
+
 def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
     with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_byte\b.*capacity_bytes, capacity_blocks"):
         make_manager(tmp_path, capacity_byte=1 << 20)

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from .engine import Engine, Layout
 from .errors import Busy, Error, InvalidArgument, Shutdown
 from .store import Store, StoreRequest
-from .tier import check_version, chunk_layout, engine_settings, namespace_of, open_or_remake, store_key
+from .tier import check_version, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, store_key
 
 log = logging.getLogger("kvxfer.lmcache")
 
@@ -189,7 +189,7 @@ class KvxferConnector:
         self.namespace = namespace_of("lmcache", self._fields)
         #: The store's directory: a configuration of its own gets a store of its own.
         self.directory = os.path.join(self.root_dir, self.namespace.split(b" ")[1][:16].decode())
-        os.makedirs(self.root_dir, exist_ok=True)
+        make_root(self.root_dir, "the kvxfer L2 adapter")
         fs = os.statvfs(self.root_dir)
         if self._capacity > fs.f_blocks * fs.f_frsize:
             raise InvalidArgument(

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, namespace_of, open_or_remake, region_bytes, store_key
+from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, make_root, namespace_of, open_or_remake, region_bytes, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -212,6 +212,7 @@ def _make_backend_class() -> type:
             if not extra.get("root_dir"):
                 raise InvalidArgument('kvxfer.sglang needs "root_dir" (the directory its stores are made in) in the extra config')
             _refuse_unsupported_parallelism(storage_config)
+            make_root(str(extra["root_dir"]), "kvxfer.sglang")
             self.storage_config = storage_config
             self._settings = {k: extra[k] for k in _SETTINGS if k in extra}
             self._engine: Optional[Engine] = None

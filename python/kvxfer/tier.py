@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import shutil
 from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
 
@@ -106,6 +107,19 @@ def capacity_blocks(blocks: Optional[int], nbytes: Optional[int], block_bytes: i
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise InvalidArgument(f"the kvxfer store's capacity is {n!r} {unit} of {block_bytes} bytes; give capacity_bytes of at least one of them")
     return n
+
+
+def make_root(root_dir: str, plugin: str) -> str:
+    """`root_dir`, made where missing; refuses, with what to do, a path this process
+    cannot make a directory at or write in, so the runtime stops at its start with that
+    line rather than at its first store."""
+    try:
+        os.makedirs(root_dir, exist_ok=True)
+    except OSError as e:
+        raise InvalidArgument(f"{plugin}: root_dir {root_dir} cannot be made ({e.strerror}); give a directory this process may make and write in") from None
+    if not os.access(root_dir, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"{plugin}: this process may not write in root_dir {root_dir}; give a directory it may write in")
+    return root_dir
 
 
 def open_or_remake(open_store: Callable[[], T], directory: str, plugin: str) -> T:

@@ -26,7 +26,7 @@ from ..engine import Engine
 from ..errors import Error, InvalidArgument, Unsupported
 from ..store import Store, StoreRequest
 from ..tier import capacity_blocks as capacity_blocks_of
-from ..tier import chunk_layout, engine_settings, open_or_remake, store_key
+from ..tier import chunk_layout, engine_settings, make_root, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
 
@@ -95,6 +95,7 @@ def make_tier_class() -> type:
             if rows.ndim != 2 or rows.itemsize != 1:
                 raise InvalidArgument(f"vLLM's CPU tier view has shape {rows.shape} of {rows.dtype}; the kvxfer tier expects (num_chunks, chunk_bytes) bytes")
             num_chunks, chunk_bytes = rows.shape
+            make_root(root_dir, "kvxfer tier")
             self._fields = fingerprint(offloading_spec, chunk_bytes, namespace)
             self.namespace = namespace_of(self._fields)
             self.directory = store_directory(root_dir, self._fields, self.namespace, offloading_spec.config.parallel.data_parallel_index)
