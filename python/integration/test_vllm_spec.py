@@ -440,6 +440,13 @@ def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):
         OffloadingSpecFactory.create_spec(make_config(tmp_path / "file" / "kv"))
 
 
+def test_a_capacity_past_the_file_system_is_refused_at_the_start(tmp_path):
+    fs = os.statvfs(tmp_path)
+    config = make_config(tmp_path, capacity_blocks=None, capacity_bytes=fs.f_blocks * fs.f_frsize + 1)
+    with pytest.raises(kvxfer.InvalidArgument, match="more than the file system"):
+        OffloadingSpecFactory.create_spec(config)
+
+
 def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
     with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_block\b.*capacity_bytes, capacity_blocks"):
         OffloadingSpecFactory.create_spec(make_config(tmp_path, capacity_block=8))

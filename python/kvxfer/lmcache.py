@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from .engine import Engine, Layout
 from .errors import Busy, Error, InvalidArgument, Shutdown
 from .store import Store, StoreRequest
-from .tier import check_version, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, store_key
+from .tier import check_room, check_version, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, store_key
 
 log = logging.getLogger("kvxfer.lmcache")
 
@@ -190,12 +190,7 @@ class KvxferConnector:
         #: The store's directory: a configuration of its own gets a store of its own.
         self.directory = os.path.join(self.root_dir, self.namespace.split(b" ")[1][:16].decode())
         make_root(self.root_dir, "the kvxfer L2 adapter")
-        fs = os.statvfs(self.root_dir)
-        if self._capacity > fs.f_blocks * fs.f_frsize:
-            raise InvalidArgument(
-                f"the kvxfer L2 adapter's capacity_bytes is {self._capacity}, more than the file system of {self.root_dir} holds "
-                f"({fs.f_blocks * fs.f_frsize} bytes); the store takes its whole capacity when it is made: give a smaller capacity"
-            )
+        check_room(self.root_dir, self._capacity, "the kvxfer L2 adapter")
         self._owner = self._claim()
         self._lock = threading.Lock()
         #: Held while the store is opened or made, which takes its whole capacity (a

@@ -122,6 +122,18 @@ def make_root(root_dir: str, plugin: str) -> str:
     return root_dir
 
 
+def check_room(root_dir: str, capacity_bytes: int, plugin: str) -> None:
+    """Refuses a capacity past the size of `root_dir`'s file system: a store takes its
+    whole capacity when it is made, so that store could never be made."""
+    fs = os.statvfs(root_dir)
+    size = fs.f_blocks * fs.f_frsize
+    if capacity_bytes > size:
+        raise InvalidArgument(
+            f"{plugin}: capacity_bytes is {capacity_bytes}, more than the file system of {root_dir} holds ({size} bytes); "
+            "a store takes its whole capacity when it is made: give a smaller capacity"
+        )
+
+
 def open_or_remake(open_store: Callable[[], T], directory: str, plugin: str) -> T:
     """`open_store()`, the plug-in's store in `directory`; where the store there was made
     with other settings (geometry, capacity, shard count) or by another store version,

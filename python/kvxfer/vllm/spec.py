@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..engine import Engine, LayoutConfig
 from ..errors import Error, IntegrityError, InvalidArgument, Unsupported
 from ..store import Store
-from ..tier import capacity_blocks, engine_settings, make_root, open_or_remake, store_key
+from ..tier import capacity_blocks, check_room, engine_settings, make_root, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .slot_mover import SlotJob, SlotMover, engine_for
 from .version import check_vllm_version
@@ -153,6 +153,8 @@ class _Settings:
             raise InvalidArgument('KvxferOffloadingSpec needs one of "capacity_bytes" or "capacity_blocks" (GPU blocks per rank) in kv_connector_extra_config')
         self.root_dir = make_root(str(x["root_dir"]), "KvxferOffloadingSpec")
         self.capacity_bytes: Optional[int] = x.get("capacity_bytes")
+        if self.capacity_bytes is not None:
+            check_room(self.root_dir, int(self.capacity_bytes), "KvxferOffloadingSpec")
         self.capacity_blocks: Optional[int] = x.get("capacity_blocks")
         self.shards = int(x.get("shards", 4))
         self.durable = bool(x.get("durable", False))
