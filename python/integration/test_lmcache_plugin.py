@@ -178,6 +178,30 @@ def test_the_connectors_event_fd_is_readable_when_a_batch_completes(tmp_path, me
         c.close()
 
 
+def test_an_engine_at_its_admission_limit_fails_objects_alone_and_loses_none(tmp_path, mem):
+    """An engine admitting one request at a time: each object of a batch is stored (or
+    loaded, byte for byte) or False alone, and an object stored is never lost to the
+    pressure: alone, each one loads."""
+    c = kv_lmcache.KvxferConnector(root_dir=str(tmp_path), capacity_bytes=1 << 20, model=MODEL, engine={"max_inflight": 1})
+
+    def run(fid):
+        return wait_for(c.event_fd(), lambda: next((bools for f, _, _, bools in c.drain_completions() if f == fid), None))
+
+    try:
+        keys = [f"a@0@0@{i:02x}" for i in range(6)]
+        objs = [mem.make(70 + i) for i in range(6)]
+        for k, o, ok in zip(keys, objs, run(c.submit_batch_set(keys, [o.byte_array for o in objs]))):
+            if not ok:
+                assert run(c.submit_batch_set([k], [o.byte_array])) == [True], "an object alone is stored"
+        back = [mem.make() for _ in objs]
+        for k, b, o, ok in zip(keys, back, objs, run(c.submit_batch_get(keys, [b.byte_array for b in back]))):
+            if not ok:
+                assert run(c.submit_batch_get([k], [b.byte_array])) == [True], "a stored object alone loads"
+            assert payload(b) == payload(o)
+    finally:
+        c.close()
+
+
 def _data_file(root):
     (d,) = [e for e in os.listdir(root) if os.path.isdir(os.path.join(root, e))]
     return os.path.join(root, d, "data-0")

@@ -192,6 +192,29 @@ def test_a_flipped_byte_fails_that_page_alone(backend, pool):
     assert stats.integrity_failures == 1 and stats.entries == 2
 
 
+def test_an_engine_at_its_admission_limit_fails_pages_alone_and_loses_none(tmp_path):
+    """An engine admitting one request at a time: each page of a call is stored (or
+    loaded, byte for byte) or False alone, SGLang recomputes the False ones, and a page
+    stored is never lost to the pressure: alone, each one loads."""
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path, engine={"max_inflight": 1}))
+    try:
+        pages = list(range(1, 7))
+        keys = page_hashes(len(pages), seed=16)
+        fill_pages(pool, pages, seed=16)
+        want = [page_bytes(pool, p) for p in pages]
+        for k, p, ok in zip(keys, pages, b.batch_set_v1(keys, token_indices(pages))):
+            if not ok:
+                assert b.batch_set_v1([k], token_indices([p])) == [True], "a page alone is stored"
+        into = [p + 8 for p in pages]
+        for i, ok in enumerate(b.batch_get_v1(keys, token_indices(into))):
+            if not ok:
+                assert b.batch_get_v1([keys[i]], token_indices([into[i]])) == [True], "a stored page alone loads"
+            assert torch.equal(page_bytes(pool, into[i]), want[i])
+    finally:
+        b.close()
+
+
 def test_a_key_held_already_is_stored_without_a_write(backend, pool):
     keys = page_hashes(2)
     fill_pages(pool, [1, 2], seed=4)
