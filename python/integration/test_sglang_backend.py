@@ -215,6 +215,18 @@ def test_an_engine_at_its_admission_limit_fails_pages_alone_and_loses_none(tmp_p
         b.close()
 
 
+def test_pages_failed_in_one_call_are_one_warning_naming_the_cause(backend, pool, caplog):
+    keys = page_hashes(3, seed=17)
+    fill_pages(pool, [1, 2, 3], seed=17)
+    pieces = [bytes(page_bytes(pool, p)[:256].numpy()) for p in (2, 3)]
+    assert backend.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    assert all(flip_a_byte(backend.directory, piece, 100) for piece in pieces)
+    with caplog.at_level("DEBUG", logger="kvxfer.sglang"):
+        assert backend.batch_get_v1(keys, token_indices([10, 11, 12])) == [True, False, False]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.sglang" and r.levelname == "WARNING"]
+    assert "2 of 3 keys failed (IntegrityError" in line and keys[1] in line
+
+
 def test_a_key_held_already_is_stored_without_a_write(backend, pool):
     keys = page_hashes(2)
     fill_pages(pool, [1, 2], seed=4)

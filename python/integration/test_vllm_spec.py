@@ -277,6 +277,19 @@ def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path
         e.shutdown()
 
 
+def test_blocks_failed_in_one_job_are_one_warning_naming_the_cause(engine, caplog):
+    keys = keys_of(1, 2, 3)
+    fill(engine, [0, 1, 2], seed=16)
+    engine.offload(keys, [0, 1, 2])
+    for b in (1, 2):
+        assert flip_a_byte(engine.manager.store_directory(1), engine.caches[1][0][b].numpy().tobytes(), 1000)
+    with caplog.at_level("DEBUG", logger="kvxfer.vllm"):
+        _, results = engine.onboard(keys, [8, 9, 10])
+    assert results[0].success and not results[1].success
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.vllm" and r.levelname == "WARNING"]
+    assert "rank 1's load job: 2 of 3 keys failed (IntegrityError" in line
+
+
 def test_a_load_failed_for_another_reason_than_its_check_keeps_the_key(tmp_path, monkeypatch):
     """Only a block that failed its check is named for removal: a load that failed for
     another reason (here the engine's admission limit) fails its job, and the key, whose

@@ -238,6 +238,20 @@ def test_a_damaged_chunk_fails_its_key_alone(manager):
     assert stats.integrity_failures == 1 and stats.entries == 2
 
 
+def test_chunks_failed_in_one_job_are_one_warning_naming_the_cause(manager, caplog):
+    keys = keys_of(1, 2, 3)
+    offload(manager, keys)
+    empty_cpu_tier(manager)
+    tier = tier_of(manager)
+    for k in keys[1:]:
+        assert flip_a_byte(tier.directory, payload(k, BLOCK_BYTES).tobytes(), 1000)
+    with caplog.at_level("DEBUG", logger="kvxfer.vllm"):
+        results, _ = onboard(manager, keys)
+    assert [results[k] for k in keys] == [LookupResult.HIT, LookupResult.MISS, LookupResult.MISS]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.vllm" and r.levelname == "WARNING"]
+    assert "a load job: 2 of 3 keys failed (IntegrityError" in line
+
+
 def test_a_store_job_that_cannot_store_every_key_is_reported_failed(tmp_path):
     m = make_manager(tmp_path, capacity_blocks=2, shards=1)
     try:

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, make_root, namespace_of, open_or_remake, region_bytes, store_key
+from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, log_failures, make_root, namespace_of, open_or_remake, region_bytes, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -360,9 +360,7 @@ def _make_backend_class() -> type:
             except Error as e:
                 log.warning("kvxfer.sglang: a %s of %d pages failed: %s", "get" if load else "set", len(keys), e)
                 return [False] * len(keys)
-            for k, e in zip(keys, results):
-                if e is not None:
-                    log.log(logging.DEBUG if isinstance(e, NotFound) else logging.WARNING, "kvxfer.sglang: %s of page %s failed: %s", "get" if load else "set", k, e)
+            log_failures(log, f"kvxfer.sglang: a {'get' if load else 'set'} of {len(keys)} pages", keys, results, (NotFound,) if load else ())
             return [e is None for e in results]
 
         def _transfer(self, store: Store, skeys: List[bytes], ids: List[int], load: bool) -> List[Optional[Error]]:

@@ -13,10 +13,10 @@ import json
 import logging
 import os
 import shutil
-from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, TypeVar
 
 from .engine import LayoutConfig
-from .errors import Incompatible, InvalidArgument, Unsupported, VersionError
+from .errors import Error, Incompatible, InvalidArgument, Unsupported, VersionError
 
 log = logging.getLogger("kvxfer.tier")
 
@@ -107,6 +107,22 @@ def capacity_blocks(blocks: Optional[int], nbytes: Optional[int], block_bytes: i
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise InvalidArgument(f"the kvxfer store's capacity is {n!r} {unit} of {block_bytes} bytes; give capacity_bytes of at least one of them")
     return n
+
+
+def log_failures(logger: logging.Logger, what: str, keys: Sequence[Any], errors: Sequence[Optional[Error]], quiet: Tuple[Type[Error], ...] = ()) -> None:
+    """One line for the keys of a call that failed: how many of how many, and the first
+    failure's kind, key and reason (a disk error or an admission limit fails many keys
+    at once, for one cause). At WARNING, unless every failure is of a `quiet` kind (a miss
+    the runtime expects), then at DEBUG; each key's own reason goes to DEBUG."""
+    failed = [(k, e) for k, e in zip(keys, errors) if e is not None]
+    if not failed:
+        return
+    shown = [(k.hex() if isinstance(k, (bytes, bytearray)) else str(k), e) for k, e in failed]
+    for k, e in shown:
+        logger.debug("%s: key %s: %s", what, k, e)
+    loud = [(k, e) for k, e in shown if not isinstance(e, quiet)]
+    k, e = (loud or shown)[0]
+    logger.log(logging.WARNING if loud else logging.DEBUG, "%s: %d of %d keys failed (%s, key %s: %s)", what, len(failed), len(keys), type(e).__name__, k, e)
 
 
 def make_root(root_dir: str, plugin: str) -> str:

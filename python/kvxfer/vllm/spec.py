@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..engine import Engine, LayoutConfig
 from ..errors import Error, IntegrityError, InvalidArgument, Unsupported
 from ..store import Store
-from ..tier import capacity_blocks, check_room, engine_settings, make_root, open_or_remake, store_key
+from ..tier import capacity_blocks, check_room, engine_settings, log_failures, make_root, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .slot_mover import SlotJob, SlotMover, engine_for
 from .version import check_vllm_version
@@ -547,8 +547,7 @@ def make_spec_classes() -> Dict[str, type]:
             job, slots, is_load, started = self._jobs.pop(job_id)
             results = job.results()
             bad = [(k, e) for k, e in zip(slots.keys, results) if e is not None]
-            for k, e in bad:
-                log.warning("kvxfer offloading: rank %d could not %s key %s: %s", self._rank, "load" if is_load else "store", k.hex(), e)
+            log_failures(log, f"kvxfer offloading: rank {self._rank}'s {'load' if is_load else 'store'} job", slots.keys, results)
             damaged = [k for k, e in bad if isinstance(e, IntegrityError)]
             if is_load and damaged:
                 with open(os.path.join(generation_store(self._dir, slots.generation), FAILED_FILE), "a") as f:

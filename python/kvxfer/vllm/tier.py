@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ..engine import Engine
-from ..errors import Error, InvalidArgument, Unsupported
+from ..errors import Error, InvalidArgument, NotFound, Unsupported
 from ..store import Store, StoreRequest
 from ..tier import capacity_blocks as capacity_blocks_of
-from ..tier import chunk_layout, engine_settings, make_root, open_or_remake, store_key
+from ..tier import chunk_layout, engine_settings, log_failures, make_root, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
 
@@ -180,9 +180,7 @@ def make_tier_class() -> type:
             results = j.request.results()
             j.request.release()
             ok = [k for k, e in zip(j.keys, results) if e is None]
-            for k, e in zip(j.keys, results):
-                if e is not None:
-                    log.log(logging.DEBUG if j.is_load else logging.WARNING, "kvxfer tier: %s of key %s failed: %s", "load" if j.is_load else "store", bytes(k).hex(), e)
+            log_failures(log, f"kvxfer tier: a {'load' if j.is_load else 'store'} job", [bytes(k) for k in j.keys], results, (NotFound,) if j.is_load else ())
             success = len(ok) == len(j.keys)
             return JobResult(
                 job_id=j.job.job_id,
