@@ -384,6 +384,30 @@ def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, cap
         b.close()
 
 
+def test_a_store_damaged_past_opening_is_made_afresh_with_a_warning(tmp_path, caplog):
+    keys = page_hashes(2, seed=18)
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path))
+    fill_pages(pool, [1, 2], seed=18)
+    assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    directory = b.directory
+    b.close()
+    with open(os.path.join(directory, "meta"), "r+b") as f:
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        b = attach(pool, storage_config(tmp_path))
+    try:
+        assert any("damaged" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+        assert b.batch_exists(keys) == 0
+        assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+        assert b.batch_get_v1(keys, token_indices([3, 4])) == [True, True]
+    finally:
+        b.close()
+
+
 def test_clear_empties_the_store(backend, pool):
     keys = page_hashes(2)
     fill_pages(pool, [1, 2], seed=9)

@@ -16,7 +16,7 @@ import shutil
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, TypeVar
 
 from .engine import LayoutConfig
-from .errors import Error, Incompatible, InvalidArgument, Unsupported, VersionError
+from .errors import Error, Incompatible, IntegrityError, InvalidArgument, Unsupported, VersionError
 
 log = logging.getLogger("kvxfer.tier")
 
@@ -152,12 +152,13 @@ def check_room(root_dir: str, capacity_bytes: int, plugin: str) -> None:
 
 def open_or_remake(open_store: Callable[[], T], directory: str, plugin: str) -> T:
     """`open_store()`, the plug-in's store in `directory`; where the store there was made
-    with other settings (geometry, capacity, shard count) or by another store version,
-    the directory is removed and the store made afresh, empty, with a warning naming what
-    differed: a changed setting costs what was stored, never the runtime's start."""
+    with other settings (geometry, capacity, shard count), by another store version, or
+    is damaged past opening (the store refuses only what makes it unknowable as a whole),
+    the directory is removed and the store made afresh, empty, with a warning naming
+    why: that costs what was stored, never the runtime's start."""
     try:
         return open_store()
-    except (Incompatible, VersionError) as e:
+    except (Incompatible, VersionError, IntegrityError) as e:
         log.warning("%s: %s; making the store afresh, what it held is dropped", plugin, e.message)
     shutil.rmtree(directory)
     return open_store()

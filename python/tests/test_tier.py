@@ -63,15 +63,25 @@ def another_version(directory):
     meta.write_bytes(bytes(m))
 
 
-@pytest.mark.parametrize("made", ["another version", "another geometry", "another capacity"])
+def damaged(directory):
+    """Flips a byte of the store's `meta`: its checksum no longer matches."""
+    meta = directory / "meta"
+    m = bytearray(meta.read_bytes())
+    m[20] ^= 0x40
+    meta.write_bytes(bytes(m))
+
+
+@pytest.mark.parametrize("made", ["another version", "another geometry", "another capacity", "damaged"])
 def test_a_store_made_otherwise_is_made_afresh_with_a_warning(tmp_path, caplog, made):
     d = tmp_path / "store"
     with kvxfer.Engine("emulated") as e:
         kvxfer.Store(e, d, chunk_layout(1, 4096), 4, namespace=b"t").close()
         if made == "another version":
             another_version(d)
+        if made == "damaged":
+            damaged(d)
         config, capacity = (chunk_layout(1, 8192 if made == "another geometry" else 4096), 8 if made == "another capacity" else 4)
-        with pytest.raises((kvxfer.VersionError, kvxfer.Incompatible)):
+        with pytest.raises((kvxfer.VersionError, kvxfer.Incompatible, kvxfer.IntegrityError)):
             kvxfer.Store(e, d, config, capacity, namespace=b"t").close()
         with caplog.at_level("WARNING", logger="kvxfer.tier"):
             with open_or_remake(lambda: kvxfer.Store(e, d, config, capacity, namespace=b"t"), str(d), "test tier") as s:
