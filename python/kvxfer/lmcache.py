@@ -95,7 +95,7 @@ class _Move:
             if self.staging is not None:
                 layout, buf, dst = self.staging
                 if not why and dst is not None:
-                    dst[:] = buf[: len(dst)]
+                    dst[:] = memoryview(buf)[: len(dst)]
                 layout.close()
             self.requests, self.staging = [], None
             self.result = (not why, why)
