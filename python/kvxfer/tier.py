@@ -1,9 +1,11 @@
 """What a runtime's KV tier over a `Store` needs whatever the runtime: a namespace that
 fingerprints the runtime's configuration, store keys from the runtime's keys, the regions
 a block's bytes are cut into, the layout of a chunk kept as one block, the store's
-capacity and its engine's settings from the plug-in's, and the check of the runtime's
-version. The runtime plug-ins (kvxfer.vllm, kvxfer.sglang,
-kvxfer.lmcache) build on it; none of it imports a runtime."""
+capacity and its engine's settings from the plug-in's, the checks of the root directory
+and the capacity at the runtime's start, the store opened (or made afresh where it cannot
+be), one log line for a job's failed keys, and the check of the runtime's version. The
+runtime plug-ins (kvxfer.vllm, kvxfer.sglang, kvxfer.lmcache) build on it; none of it
+imports a runtime."""
 
 from __future__ import annotations
 
