@@ -20,6 +20,7 @@ import pytest
 
 import kvxfer
 import kvxfer.lmcache as kv_lmcache
+from kvx_integration import fill_up, small_file_system
 
 torch = pytest.importorskip("torch")
 l2_config = pytest.importorskip("lmcache.v1.distributed.l2_adapters.config")
@@ -345,6 +346,32 @@ def test_another_lmcache_version_is_refused_naming_the_supported_one(tmp_path, m
 def test_import_kvxfer_never_imports_lmcache():
     code = "import sys, kvxfer, kvxfer.lmcache; sys.exit('lmcache' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], env=os.environ.copy()).returncode == 0
+
+
+def test_a_full_disk_fails_the_objects_it_stops_and_loses_none(tmp_path, mem, caplog):
+    """A file system filled up under the store: a set whose bookkeeping cannot be written
+    (an object of a size not stored before) is False for that object, with one line
+    naming the cause, and LMCache serves on; what was stored still loads."""
+    with small_file_system(tmp_path / "fs", 4 << 20) as root:
+        c = kv_lmcache.KvxferConnector(root_dir=str(root), capacity_bytes=1 << 20, model=MODEL)
+
+        def run(fid):
+            return wait_for(c.event_fd(), lambda: next((bools for f, _, _, bools in c.drain_completions() if f == fid), None))
+
+        try:
+            objs = [mem.make(80), mem.make(81)]
+            assert run(c.submit_batch_set(["a@0@0@50", "a@0@0@51"], [o.byte_array for o in objs])) == [True, True]
+            fill_up(root)
+            partial = mem.make(82, PARTIAL)
+            with caplog.at_level("WARNING", logger="kvxfer.lmcache"):
+                assert run(c.submit_batch_set(["a@0@0@52", "a@0@0@53"], [partial.byte_array, mem.make(83).byte_array])) == [False, True]
+            (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.lmcache"]
+            assert "a set of 2 objects: 1 of 2 keys failed (OSError, key a@0@0@52: [Errno 28] No space left" in line
+            back = [mem.make(), mem.make()]
+            assert run(c.submit_batch_get(["a@0@0@50", "a@0@0@51"], [b.byte_array for b in back])) == [True, True]
+            assert [payload(b) for b in back] == [payload(o) for o in objs]
+        finally:
+            c.close()
 
 
 def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):

@@ -18,6 +18,7 @@ chunk, as a rule): an object moves in whole slots straight from or into its memo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -29,9 +30,9 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .engine import Engine, Layout
-from .errors import Busy, Error, InvalidArgument, Shutdown
+from .errors import Busy, Error, InvalidArgument, NotFound, Shutdown
 from .store import Store, StoreRequest
-from .tier import check_room, check_version, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, store_key
+from .tier import check_room, check_version, chunk_layout, engine_settings, log_failures, make_root, namespace_of, open_or_remake, store_key
 
 log = logging.getLogger("kvxfer.lmcache")
 
@@ -79,26 +80,27 @@ class _Move:
     def __init__(self) -> None:
         self.requests: List[StoreRequest] = []
         self.staging: Optional[Tuple[Layout, Any, Optional[memoryview]]] = None
-        self.result: Optional[Tuple[bool, str]] = None
+        #: Once ended: whether it moved (for an exists or a delete, the answer), and why
+        #: not.
+        self.result: Optional[Tuple[bool, Optional[Exception]]] = None
 
     def done(self) -> bool:
         return all(r.done() for r in self.requests)
 
-    def finish(self) -> Tuple[bool, str]:
-        """Its result, once it ended: every part moved, or the first failure's reason."""
+    def finish(self) -> Tuple[bool, Optional[Exception]]:
+        """Its result, once it ended: every part moved, or the first failure."""
         if self.result is None:
-            why = ""
+            why: Optional[Exception] = None
             for r in self.requests:
-                err = next((e for e in r.results() if e is not None), None)
-                why = why or ("" if err is None else str(err))
+                why = why or next((e for e in r.results() if e is not None), None)
                 r.release()
             if self.staging is not None:
                 layout, buf, dst = self.staging
-                if not why and dst is not None:
+                if why is None and dst is not None:
                     dst[:] = memoryview(buf)[: len(dst)]
                 layout.close()
             self.requests, self.staging = [], None
-            self.result = (not why, why)
+            self.result = (why is None, why)
         return self.result
 
 
@@ -107,8 +109,10 @@ class _Batch:
     (`query`) succeeds whatever its per-key answers (LMCache reads them only from a batch
     that succeeded); a set or a get succeeds if every key did."""
 
-    def __init__(self, moves: List[_Move], query: bool = False):
+    def __init__(self, moves: List[_Move], keys: Sequence[str] = (), what: str = "", query: bool = False):
         self.moves = moves
+        self.keys = keys
+        self.what = what
         self.query = query
 
     def done(self) -> bool:
@@ -119,11 +123,13 @@ class _Batch:
         bools = [ok for ok, _ in results]
         if self.query:
             return future_id, True, "", bools
-        why = next((w for ok, w in results if not ok), "")
-        return future_id, all(bools), why, bools
+        errors = [e for _, e in results]
+        log_failures(log, f"kvxfer L2 adapter: a {self.what} of {len(self.moves)} objects", self.keys, errors, (NotFound,))
+        why = next((e for e in errors if e is not None), None)
+        return future_id, all(bools), "" if why is None else str(why), bools
 
 
-def _answered(ok: bool, why: str = "") -> _Move:
+def _answered(ok: bool, why: Optional[Exception] = None) -> _Move:
     m = _Move()
     m.result = (ok, why)
     return m
@@ -249,14 +255,21 @@ class KvxferConnector:
             shutil.rmtree(self.directory, ignore_errors=True)
             return None
 
-    def _write_config(self) -> None:
+    def _write_config(self, sizes: Set[int]) -> None:
+        """Replaces config.json whole, with `sizes` as the object sizes held: written
+        before an object of a new size is, so a restart finds every object stored."""
         path = os.path.join(self.directory, CONFIG_FILE)
         tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({**self._fields, "slot_bytes": self._slot, "sizes": sorted(self._sizes)}, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump({**self._fields, "slot_bytes": self._slot, "sizes": sorted(sizes)}, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _open(self, slot: int, sizes: Sequence[int]) -> None:
         """Opens (or makes) the store of `slot`-byte slots. One made with other settings
@@ -271,7 +284,7 @@ class KvxferConnector:
         # A store made afresh holds no size yet.
         self._sizes = set(sizes) if store.stats().entries else set()
         self._store = store
-        self._write_config()
+        self._write_config(self._sizes)
 
     # -- LMCache's native client interface ----------------------------------------
     def event_fd(self) -> int:
@@ -356,9 +369,10 @@ class KvxferConnector:
         for key, view in zip(keys, views):
             try:
                 moves.append(self._move(self._raw(key), view, load))
-            except Error as e:
-                moves.append(_answered(False, str(e)))
-        batch = _Batch(moves)
+            except (Error, OSError) as e:
+                # A full disk or a failed store open fails this object; LMCache serves on.
+                moves.append(_answered(False, e))
+        batch = _Batch(moves, keys, "get" if load else "set")
         # Listed and looked at under the lock: LMCache's completion thread drains (and
         # releases the requests of) a listed batch that ended, and never while the lock
         # is held, so the batch is whole here.
@@ -384,9 +398,9 @@ class KvxferConnector:
             raise InvalidArgument("an object of 0 bytes")
         store = self._store_for(size, load)
         if store is None:
-            return _answered(False, "the store does not hold this key (it holds nothing yet)")
+            return _answered(False, NotFound("the store does not hold this key (it holds nothing yet)", 18))
         if load and size not in self._sizes:
-            return _answered(False, f"the store does not hold this key (it holds no object of {size} bytes)")
+            return _answered(False, NotFound(f"the store does not hold this key (it holds no object of {size} bytes)", 18))
         slot = self._slot
         keys = part_keys(key, size, slot)
         whole, tail = divmod(size, slot)
@@ -458,9 +472,10 @@ class KvxferConnector:
                         return None
                     self._open(size, [])
                 if not load and size not in self._sizes:
+                    sizes = self._sizes | {size}
+                    self._write_config(sizes)
                     # Replaced, not changed in place: an exists reads it without a lock.
-                    self._sizes = self._sizes | {size}
-                    self._write_config()
+                    self._sizes = sizes
                 store = self._store
         return store
 

@@ -18,7 +18,7 @@ import shutil
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, TypeVar
 
 from .engine import LayoutConfig
-from .errors import Error, Incompatible, IntegrityError, InvalidArgument, Unsupported, VersionError
+from .errors import Incompatible, IntegrityError, InvalidArgument, Unsupported, VersionError
 
 log = logging.getLogger("kvxfer.tier")
 
@@ -111,7 +111,7 @@ def capacity_blocks(blocks: Optional[int], nbytes: Optional[int], block_bytes: i
     return n
 
 
-def log_failures(logger: logging.Logger, what: str, keys: Sequence[Any], errors: Sequence[Optional[Error]], quiet: Tuple[Type[Error], ...] = ()) -> None:
+def log_failures(logger: logging.Logger, what: str, keys: Sequence[Any], errors: Sequence[Optional[BaseException]], quiet: Tuple[Type[BaseException], ...] = ()) -> None:
     """One line for the keys of a call that failed: how many of how many, and the first
     failure's kind, key and reason (a disk error or an admission limit fails many keys
     at once, for one cause). At WARNING, unless every failure is of a `quiet` kind (a miss
