@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import kvxfer
-from kvx_integration import flip_a_byte, record_criticality
+from kvx_integration import fill_up, flip_a_byte, record_criticality, small_file_system
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCacheTensor,
@@ -383,6 +383,25 @@ def test_a_reset_before_the_stores_open_drops_them_too(tmp_path):
         assert e.lookup(keys) == [LookupResult.MISS]
     finally:
         e.shutdown()
+
+
+def test_a_full_disk_under_the_failed_loads_list_fails_the_job_not_the_worker(tmp_path, caplog):
+    """A damaged block whose key cannot be listed for removal (the file system is full):
+    the worker still reports the failed job to vLLM, and logs why the key stays."""
+    keys = keys_of(1, 2)
+    with small_file_system(tmp_path / "fs", 8 << 20) as root:
+        e = Engine(root, capacity_blocks=4)
+        try:
+            fill(e, [0, 1], seed=17)
+            e.offload(keys, [0, 1])
+            assert flip_a_byte(e.manager.store_directory(1), e.caches[1][0][1].numpy().tobytes(), 1000)
+            fill_up(root)
+            with caplog.at_level("WARNING", logger="kvxfer.vllm"):
+                _, results = e.onboard(keys, [4, 5])
+            assert results[0].success and not results[1].success
+            assert any("failed-loads" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
+        finally:
+            e.shutdown()
 
 
 def test_a_failed_store_job_is_rolled_back(engine):

@@ -550,8 +550,12 @@ def make_spec_classes() -> Dict[str, type]:
             log_failures(log, f"kvxfer offloading: rank {self._rank}'s {'load' if is_load else 'store'} job", slots.keys, results)
             damaged = [k for k, e in bad if isinstance(e, IntegrityError)]
             if is_load and damaged:
-                with open(os.path.join(generation_store(self._dir, slots.generation), FAILED_FILE), "a") as f:
-                    f.writelines(f"{k.hex()}\n" for k in damaged)
+                path = os.path.join(generation_store(self._dir, slots.generation), FAILED_FILE)
+                try:
+                    with open(path, "a") as f:
+                        f.writelines(f"{k.hex()}\n" for k in damaged)
+                except OSError as e:
+                    log.warning("kvxfer offloading: rank %d could not list %d damaged keys in %s (%s); they stay stored and fail their check again", self._rank, len(damaged), path, e)
             moved = sum(1 for h, e in zip(slots.handles[self._rank], results) if h is not None and e is None)
             return TransferResult(job_id=job_id, success=not (is_load and bad), transfer_size=moved * self._mover.block_bytes, transfer_time=time.monotonic() - started)
 
