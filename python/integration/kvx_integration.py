@@ -2,7 +2,9 @@
 data files damaged in place, a record of which store calls were latency-critical, and
 vLLM's tiering manager over one secondary tier. vLLM is imported only by the last."""
 
+import contextlib
 import os
+import subprocess
 import uuid
 
 
@@ -24,6 +26,33 @@ def flip_a_byte(directory, piece, past):
             f.flush()
             os.fsync(f.fileno())
     return found
+
+
+@contextlib.contextmanager
+def small_file_system(path, nbytes):
+    """A tmpfs of `nbytes` mounted at `path` for the block, for a full disk; skips the
+    test where this process may not mount one (it needs root)."""
+    import pytest
+
+    os.makedirs(path, exist_ok=True)
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={nbytes}", "tmpfs", str(path)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"a full disk needs a small file system: mounting a tmpfs failed ({out.stderr.strip()}); run as root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill_up(path):
+    """Writes a file in `path` until its file system is full."""
+    with open(os.path.join(path, "filler"), "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
 
 
 def record_criticality(monkeypatch, cls, methods):

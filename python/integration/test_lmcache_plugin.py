@@ -13,12 +13,14 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 import kvxfer
 import kvxfer.lmcache as kv_lmcache
+from kvx_integration import fill_up, small_file_system
 
 torch = pytest.importorskip("torch")
 l2_config = pytest.importorskip("lmcache.v1.distributed.l2_adapters.config")
@@ -177,9 +179,112 @@ def test_the_connectors_event_fd_is_readable_when_a_batch_completes(tmp_path, me
         c.close()
 
 
-def _data_file(root, size):
-    (d,) = [e for e in os.listdir(root) if e.endswith(f"_{size}")]
+def test_an_engine_at_its_admission_limit_fails_objects_alone_and_loses_none(tmp_path, mem):
+    """An engine admitting one request at a time: each object of a batch is stored (or
+    loaded, byte for byte) or False alone, and an object stored is never lost to the
+    pressure: alone, each one loads."""
+    c = kv_lmcache.KvxferConnector(root_dir=str(tmp_path), capacity_bytes=1 << 20, model=MODEL, engine={"max_inflight": 1})
+
+    def run(fid):
+        return wait_for(c.event_fd(), lambda: next((bools for f, _, _, bools in c.drain_completions() if f == fid), None))
+
+    try:
+        keys = [f"a@0@0@{i:02x}" for i in range(6)]
+        objs = [mem.make(70 + i) for i in range(6)]
+        for k, o, ok in zip(keys, objs, run(c.submit_batch_set(keys, [o.byte_array for o in objs]))):
+            if not ok:
+                assert run(c.submit_batch_set([k], [o.byte_array])) == [True], "an object alone is stored"
+        back = [mem.make() for _ in objs]
+        for k, b, o, ok in zip(keys, back, objs, run(c.submit_batch_get(keys, [b.byte_array for b in back]))):
+            if not ok:
+                assert run(c.submit_batch_get([k], [b.byte_array])) == [True], "a stored object alone loads"
+            assert payload(b) == payload(o)
+    finally:
+        c.close()
+
+
+def _data_file(root):
+    (d,) = [e for e in os.listdir(root) if os.path.isdir(os.path.join(root, e))]
     return os.path.join(root, d, "data-0")
+
+
+def allocated(root):
+    """The bytes the files under `root` take on disk."""
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_objects_of_every_size_share_one_capacity(tmp_path, mem):
+    """A partial chunk of each size goes into the store of the full chunks: the files
+    take the capacity once, however many sizes come."""
+    capacity = 64 * SHAPE.numel() * 2
+    adapter = make_adapter(tmp_path, capacity_bytes=capacity)
+    try:
+        shapes = [SHAPE] + [torch.Size([2, 4, t, 64]) for t in (1, 5, 9, 15)]
+        keys = [key(30 + i) for i in range(len(shapes))]
+        objs = [mem.make(30 + i, shape) for i, shape in enumerate(shapes)]
+        assert int(store(adapter, keys, objs)) >= 0
+        assert lookup(adapter, keys) == [True] * len(keys)
+        back = [mem.make(shape=shape) for shape in shapes]
+        assert load(adapter, keys, back) == [True] * len(keys)
+        assert [payload(b) for b in back] == [payload(o) for o in objs]
+    finally:
+        adapter.close()
+    assert allocated(tmp_path) <= capacity * 5 // 4, f"{allocated(tmp_path)} bytes on disk for a capacity of {capacity}"
+
+
+class CompletionThreadAfterListing:
+    """LMCache's completion thread, which drains the connector without LMCache's lock,
+    started the moment a submit lists its batch (the first release of the connector's
+    lock that finds one) and held right after it released the batch's requests, until
+    `finish()`: the interleaving that meets a submit still looking at its batch."""
+
+    def __init__(self, connector, monkeypatch):
+        self.connector = connector
+        self.lock = connector._lock
+        self.released = threading.Event()
+        self.go_on = threading.Event()
+        self.drained = []
+        self.thread = None
+        release = kvxfer.StoreRequest.release
+
+        def held_release(request):
+            release(request)
+            if threading.current_thread() is self.thread:
+                self.released.set()
+                self.go_on.wait(DEADLINE_S)
+
+        monkeypatch.setattr(kvxfer.StoreRequest, "release", held_release)
+
+    def __enter__(self):
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        if self.connector._batches and self.thread is None:
+            self.thread = threading.Thread(target=lambda: self.drained.extend(self.connector.drain_completions()))
+            self.thread.start()
+            self.released.wait(DEADLINE_S)
+
+    def finish(self):
+        self.go_on.set()
+        if self.thread is not None:
+            self.thread.join(DEADLINE_S)
+
+
+def test_a_batch_the_completion_thread_finishes_first_never_fails_its_submit(tmp_path, mem, monkeypatch):
+    c = kv_lmcache.KvxferConnector(root_dir=str(tmp_path), capacity_bytes=1 << 20, model=MODEL)
+    try:
+        put = c.submit_batch_set(["a@0@0@01"], [mem.make(1).byte_array])
+        assert wait_for(c.event_fd(), lambda: next((ok for f, ok, _, _ in c.drain_completions() if f == put), None))
+        c._lock = racing = CompletionThreadAfterListing(c, monkeypatch)
+        try:
+            fid = c.submit_batch_get(["a@0@0@09"], [mem.make().byte_array])  # not held: ends inside the call
+        finally:
+            racing.finish()
+            c._lock = racing.lock
+        assert [bools for f, _, _, bools in racing.drained if f == fid] == [[False]]
+    finally:
+        c.close()
 
 
 def test_a_restart_finds_what_was_stored_and_a_flipped_byte_is_a_miss_for_its_key(tmp_path, mem):
@@ -191,7 +296,7 @@ def test_a_restart_finds_what_was_stored_and_a_flipped_byte_is_a_miss_for_its_ke
     finally:
         adapter.close()
     # One byte of the first slot's block changes while no one has the store open.
-    path = _data_file(tmp_path, objs[0].get_size())
+    path = _data_file(tmp_path)
     with open(path, "r+b") as f:
         f.seek(100)
         b = f.read(1)
@@ -241,3 +346,127 @@ def test_another_lmcache_version_is_refused_naming_the_supported_one(tmp_path, m
 def test_import_kvxfer_never_imports_lmcache():
     code = "import sys, kvxfer, kvxfer.lmcache; sys.exit('lmcache' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], env=os.environ.copy()).returncode == 0
+
+
+def test_a_full_disk_fails_the_objects_it_stops_and_loses_none(tmp_path, mem, caplog):
+    """A file system filled up under the store: a set whose bookkeeping cannot be written
+    (an object of a size not stored before) is False for that object, with one line
+    naming the cause, and LMCache serves on; what was stored still loads."""
+    with small_file_system(tmp_path / "fs", 4 << 20) as root:
+        c = kv_lmcache.KvxferConnector(root_dir=str(root), capacity_bytes=1 << 20, model=MODEL)
+
+        def run(fid):
+            return wait_for(c.event_fd(), lambda: next((bools for f, _, _, bools in c.drain_completions() if f == fid), None))
+
+        try:
+            objs = [mem.make(80), mem.make(81)]
+            assert run(c.submit_batch_set(["a@0@0@50", "a@0@0@51"], [o.byte_array for o in objs])) == [True, True]
+            fill_up(root)
+            partial = mem.make(82, PARTIAL)
+            with caplog.at_level("WARNING", logger="kvxfer.lmcache"):
+                assert run(c.submit_batch_set(["a@0@0@52", "a@0@0@53"], [partial.byte_array, mem.make(83).byte_array])) == [False, True]
+            (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.lmcache"]
+            assert "a set of 2 objects: 1 of 2 keys failed (OSError, key a@0@0@52: [Errno 28] No space left" in line
+            back = [mem.make(), mem.make()]
+            assert run(c.submit_batch_get(["a@0@0@50", "a@0@0@51"], [b.byte_array for b in back])) == [True, True]
+            assert [payload(b) for b in back] == [payload(o) for o in objs]
+        finally:
+            c.close()
+
+
+def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
+    with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_byte\b.*capacity_bytes, capacity_gb"):
+        make_adapter(tmp_path, capacity_byte=1 << 20)
+
+
+@pytest.mark.parametrize("bad", [{"shards": 0}, {"capacity_bytes": "filesystem + 1"}], ids=["no-shards", "past-the-file-system"])
+def test_a_setting_no_store_can_take_is_refused_at_the_start(tmp_path, bad):
+    if bad.get("capacity_bytes") == "filesystem + 1":
+        fs = os.statvfs(tmp_path)
+        bad = {"capacity_bytes": fs.f_blocks * fs.f_frsize + 1}
+    with pytest.raises(kvxfer.InvalidArgument, match="shards|file system"):
+        make_adapter(tmp_path, **bad)
+
+
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        make_adapter(tmp_path / "file" / "kv")
+
+
+def test_a_second_server_on_the_same_root_dir_is_refused_naming_the_first(tmp_path, mem):
+    first = make_adapter(tmp_path)
+    try:
+        assert int(store(first, [key(40)], [mem.make(40)])) >= 0
+        with pytest.raises(kvxfer.Busy, match=rf"pid {os.getpid()}\b.*its own root_dir"):
+            make_adapter(tmp_path)
+        assert lookup(first, [key(40)]) == [True], "the first serves on"
+    finally:
+        first.close()
+    again = make_adapter(tmp_path)
+    try:
+        assert lookup(again, [key(40)]) == [True], "the next start owns the store"
+    finally:
+        again.close()
+
+
+def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, mem, caplog):
+    adapter = make_adapter(tmp_path, shards=1)
+    try:
+        assert int(store(adapter, [key(50)], [mem.make(50)])) >= 0
+    finally:
+        adapter.close()
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        adapter = make_adapter(tmp_path, shards=2)
+    try:
+        assert any("shards" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+        assert lookup(adapter, [key(50)]) == [False]
+        obj = mem.make(51)
+        assert int(store(adapter, [key(51)], [obj])) >= 0
+        back = mem.make()
+        assert load(adapter, [key(51)], [back]) == [True] and payload(back) == payload(obj)
+    finally:
+        adapter.close()
+
+
+def test_a_drain_does_not_wait_for_the_store_to_be_made(tmp_path, mem, monkeypatch):
+    """Making the store takes its whole capacity (a long fallocate): LMCache's
+    completion thread drains meanwhile."""
+    c = kv_lmcache.KvxferConnector(root_dir=str(tmp_path), capacity_bytes=1 << 20, model=MODEL)
+    opening, go_on = threading.Event(), threading.Event()
+    make = kv_lmcache.Store
+
+    def slow_store(*args, **kwargs):
+        opening.set()
+        go_on.wait(DEADLINE_S)
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(kv_lmcache, "Store", slow_store)
+    setter = threading.Thread(target=lambda: c.submit_batch_set(["a@0@0@01"], [mem.make(1).byte_array]))
+    try:
+        setter.start()
+        assert opening.wait(DEADLINE_S)
+        drain = threading.Thread(target=c.drain_completions)
+        drain.start()
+        drain.join(10)
+        waited = drain.is_alive()
+    finally:
+        go_on.set()
+        setter.join(DEADLINE_S)
+        c.close()
+    assert not waited, "the drain waited for the store to be made"
+
+
+def test_the_layouts_over_lmcaches_objects_are_bounded(tmp_path, mem, monkeypatch):
+    monkeypatch.setattr(kv_lmcache, "MAX_LAYOUTS", 2, raising=False)
+    adapter = make_adapter(tmp_path)
+    try:
+        objs = [mem.make(60 + i) for i in range(5)]
+        for i, obj in enumerate(objs):
+            assert int(store(adapter, [key(60 + i)], [obj])) >= 0
+        assert len(adapter._client._layouts) <= 2
+        back = [mem.make() for _ in objs]
+        assert load(adapter, [key(60 + i) for i in range(5)], back) == [True] * 5
+        assert [payload(b) for b in back] == [payload(o) for o in objs]
+    finally:
+        adapter.close()

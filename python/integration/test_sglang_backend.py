@@ -192,6 +192,41 @@ def test_a_flipped_byte_fails_that_page_alone(backend, pool):
     assert stats.integrity_failures == 1 and stats.entries == 2
 
 
+def test_an_engine_at_its_admission_limit_fails_pages_alone_and_loses_none(tmp_path):
+    """An engine admitting one request at a time: each page of a call is stored (or
+    loaded, byte for byte) or False alone, SGLang recomputes the False ones, and a page
+    stored is never lost to the pressure: alone, each one loads."""
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path, engine={"max_inflight": 1}))
+    try:
+        pages = list(range(1, 7))
+        keys = page_hashes(len(pages), seed=16)
+        fill_pages(pool, pages, seed=16)
+        want = [page_bytes(pool, p) for p in pages]
+        for k, p, ok in zip(keys, pages, b.batch_set_v1(keys, token_indices(pages))):
+            if not ok:
+                assert b.batch_set_v1([k], token_indices([p])) == [True], "a page alone is stored"
+        into = [p + 8 for p in pages]
+        for i, ok in enumerate(b.batch_get_v1(keys, token_indices(into))):
+            if not ok:
+                assert b.batch_get_v1([keys[i]], token_indices([into[i]])) == [True], "a stored page alone loads"
+            assert torch.equal(page_bytes(pool, into[i]), want[i])
+    finally:
+        b.close()
+
+
+def test_pages_failed_in_one_call_are_one_warning_naming_the_cause(backend, pool, caplog):
+    keys = page_hashes(3, seed=17)
+    fill_pages(pool, [1, 2, 3], seed=17)
+    pieces = [bytes(page_bytes(pool, p)[:256].numpy()) for p in (2, 3)]
+    assert backend.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    assert all(flip_a_byte(backend.directory, piece, 100) for piece in pieces)
+    with caplog.at_level("DEBUG", logger="kvxfer.sglang"):
+        assert backend.batch_get_v1(keys, token_indices([10, 11, 12])) == [True, False, False]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.sglang" and r.levelname == "WARNING"]
+    assert "2 of 3 keys failed (IntegrityError" in line and keys[1] in line
+
+
 def test_a_key_held_already_is_stored_without_a_write(backend, pool):
     keys = page_hashes(2)
     fill_pages(pool, [1, 2], seed=4)
@@ -308,7 +343,7 @@ def test_a_second_process_of_the_same_rank_takes_a_store_of_its_own(tmp_path):
     """Data-parallel replicas of a rank: a store has one owner, so the second opens the
     next directory and both serve pages."""
     pools = [host_pool(), host_pool()]
-    first, second = (attach(p, storage_config(tmp_path)) for p in pools)
+    first, second = (attach(p, storage_config(tmp_path, replicas=2)) for p in pools)
     try:
         assert first.directory != second.directory
         for i, (b, p) in enumerate(((first, pools[0]), (second, pools[1]))):
@@ -323,6 +358,56 @@ def test_a_second_process_of_the_same_rank_takes_a_store_of_its_own(tmp_path):
         second.close()
 
 
+def test_a_second_server_on_the_same_root_dir_is_refused_naming_the_first(tmp_path, backend):
+    """Without data-parallel replicas, a second process of the same rank on the same
+    root_dir is another server: refused, not given a store (and a capacity) of its own."""
+    with pytest.raises(kvxfer.Busy, match=rf"process {os.getpid()}\b.*its own root_dir"):
+        attach(host_pool(), storage_config(tmp_path))
+    assert len([d for d in os.listdir(tmp_path) if os.path.isdir(os.path.join(tmp_path, d))]) == 1
+
+
+def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, caplog):
+    keys = page_hashes(2, seed=15)
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path, shards=1))
+    fill_pages(pool, [1, 2], seed=15)
+    assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    b.close()
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        b = attach(pool, storage_config(tmp_path, shards=2))
+    try:
+        assert any("1 shards, not 2" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+        assert b.batch_exists(keys) == 0
+        assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+        assert b.batch_get_v1(keys, token_indices([3, 4])) == [True, True]
+    finally:
+        b.close()
+
+
+def test_a_store_damaged_past_opening_is_made_afresh_with_a_warning(tmp_path, caplog):
+    keys = page_hashes(2, seed=18)
+    pool = host_pool()
+    b = attach(pool, storage_config(tmp_path))
+    fill_pages(pool, [1, 2], seed=18)
+    assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+    directory = b.directory
+    b.close()
+    with open(os.path.join(directory, "meta"), "r+b") as f:
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        b = attach(pool, storage_config(tmp_path))
+    try:
+        assert any("damaged" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+        assert b.batch_exists(keys) == 0
+        assert b.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
+        assert b.batch_get_v1(keys, token_indices([3, 4])) == [True, True]
+    finally:
+        b.close()
+
+
 def test_clear_empties_the_store(backend, pool):
     keys = page_hashes(2)
     fill_pages(pool, [1, 2], seed=9)
@@ -331,6 +416,12 @@ def test_clear_empties_the_store(backend, pool):
     assert backend.batch_exists(keys) == 0
     assert backend.batch_set_v1(keys, token_indices([1, 2])) == [True, True]
     assert backend.batch_exists(keys) == 2
+
+
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path, pool):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        StorageBackendFactory.create_backend("dynamic", storage_config(tmp_path / "file" / "kv"), pool)
 
 
 def test_a_config_without_interface_v1_is_refused(tmp_path, pool):
@@ -373,7 +464,7 @@ def test_kvxfer_and_its_sglang_module_import_without_sglang():
     code = (
         "import sys; sys.modules['sglang'] = None\n"
         "import kvxfer, kvxfer.sglang\n"
-        "assert len(kvxfer.sglang.page_key('ab' * 32)) == 32\n"
+        "assert kvxfer.sglang.page_key('ab' * 32) == b'h' + bytes.fromhex('ab' * 32)\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

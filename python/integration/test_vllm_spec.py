@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import kvxfer
-from kvx_integration import flip_a_byte, record_criticality
+from kvx_integration import fill_up, flip_a_byte, record_criticality, small_file_system
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCacheTensor,
@@ -259,7 +259,7 @@ def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path
         e.offload(keys, [0, 1, 2])
         # Key 2's page of layer 0 on rank 1, damaged on disk.
         want = e.caches[1][0][1].numpy().tobytes()
-        assert flip_a_byte(e.spec._settings.directories[1], want, 1000), "the block is in no data file"
+        assert flip_a_byte(e.manager.store_directory(1), want, 1000), "the block is in no data file"
         found, results = e.onboard(keys, [8, 9, 10])
         assert all(found[k] is LookupResult.HIT for k in keys)
         # vLLM's TransferResult of a failed job: rank 1 says its load failed (its KV is
@@ -275,6 +275,133 @@ def test_a_damaged_block_fails_its_load_and_is_dropped_on_the_next_open(tmp_path
         assert e.lookup(keys) == [LookupResult.HIT, LookupResult.MISS, LookupResult.HIT]
     finally:
         e.shutdown()
+
+
+def test_blocks_failed_in_one_job_are_one_warning_naming_the_cause(engine, caplog):
+    keys = keys_of(1, 2, 3)
+    fill(engine, [0, 1, 2], seed=16)
+    engine.offload(keys, [0, 1, 2])
+    for b in (1, 2):
+        assert flip_a_byte(engine.manager.store_directory(1), engine.caches[1][0][b].numpy().tobytes(), 1000)
+    with caplog.at_level("DEBUG", logger="kvxfer.vllm"):
+        _, results = engine.onboard(keys, [8, 9, 10])
+    assert results[0].success and not results[1].success
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.vllm" and r.levelname == "WARNING"]
+    assert "rank 1's load job: 2 of 3 keys failed (IntegrityError" in line
+
+
+def test_a_load_failed_for_another_reason_than_its_check_keeps_the_key(tmp_path, monkeypatch):
+    """Only a block that failed its check is named for removal: a load that failed for
+    another reason (here the engine's admission limit) fails its job, and the key, whose
+    stored block is sound, still loads after a restart."""
+    from kvxfer.vllm.slot_mover import SlotJob
+
+    keys = keys_of(1, 2)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0, 1], seed=13)
+        want = snapshot(e, [0, 1])
+        e.offload(keys, [0, 1])
+        results_of = SlotJob.results
+
+        def busy_first(job):
+            out = results_of(job)
+            out[0] = kvxfer.Busy("the engine is at its admission limit", 13)
+            return out
+
+        monkeypatch.setattr(SlotJob, "results", busy_first)
+        _, results = e.onboard(keys, [4, 5])
+        assert not any(r.success for r in results)
+        monkeypatch.undo()
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        clear(e)
+        found, results = e.onboard(keys, [0, 1])
+        assert [found[k] for k in keys] == [LookupResult.HIT] * 2 and all(r.success for r in results)
+        assert same(snapshot(e, [0, 1]), want)
+    finally:
+        e.shutdown()
+
+
+def reset(engine):
+    """vLLM's cache reset (on a weight update), then its report that the workers have
+    reported every job from before it."""
+    with engine.manager.lock:
+        engine.manager.reset_cache()
+        engine.manager.on_reset_flushed()
+
+
+def test_a_reset_drops_what_was_stored_before_the_last_restart(tmp_path):
+    """vLLM resets its caches when the weights change: nothing stored before the reset
+    loads again, whoever stored it and after any restart, and the workers, whose stores
+    were open before it, store and load after it."""
+    keys = keys_of(1, 2)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0, 1], seed=10)
+        e.offload(keys, [0, 1])
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        assert e.lookup(keys) == [LookupResult.HIT] * 2
+        stored, results = e.offload(keys_of(7), [2])  # the workers open their stores
+        assert stored == keys_of(7) and all(r.success for r in results)
+        reset(e)
+        assert e.lookup(keys) == [LookupResult.MISS] * 2
+        fill(e, [4, 5], seed=11)
+        want = snapshot(e, [4, 5])
+        stored, results = e.offload(keys_of(1, 3), [4, 5])
+        assert stored == keys_of(1, 3) and all(r.success for r in results)
+        clear(e)
+        found, results = e.onboard(keys_of(1, 3), [6, 7])
+        assert all(found[k] is LookupResult.HIT for k in keys_of(1, 3)) and all(r.success for r in results)
+        assert same(snapshot(e, [6, 7]), want)
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        assert e.lookup(keys_of(1, 2, 3, 7)) == [LookupResult.HIT, LookupResult.MISS, LookupResult.HIT, LookupResult.MISS]
+    finally:
+        e.shutdown()
+
+
+def test_a_reset_before_the_stores_open_drops_them_too(tmp_path):
+    keys = keys_of(1)
+    e = Engine(tmp_path)
+    try:
+        fill(e, [0], seed=12)
+        e.offload(keys, [0])
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path)
+    try:
+        assert not e.manager._stores, "the stores open on the first lookup"
+        reset(e)
+        assert e.lookup(keys) == [LookupResult.MISS]
+    finally:
+        e.shutdown()
+
+
+def test_a_full_disk_under_the_failed_loads_list_fails_the_job_not_the_worker(tmp_path, caplog):
+    """A damaged block whose key cannot be listed for removal (the file system is full):
+    the worker still reports the failed job to vLLM, and logs why the key stays."""
+    keys = keys_of(1, 2)
+    with small_file_system(tmp_path / "fs", 8 << 20) as root:
+        e = Engine(root, capacity_blocks=4)
+        try:
+            fill(e, [0, 1], seed=17)
+            e.offload(keys, [0, 1])
+            assert flip_a_byte(e.manager.store_directory(1), e.caches[1][0][1].numpy().tobytes(), 1000)
+            fill_up(root)
+            with caplog.at_level("WARNING", logger="kvxfer.vllm"):
+                _, results = e.onboard(keys, [4, 5])
+            assert results[0].success and not results[1].success
+            assert any("failed-loads" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
+        finally:
+            e.shutdown()
 
 
 def test_a_failed_store_job_is_rolled_back(engine):
@@ -337,6 +464,48 @@ def test_another_model_namespace_or_parallel_layout_does_not_find_them(tmp_path,
         assert e.lookup(keys) == [LookupResult.MISS, LookupResult.MISS]
     finally:
         e.shutdown()
+
+
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        OffloadingSpecFactory.create_spec(make_config(tmp_path / "file" / "kv"))
+
+
+def test_a_capacity_past_the_file_system_is_refused_at_the_start(tmp_path):
+    fs = os.statvfs(tmp_path)
+    config = make_config(tmp_path, capacity_blocks=None, capacity_bytes=fs.f_blocks * fs.f_frsize + 1)
+    with pytest.raises(kvxfer.InvalidArgument, match="more than the file system"):
+        OffloadingSpecFactory.create_spec(config)
+
+
+def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
+    with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_block\b.*capacity_bytes, capacity_blocks"):
+        OffloadingSpecFactory.create_spec(make_config(tmp_path, capacity_block=8))
+
+
+def test_another_shard_count_makes_the_stores_afresh_with_a_warning(tmp_path, caplog):
+    keys = keys_of(1, 2)
+    e = Engine(tmp_path, shards=1)
+    try:
+        fill(e, [0, 1], seed=14)
+        e.offload(keys, [0, 1])
+    finally:
+        e.shutdown()
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        e = Engine(tmp_path, shards=2)
+        try:
+            assert e.lookup(keys) == [LookupResult.MISS] * 2
+            assert any("1 shards, not 2" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+            fill(e, [0], seed=15)
+            want = snapshot(e, [0])
+            stored, results = e.offload(keys_of(3), [0])
+            assert stored == keys_of(3) and all(r.success for r in results)
+            clear(e)
+            found, results = e.onboard(keys_of(3), [1])
+            assert all(r.success for r in results) and same(snapshot(e, [1]), want)
+        finally:
+            e.shutdown()
 
 
 def test_a_chunk_of_several_blocks_is_refused_naming_the_setting(tmp_path):

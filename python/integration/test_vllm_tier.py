@@ -238,6 +238,40 @@ def test_a_damaged_chunk_fails_its_key_alone(manager):
     assert stats.integrity_failures == 1 and stats.entries == 2
 
 
+def test_chunks_failed_in_one_job_are_one_warning_naming_the_cause(manager, caplog):
+    keys = keys_of(1, 2, 3)
+    offload(manager, keys)
+    empty_cpu_tier(manager)
+    tier = tier_of(manager)
+    for k in keys[1:]:
+        assert flip_a_byte(tier.directory, payload(k, BLOCK_BYTES).tobytes(), 1000)
+    with caplog.at_level("DEBUG", logger="kvxfer.vllm"):
+        results, _ = onboard(manager, keys)
+    assert [results[k] for k in keys] == [LookupResult.HIT, LookupResult.MISS, LookupResult.MISS]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.vllm" and r.levelname == "WARNING"]
+    assert "a load job: 2 of 3 keys failed (IntegrityError" in line
+
+
+def test_an_engine_at_its_admission_limit_fails_chunks_alone_and_loses_none(tmp_path):
+    """An engine admitting one request at a time: a job's chunks each move or fail alone
+    (vLLM keeps the promoted ones and recomputes the others), and a chunk stored is never
+    lost to the pressure: a later lookup finds it and it loads byte for byte."""
+    m = make_manager(tmp_path, engine={"max_inflight": 1}, shards=4)
+    try:
+        keys = keys_of(1, 2, 3, 4, 5, 6)
+        offload(m, keys)
+        stored = [k for k in keys if tier_of(m)._store.lookup([k])[0][0]]
+        empty_cpu_tier(m)
+        for _ in range(len(keys)):
+            results, got = onboard(m, stored)
+            assert all(np.array_equal(got[k], payload(k, BLOCK_BYTES)) for k in got)
+            if all(results[k] is LookupResult.HIT for k in stored):
+                break
+        assert all(results[k] is LookupResult.HIT for k in stored), "a stored chunk was lost"
+    finally:
+        m.shutdown()
+
+
 def test_a_store_job_that_cannot_store_every_key_is_reported_failed(tmp_path):
     m = make_manager(tmp_path, capacity_blocks=2, shards=1)
     try:
@@ -273,6 +307,38 @@ def test_a_restart_of_the_same_configuration_finds_its_chunks(tmp_path):
             assert all(results[k] is LookupResult.MISS for k in keys)
         finally:
             other.shutdown()
+
+
+def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match=r"root_dir .*file/kv cannot be made \(Not a directory\); give a directory"):
+        make_manager(tmp_path / "file" / "kv")
+
+
+def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
+    with pytest.raises(kvxfer.InvalidArgument, match=r"capacity_byte\b.*capacity_bytes, capacity_blocks"):
+        make_manager(tmp_path, capacity_byte=1 << 20)
+
+
+def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, caplog):
+    keys = keys_of(1, 2)
+    m = make_manager(tmp_path, shards=1)
+    try:
+        offload(m, keys)
+    finally:
+        m.shutdown()
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        m = make_manager(tmp_path, shards=2)
+    try:
+        assert any("1 shards, not 2" in r.getMessage() and "afresh" in r.getMessage() for r in caplog.records)
+        results, _ = onboard(m, keys)
+        assert all(results[k] is LookupResult.MISS for k in keys)
+        offload(m, keys_of(3))
+        empty_cpu_tier(m)
+        results, got = onboard(m, keys_of(3))
+        assert results[keys_of(3)[0]] is LookupResult.HIT and np.array_equal(got[keys_of(3)[0]], payload(keys_of(3)[0], BLOCK_BYTES))
+    finally:
+        m.shutdown()
 
 
 def test_another_vllm_version_is_refused_naming_the_supported_one(monkeypatch):

@@ -17,7 +17,6 @@ imported when the backend class is first asked for. See docs/sglang.md."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, namespace_of, region_bytes, store_key
+from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, log_failures, make_root, namespace_of, open_or_remake, region_bytes, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -41,7 +40,7 @@ _FORMAT = "kvxfer.sglang storage 1"
 
 #: SGLang's own keys in the extra config, beside the backend's settings.
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
-_SETTINGS = ("root_dir", "capacity_bytes", "capacity_pages", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine")
+_SETTINGS = ("root_dir", "capacity_bytes", "capacity_pages", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "replicas")
 
 #: kvxfer's default bounce slot and ring (docs/configuration.md); a region must fit in a
 #: slot with room for two direct-I/O alignments, so larger regions get larger slots.
@@ -51,14 +50,19 @@ _IO_ALIGN = 4096
 
 
 def page_key(key: str) -> bytes:
-    """The store key of an SGLang page hash: its 32 bytes when it is SGLang's SHA-256 hex
-    digest (64 hex digits), else its UTF-8 bytes (their BLAKE2b digest past 64 bytes)."""
+    """The store key of an SGLang page hash: `h` and its 32 bytes when it is SGLang's
+    SHA-256 digest in lower-case hex (64 digits), else `u` and its UTF-8 bytes (as
+    `store_key` keeps them). The tag byte keeps each page hash its own key: a string whose
+    UTF-8 bytes equal another key's hex-decoded bytes, or hex in upper case, names other
+    bytes."""
     if len(key) == 64:
         try:
-            return bytes.fromhex(key)
+            raw = bytes.fromhex(key)
         except ValueError:
-            pass
-    return store_key(key.encode())
+            raw = b""
+        if raw.hex() == key:
+            return b"h" + raw
+    return store_key(b"u" + key.encode())
 
 
 def check_sglang_version() -> str:
@@ -191,8 +195,9 @@ def _make_backend_class() -> type:
         must be 1): `root_dir` (required), `capacity_bytes` or `capacity_pages`
         (required), `shards` (data files, default 4), `durable`, `buffered` (tmpfs or
         page-cache I/O), `verify_on_open`, `namespace` (added to the fingerprint),
-        `engine` (kvxfer engine settings: `io_threads`, `io_backend`, ...). The store
-        opens when SGLang registers its host pool."""
+        `engine` (kvxfer engine settings: `io_threads`, `io_backend`, ...), `replicas`
+        (processes of a rank that each own a store under `root_dir`: the data-parallel
+        size, default 1). The store opens when SGLang registers its host pool."""
 
         def __init__(self, storage_config: Any, kwargs: Optional[Dict[str, Any]] = None) -> None:
             extra = dict(storage_config.extra_config or {})
@@ -207,6 +212,7 @@ def _make_backend_class() -> type:
             if not extra.get("root_dir"):
                 raise InvalidArgument('kvxfer.sglang needs "root_dir" (the directory its stores are made in) in the extra config')
             _refuse_unsupported_parallelism(storage_config)
+            make_root(str(extra["root_dir"]), "kvxfer.sglang")
             self.storage_config = storage_config
             self._settings = {k: extra[k] for k in _SETTINGS if k in extra}
             self._engine: Optional[Engine] = None
@@ -255,33 +261,51 @@ def _make_backend_class() -> type:
             super().register_mem_host_pool_v2(host_pool, host_pool_name)
 
         def _open(self) -> None:
-            """Opens the store in the first of `<root_dir>/<model>_<digest>_<n>` no other
-            process holds: a store has one owner, and each data-parallel replica of a
-            rank (a process of its own, holding the same bytes under the same hashes)
-            takes one."""
+            """Opens the store in the first of `<root_dir>/<model>_<digest>_<n>`, `n`
+            below `replicas`, that no other process holds: a store has one owner, and
+            each data-parallel replica of a rank (a process of its own, holding the same
+            bytes under the same hashes) takes one, with a capacity of its own. With
+            every one held, refuses naming their owners: a second SGLang server on the
+            same `root_dir` needs its own."""
             s = self._settings
+            replicas = s.get("replicas", 1)
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+                raise InvalidArgument(f'kvxfer.sglang: "replicas" is {replicas!r}; give the data-parallel size (--dp-size), at least 1')
             model = str(self._fields["model"] or "model").replace("/", "_")
-            for n in itertools.count():
+            held = []
+            for n in range(replicas):
                 directory = os.path.join(str(s["root_dir"]), f"{model}_{self.namespace[7:19].decode()}_{n}")
                 os.makedirs(directory, exist_ok=True)
                 try:
-                    self._store = Store(
-                        self._engine,  # type: ignore[arg-type]
+                    self._store = open_or_remake(
+                        lambda: Store(
+                            self._engine,  # type: ignore[arg-type]
+                            directory,
+                            self._config,
+                            self._capacity,
+                            namespace=self.namespace,
+                            durable=bool(s.get("durable", False)),
+                            buffered=bool(s.get("buffered", False)),
+                            verify_on_open=bool(s.get("verify_on_open", False)),
+                            shards=s.get("shards", 4),
+                        ),
                         directory,
-                        self._config,
-                        self._capacity,
-                        namespace=self.namespace,
-                        durable=bool(s.get("durable", False)),
-                        buffered=bool(s.get("buffered", False)),
-                        verify_on_open=bool(s.get("verify_on_open", False)),
-                        shards=s.get("shards", 4),
+                        "kvxfer.sglang",
                     )
-                except Busy:
+                except Busy as e:
+                    held.append(e.message)
                     continue
                 self.directory = directory
                 with open(os.path.join(directory, "config.json"), "w") as f:
                     json.dump(self._fields, f, indent=2, sort_keys=True)
+                if n:
+                    log.info("kvxfer.sglang: replica %d of %d of this rank: store %s, a capacity of its own", n + 1, replicas, directory)
                 return
+            raise Busy(
+                f"kvxfer.sglang: every store of this rank under {s['root_dir']} is held ({'; '.join(held)}); "
+                f'"replicas" is {replicas}: give a second SGLang server its own root_dir, or set "replicas" to the data-parallel size',
+                13,
+            )
 
         # -- v1: pages in place ------------------------------------------------
         def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
@@ -336,9 +360,7 @@ def _make_backend_class() -> type:
             except Error as e:
                 log.warning("kvxfer.sglang: a %s of %d pages failed: %s", "get" if load else "set", len(keys), e)
                 return [False] * len(keys)
-            for k, e in zip(keys, results):
-                if e is not None:
-                    log.log(logging.DEBUG if isinstance(e, NotFound) else logging.WARNING, "kvxfer.sglang: %s of page %s failed: %s", "get" if load else "set", k, e)
+            log_failures(log, f"kvxfer.sglang: a {'get' if load else 'set'} of {len(keys)} pages", keys, results, (NotFound,) if load else ())
             return [e is None for e in results]
 
         def _transfer(self, store: Store, skeys: List[bytes], ids: List[int], load: bool) -> List[Optional[Error]]:

@@ -1,19 +1,28 @@
 """What a runtime's KV tier over a `Store` needs whatever the runtime: a namespace that
 fingerprints the runtime's configuration, store keys from the runtime's keys, the regions
 a block's bytes are cut into, the layout of a chunk kept as one block, the store's
-capacity and its engine's settings from the plug-in's, and the check of the runtime's
-version. The runtime plug-ins (kvxfer.vllm, kvxfer.sglang,
-kvxfer.lmcache) build on it; none of it imports a runtime."""
+capacity and its engine's settings from the plug-in's, the checks of the root directory
+and the capacity at the runtime's start, the store opened (or made afresh where it cannot
+be), one log line for a job's failed keys, and the check of the runtime's version. The
+runtime plug-ins (kvxfer.vllm, kvxfer.sglang, kvxfer.lmcache) build on it; none of it
+imports a runtime."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
-from typing import Any, Dict, Optional, Sequence
+import logging
+import os
+import shutil
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, TypeVar
 
 from .engine import LayoutConfig
-from .errors import InvalidArgument, Unsupported
+from .errors import Incompatible, IntegrityError, InvalidArgument, Unsupported, VersionError
+
+log = logging.getLogger("kvxfer.tier")
+
+T = TypeVar("T")
 
 #: The store's longest key.
 MAX_KEY = 64
@@ -40,10 +49,12 @@ def namespace_of(kind: str, fields: Dict[str, Any]) -> bytes:
 
 
 def store_key(key: bytes) -> bytes:
-    """A runtime's key as a store key: the key itself, or past the store's 64 bytes its
-    64-byte BLAKE2b digest."""
+    """A runtime's key as a store key: the key itself when shorter than the store's 64
+    bytes, else its 64-byte BLAKE2b digest. No two keys share a store key: a key kept
+    as it is has at most 63 bytes, a digest 64, so a digest never answers for a key
+    whose bytes it happens to be."""
     key = bytes(key)
-    return key if len(key) <= MAX_KEY else hashlib.blake2b(key, digest_size=MAX_KEY).digest()
+    return key if len(key) < MAX_KEY else hashlib.blake2b(key, digest_size=MAX_KEY).digest()
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,6 +109,61 @@ def capacity_blocks(blocks: Optional[int], nbytes: Optional[int], block_bytes: i
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise InvalidArgument(f"the kvxfer store's capacity is {n!r} {unit} of {block_bytes} bytes; give capacity_bytes of at least one of them")
     return n
+
+
+def log_failures(logger: logging.Logger, what: str, keys: Sequence[Any], errors: Sequence[Optional[BaseException]], quiet: Tuple[Type[BaseException], ...] = ()) -> None:
+    """One line for the keys of a call that failed: how many of how many, and the first
+    failure's kind, key and reason (a disk error or an admission limit fails many keys
+    at once, for one cause). At WARNING, unless every failure is of a `quiet` kind (a miss
+    the runtime expects), then at DEBUG; each key's own reason goes to DEBUG."""
+    failed = [(k, e) for k, e in zip(keys, errors) if e is not None]
+    if not failed:
+        return
+    shown = [(k.hex() if isinstance(k, (bytes, bytearray)) else str(k), e) for k, e in failed]
+    for k, e in shown:
+        logger.debug("%s: key %s: %s", what, k, e)
+    loud = [(k, e) for k, e in shown if not isinstance(e, quiet)]
+    k, e = (loud or shown)[0]
+    logger.log(logging.WARNING if loud else logging.DEBUG, "%s: %d of %d keys failed (%s, key %s: %s)", what, len(failed), len(keys), type(e).__name__, k, e)
+
+
+def make_root(root_dir: str, plugin: str) -> str:
+    """`root_dir`, made where missing; refuses, with what to do, a path this process
+    cannot make a directory at or write in, so the runtime stops at its start with that
+    line rather than at its first store."""
+    try:
+        os.makedirs(root_dir, exist_ok=True)
+    except OSError as e:
+        raise InvalidArgument(f"{plugin}: root_dir {root_dir} cannot be made ({e.strerror}); give a directory this process may make and write in") from None
+    if not os.access(root_dir, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"{plugin}: this process may not write in root_dir {root_dir}; give a directory it may write in")
+    return root_dir
+
+
+def check_room(root_dir: str, capacity_bytes: int, plugin: str) -> None:
+    """Refuses a capacity past the size of `root_dir`'s file system: a store takes its
+    whole capacity when it is made, so that store could never be made."""
+    fs = os.statvfs(root_dir)
+    size = fs.f_blocks * fs.f_frsize
+    if capacity_bytes > size:
+        raise InvalidArgument(
+            f"{plugin}: capacity_bytes is {capacity_bytes}, more than the file system of {root_dir} holds ({size} bytes); "
+            "a store takes its whole capacity when it is made: give a smaller capacity"
+        )
+
+
+def open_or_remake(open_store: Callable[[], T], directory: str, plugin: str) -> T:
+    """`open_store()`, the plug-in's store in `directory`; where the store there was made
+    with other settings (geometry, capacity, shard count), by another store version, or
+    is damaged past opening (the store refuses only what makes it unknowable as a whole),
+    the directory is removed and the store made afresh, empty, with a warning naming
+    why: that costs what was stored, never the runtime's start."""
+    try:
+        return open_store()
+    except (Incompatible, VersionError, IntegrityError) as e:
+        log.warning("%s: %s; making the store afresh, what it held is dropped", plugin, e.message)
+    shutil.rmtree(directory)
+    return open_store()
 
 
 def check_version(plugin: str, package: str, name: str, supported: Sequence[str], interface: str) -> str:

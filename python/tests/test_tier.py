@@ -1,7 +1,12 @@
 """kvxfer.tier: namespaces, store keys and chunk layouts, shared by the runtime plug-ins."""
 
+import hashlib
+import zlib
+
+import pytest
+
 import kvxfer
-from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, chunk_layout, engine_settings, namespace_of, store_key
+from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, store_key
 
 
 def test_a_namespace_is_the_kind_and_a_digest_of_every_field():
@@ -12,10 +17,18 @@ def test_a_namespace_is_the_kind_and_a_digest_of_every_field():
     assert a != namespace_of("vllm", {"model": "m", "dtype": "bf16"})
 
 
-def test_a_key_past_64_bytes_is_its_digest():
-    assert store_key(b"k" * 64) == b"k" * 64
+def test_a_key_of_64_bytes_or_more_is_its_digest():
+    assert store_key(b"k" * 63) == b"k" * 63
     long = store_key(b"k" * 65)
     assert len(long) == 64 and long != store_key(b"k" * 66)
+    assert len(store_key(b"k" * 64)) == 64 and store_key(b"k" * 64) != b"k" * 64
+
+
+def test_no_two_keys_share_a_store_key():
+    """A long key's digest is itself a legal key: the two must not name one entry."""
+    long = b"k" * 65
+    assert store_key(long) != store_key(hashlib.blake2b(long, digest_size=64).digest())
+    assert store_key(store_key(long)) != store_key(long)
 
 
 def test_a_chunk_is_one_block_of_equal_regions_of_at_most_256_kib():
@@ -38,3 +51,48 @@ def test_a_store_off_the_page_cache_gets_a_deep_disk_queue_unless_the_user_sets_
     assert engine_settings({"io_backend": "posix"}, buffered=True) == {"io_backend": "posix"}, "page-cache copies keep the defaults"
     with kvxfer.Engine("emulated", **deep) as e:
         assert e.config().io_threads == DISK_IO_THREADS
+
+
+def another_version(directory):
+    """Rewrites the store's `meta` as a store version past this library's (its version
+    word, then its checksum)."""
+    meta = directory / "meta"
+    m = bytearray(meta.read_bytes())
+    m[8:12] = (int.from_bytes(m[8:12], "little") + 1).to_bytes(4, "little")
+    m[-4:] = zlib.crc32(m[:-4]).to_bytes(4, "little")
+    meta.write_bytes(bytes(m))
+
+
+def damaged(directory):
+    """Flips a byte of the store's `meta`: its checksum no longer matches."""
+    meta = directory / "meta"
+    m = bytearray(meta.read_bytes())
+    m[20] ^= 0x40
+    meta.write_bytes(bytes(m))
+
+
+@pytest.mark.parametrize("made", ["another version", "another geometry", "another capacity", "damaged"])
+def test_a_store_made_otherwise_is_made_afresh_with_a_warning(tmp_path, caplog, made):
+    d = tmp_path / "store"
+    with kvxfer.Engine("emulated") as e:
+        kvxfer.Store(e, d, chunk_layout(1, 4096), 4, namespace=b"t").close()
+        if made == "another version":
+            another_version(d)
+        if made == "damaged":
+            damaged(d)
+        config, capacity = (chunk_layout(1, 8192 if made == "another geometry" else 4096), 8 if made == "another capacity" else 4)
+        with pytest.raises((kvxfer.VersionError, kvxfer.Incompatible, kvxfer.IntegrityError)):
+            kvxfer.Store(e, d, config, capacity, namespace=b"t").close()
+        with caplog.at_level("WARNING", logger="kvxfer.tier"):
+            with open_or_remake(lambda: kvxfer.Store(e, d, config, capacity, namespace=b"t"), str(d), "test tier") as s:
+                assert s.stats().capacity == capacity and s.stats().entries == 0
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.tier"]
+        assert line.startswith("test tier: ") and "afresh" in line
+
+
+def test_a_root_dir_that_cannot_be_made_or_written_is_refused(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kvxfer.InvalidArgument, match="cannot be made"):
+        make_root(str(tmp_path / "file" / "kv"), "test tier")
+    assert make_root(str(tmp_path / "new" / "kv"), "test tier") == str(tmp_path / "new" / "kv")
+    assert (tmp_path / "new" / "kv").is_dir()

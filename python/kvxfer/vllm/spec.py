@@ -15,9 +15,15 @@ The split follows vLLM's processes (the store's slot handles):
 - each worker (one per GPU rank) opens its rank's store for data only and moves blocks
   between vLLM's KV tensors and the slots the manager's handles name (`slot_mover`).
 
-A worker publishes its block geometry (`geometry.json` in its store's directory) when
+A worker publishes its block geometry (`geometry.json` in its rank's directory) when
 vLLM registers its KV caches; the manager opens the stores once every rank has, before
-the first step (until then a lookup misses and a store is refused). vLLM (the version in
+the first step (until then a lookup misses and a store is refused).
+
+vLLM resets its caches when the weights change (`reset_cache`): a reset starts a new
+store generation, a number kept in a file beside the ranks' directories, and each rank's
+store of generation G lives in `store-G` under its directory. So nothing stored before a
+reset is loaded after it, also after a restart; the job specs carry the generation, and a
+worker opens the new generation's store on its first job of it. vLLM (the version in
 `SUPPORTED_VLLM`) is imported by `make_spec_classes`. See docs/vllm.md."""
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..engine import Engine, LayoutConfig
-from ..errors import Error, InvalidArgument, Unsupported
+from ..errors import Error, IntegrityError, InvalidArgument, Unsupported
 from ..store import Store
-from ..tier import capacity_blocks, engine_settings, store_key
+from ..tier import capacity_blocks, check_room, engine_settings, log_failures, make_root, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .slot_mover import SlotJob, SlotMover, engine_for
 from .version import check_vllm_version
@@ -41,21 +48,87 @@ log = logging.getLogger("kvxfer.vllm")
 #: Part of every namespace: a change to how a store block holds a GPU block changes it.
 _FORMAT = "kvxfer.vllm spec 1"
 
-#: Written by a worker: its block geometry, for the manager to make the store with.
+#: Written by a worker in its rank's directory: its block geometry, for the manager to
+#: make the store with.
 GEOMETRY_FILE = "geometry.json"
-#: Written by the manager: the store's settings, for the workers to open it with.
+#: Written by the manager in a store's directory: the store's settings, for the workers to
+#: open it with.
 CONFIG_FILE = "config.json"
-#: Appended to by a worker: keys (hex) whose block failed its check on a load, for the
-#: manager to remove when it next opens the store.
+#: Appended to by a worker in a store's directory: keys (hex) whose block failed its check
+#: on a load, for the manager to remove when it next opens the store.
 FAILED_FILE = "failed-loads"
 
 
+def engine_fields(offloading_spec: Any, extra: str) -> Dict[str, Any]:
+    """The fingerprint of an engine's stores: the tier's fields with this format and the
+    bytes a worker keeps per block."""
+    return fingerprint(offloading_spec, offloading_spec.config.worker_kv_bytes_per_block, extra, _FORMAT)
+
+
 def rank_fields(offloading_spec: Any, rank: int, extra: str) -> Dict[str, Any]:
-    """The fingerprint of rank `rank`'s store: the tier's fields with this format, the
-    bytes a worker keeps per block, and the rank."""
-    fields = fingerprint(offloading_spec, offloading_spec.config.worker_kv_bytes_per_block, extra, _FORMAT)
-    fields["rank"] = rank
-    return fields
+    """The fingerprint of rank `rank`'s store: the engine's and the rank."""
+    return {**engine_fields(offloading_spec, extra), "rank": rank}
+
+
+def generation_store(rank_directory: str, generation: int) -> str:
+    """Where rank's store of `generation` lives."""
+    return os.path.join(rank_directory, f"store-{generation}")
+
+
+def read_generation(path: str, directories: Sequence[str]) -> int:
+    """The engine's store generation, from the file at `path` (0 where there is none). A
+    file that does not hold a number starts a generation past every store found, so
+    nothing stored before it loads."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        found = [int(n[6:]) for d in directories if os.path.isdir(d) for n in os.listdir(d) if n.startswith("store-") and n[6:].isdigit()]
+        log.warning("kvxfer offloading: %s holds no generation number (%r); starting past every store found", path, text[:40])
+        return max(found, default=0) + 1
+
+
+def write_generation(path: str, generation: int) -> None:
+    """Replaces the generation file whole and durably: it is what a reset commits to."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{generation}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: The spec's keys of `kv_connector_extra_config`.
+SPEC_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine")
+#: vLLM 0.33.0's own keys there, which its OffloadingConnector and offloading specs read.
+VLLM_SETTINGS = (
+    "spec_name",
+    "spec_module_path",
+    "block_size",
+    "blocks_per_chunk",
+    "canonical_layout",
+    "offload_prompt_only",
+    "self_describing_kv_events",
+    "sync_load_budget_bytes",
+    "cpu_bytes_to_use",
+    "eviction_policy",
+    "max_tracker_size",
+    "store_threshold",
+    "secondary_tiers",
+    "tier_poll_interval_s",
+    "backpressure",
+    "enable_telemetry",
+    "connectors",
+)
 
 
 class _Settings:
@@ -64,6 +137,9 @@ class _Settings:
     def __init__(self, offloading_spec: Any):
         x = offloading_spec.extra_config
         c = offloading_spec.config
+        unknown = sorted(k for k in x if k not in SPEC_SETTINGS and k not in VLLM_SETTINGS)
+        if unknown:
+            raise InvalidArgument(f"KvxferOffloadingSpec: unknown kv_connector_extra_config key(s) {', '.join(unknown)}; its keys are {', '.join(SPEC_SETTINGS)}")
         if not x.get("root_dir"):
             raise InvalidArgument('KvxferOffloadingSpec needs "root_dir" (the stores\' directory) in kv_connector_extra_config')
         if c.cache.blocks_per_chunk != 1:
@@ -75,8 +151,10 @@ class _Settings:
             raise Unsupported('KvxferOffloadingSpec stores each rank\'s own pages: leave "canonical_layout" out of kv_connector_extra_config')
         if (x.get("capacity_bytes") is None) == (x.get("capacity_blocks") is None):
             raise InvalidArgument('KvxferOffloadingSpec needs one of "capacity_bytes" or "capacity_blocks" (GPU blocks per rank) in kv_connector_extra_config')
-        self.root_dir = str(x["root_dir"])
+        self.root_dir = make_root(str(x["root_dir"]), "KvxferOffloadingSpec")
         self.capacity_bytes: Optional[int] = x.get("capacity_bytes")
+        if self.capacity_bytes is not None:
+            check_room(self.root_dir, int(self.capacity_bytes), "KvxferOffloadingSpec")
         self.capacity_blocks: Optional[int] = x.get("capacity_blocks")
         self.shards = int(x.get("shards", 4))
         self.durable = bool(x.get("durable", False))
@@ -89,6 +167,9 @@ class _Settings:
         self.fields = [rank_fields(offloading_spec, r, self.namespace) for r in range(p.world_size)]
         self.namespaces = [namespace_of(f) for f in self.fields]
         self.directories = [store_directory(self.root_dir, f, ns, p.data_parallel_index, f"_rank{r}") for r, (f, ns) in enumerate(zip(self.fields, self.namespaces))]
+        engine = engine_fields(offloading_spec, self.namespace)
+        #: The engine's store generation (`read_generation`), beside its ranks' directories.
+        self.generation_file = store_directory(self.root_dir, engine, namespace_of(engine), p.data_parallel_index, ".generation")
 
     def capacity(self, block_bytes: Sequence[int]) -> int:
         """Blocks per rank's store: `capacity_blocks`, or `capacity_bytes` over a block
@@ -140,11 +221,13 @@ def make_spec_classes() -> Dict[str, type]:
 
     class KvxferSlots(LoadStoreSpec):
         """What a load or store job moves, from the manager to the workers: the store keys,
-        and for each rank a slot handle per key (None: nothing for that rank to move)."""
+        for each rank a slot handle per key (None: nothing for that rank to move), and the
+        store generation the handles are of."""
 
-        def __init__(self, keys: List[bytes], handles: List[List[Any]]):
+        def __init__(self, keys: List[bytes], handles: List[List[Any]], generation: int):
             self.keys = keys
             self.handles = handles
+            self.generation = generation
 
         def __repr__(self) -> str:
             return f"KvxferSlots({len(self.keys)} keys, {len(self.handles)} ranks)"
@@ -161,11 +244,8 @@ def make_spec_classes() -> Dict[str, type]:
             self._writing: Dict[bytes, List[Any]] = {}
             #: Store key -> leases taken per rank by loads not yet complete.
             self._leased: Dict[bytes, List[int]] = {}
-            #: Jobs from before the last `reset_cache`: given back once the workers
-            #: have reported them.
-            self._stale: Tuple[Dict[bytes, List[Any]], Dict[bytes, List[int]]] = ({}, {})
-            #: Keys stored or found since the start, for `reset_cache`.
-            self._known: set = set()
+            #: The stores' generation: `store-<generation>` in each rank's directory.
+            self._generation = read_generation(settings.generation_file, settings.directories)
 
         # -- the stores ------------------------------------------------------------
         def _ready(self) -> bool:
@@ -178,28 +258,57 @@ def make_spec_classes() -> Dict[str, type]:
                 return False
             geometries = [_geometry(g) for g in found]  # type: ignore[arg-type]
             capacity = s.capacity([g.block_bytes for g in geometries])
+            self._remove_other_generations()
             stores: List[Store] = []
             try:
                 for d, geometry, ns in zip(s.directories, geometries, s.namespaces):
+                    at = generation_store(d, self._generation)
                     stores.append(
-                        Store(self._engine, d, geometry, capacity, namespace=ns, durable=s.durable, buffered=s.buffered, verify_on_open=s.verify_on_open, shards=s.shards)
+                        open_or_remake(
+                            lambda: Store(
+                                self._engine,
+                                at,
+                                geometry,
+                                capacity,
+                                namespace=ns,
+                                durable=s.durable,
+                                buffered=s.buffered,
+                                verify_on_open=s.verify_on_open,
+                                shards=s.shards,
+                            ),
+                            at,
+                            "kvxfer offloading",
+                        )
                     )
             except BaseException:
                 for st in stores:
                     st.close()
                 raise
             for d, fields in zip(s.directories, s.fields):
-                _write_json(os.path.join(d, CONFIG_FILE), {**fields, "capacity_blocks": capacity, "shards": s.shards})
+                _write_json(os.path.join(generation_store(d, self._generation), CONFIG_FILE), {**fields, "capacity_blocks": capacity, "shards": s.shards})
             self._stores = stores
             self._remove_failed()
-            log.info("kvxfer offloading: %d stores of %d blocks under %s", len(stores), capacity, s.root_dir)
+            log.info("kvxfer offloading: %d stores of %d blocks under %s (generation %d)", len(stores), capacity, s.root_dir, self._generation)
             return True
+
+        def _remove_other_generations(self) -> None:
+            """Removes every rank's stores of other generations: those a reset left (it
+            removes them after it commits the new generation, which a crash may cut)."""
+            keep = os.path.basename(generation_store("", self._generation))
+            for d in self._s.directories:
+                for name in os.listdir(d) if os.path.isdir(d) else []:
+                    if name.startswith("store-") and name != keep:
+                        shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+
+        def store_directory(self, rank: int) -> str:
+            """Where rank `rank`'s store of the current generation lives."""
+            return generation_store(self._s.directories[rank], self._generation)
 
         def _remove_failed(self) -> None:
             """Removes, from every rank, the keys a worker found corrupt on a load."""
             keys = set()
-            for d in self._s.directories:
-                path = os.path.join(d, FAILED_FILE)
+            for r in range(len(self._s.directories)):
+                path = os.path.join(self.store_directory(r), FAILED_FILE)
                 try:
                     with open(path) as f:
                         keys.update(bytes.fromhex(line.strip()) for line in f if line.strip())
@@ -233,8 +342,7 @@ def make_spec_classes() -> Dict[str, type]:
                     if h is not None:
                         self._leased.setdefault(k, [0] * len(self._stores))[r] += 1
                 per_rank.append([leased[k] for k in skeys])
-            self._known.update(unique)
-            return KvxferSlots(skeys, per_rank)
+            return KvxferSlots(skeys, per_rank, self._generation)
 
         def complete_load(self, keys: Any, req_context: Any) -> None:
             self._release(dict.fromkeys(store_key(k) for k in keys), self._leased)
@@ -282,8 +390,7 @@ def make_spec_classes() -> Dict[str, type]:
                     st.abort_slots(hs)
             if not to_store and no_room:
                 return None
-            self._known.update(store_key(k) for k in to_store)
-            return PrepareStoreOutput(keys_to_store=to_store, store_spec=KvxferSlots([store_key(k) for k in to_store], handles), evicted_keys=[])
+            return PrepareStoreOutput(keys_to_store=to_store, store_spec=KvxferSlots([store_key(k) for k in to_store], handles, self._generation), evicted_keys=[])
 
         def complete_store(self, keys: Any, req_context: Any, success: bool = True) -> None:
             done = [(k, self._writing.pop(k)) for k in dict.fromkeys(store_key(x) for x in keys) if k in self._writing]
@@ -311,24 +418,24 @@ def make_spec_classes() -> Dict[str, type]:
             return RequestOffloadingContext()
 
         def reset_cache(self) -> None:
-            """Removes every key this engine stored or loaded since it started (vLLM resets
-            its caches when the weights change); jobs in flight are given back once the
-            workers have reported them (`on_reset_flushed`)."""
-            self._stale = (self._writing, self._leased)
+            """Starts a new store generation (vLLM resets its caches when the weights
+            change, and on sleep and wake): nothing stored before loads again, whoever
+            stored it, also after a restart. The generation file commits it; the old
+            stores are closed, and the new ones made empty on the next lookup or store.
+            Jobs in flight were handed out from the old stores and the workers end them
+            there (vLLM drops their reports), so the old stores' files are removed only
+            once vLLM says the workers reported them (`on_reset_flushed`), or at the
+            next start."""
             self._writing, self._leased = {}, {}
-            if self._stores and self._known:
-                for st in self._stores:
-                    st.remove(sorted(self._known))
-            self._known = set()
+            stores, self._stores = self._stores, []
+            for st in stores:
+                st.close()
+            self._generation += 1
+            write_generation(self._s.generation_file, self._generation)
+            log.info("kvxfer offloading: cache reset: store generation %d under %s", self._generation, self._s.root_dir)
 
         def on_reset_flushed(self) -> None:
-            writing, leased = self._stale
-            self._stale = ({}, {})
-            for r, st in enumerate(self._stores):
-                hs = [h[r] for h in writing.values() if h[r] is not None]
-                if hs:
-                    st.abort_slots(hs)
-            self._release(list(leased), leased)
+            self._remove_other_generations()
 
         def shutdown(self) -> None:
             for st in self._stores:
@@ -357,20 +464,23 @@ def make_spec_classes() -> Dict[str, type]:
             os.makedirs(self._dir, exist_ok=True)
             g = self._mover.geometry
             _write_json(os.path.join(self._dir, GEOMETRY_FILE), {"num_layers": g.num_layers, "page_bytes": g.inner_dim})
-            self._store: Optional[Store] = None
+            #: This rank's stores by generation, opened for data only.
+            self._stores: Dict[int, Store] = {}
             self._jobs: Dict[int, Tuple[SlotJob, KvxferSlots, bool, float]] = {}
             self._finished: List[Any] = []
 
-        def _open(self) -> Store:
-            """This rank's store, opened for data only on the first job (the manager has
-            made it by then: the job's handles come from it)."""
-            if self._store is None:
-                cfg = _read_json(os.path.join(self._dir, CONFIG_FILE))
+        def _open(self, generation: int) -> Store:
+            """This rank's store of `generation`, opened for data only on the first job of
+            it (the manager has made it by then: the job's handles come from it)."""
+            store = self._stores.get(generation)
+            if store is None:
+                d = generation_store(self._dir, generation)
+                cfg = _read_json(os.path.join(d, CONFIG_FILE))
                 if cfg is None:
-                    raise InvalidArgument(f"{self._dir} has no {CONFIG_FILE}: the scheduler's kvxfer manager has not opened this rank's store")
-                self._store = Store(
+                    raise InvalidArgument(f"{d} has no {CONFIG_FILE}: the scheduler's kvxfer manager has not opened this rank's store")
+                store = Store(
                     self._engine,
-                    self._dir,
+                    d,
                     self._mover.geometry,
                     cfg["capacity_blocks"],
                     namespace=self._s.namespaces[self._rank],
@@ -380,7 +490,16 @@ def make_spec_classes() -> Dict[str, type]:
                     shards=cfg["shards"],
                     data_only=True,
                 )
-            return self._store
+                self._stores[generation] = store
+            return store
+
+        def _close_old(self) -> None:
+            """Closes the stores of generations before the newest once no job uses them
+            (a reset's jobs in flight end on the store they started on)."""
+            newest = max(self._stores, default=0)
+            busy = {slots.generation for _, slots, *_ in self._jobs.values()}
+            for g in [g for g in self._stores if g < newest and g not in busy]:
+                self._stores.pop(g).close()
 
         def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
             return self._submit(job_id, src_spec, dst_spec, False)
@@ -396,7 +515,7 @@ def make_spec_classes() -> Dict[str, type]:
             assert isinstance(gpu, GPULoadStoreSpec) and isinstance(slots, KvxferSlots)
             handles = slots.handles[self._rank]
             try:
-                store = self._open()
+                store = self._open(slots.generation)
                 if is_load:
                     job = self._mover.read(store, handles, gpu.block_ids, gpu.group_sizes, critical=True)
                 else:
@@ -410,6 +529,7 @@ def make_spec_classes() -> Dict[str, type]:
             out, self._finished = self._finished, []
             for job_id in [j for j, (job, *_) in self._jobs.items() if job.done()]:
                 out.append(self._result(job_id))
+            self._close_old()
             return out
 
         def wait(self, job_ids: Any) -> None:
@@ -420,15 +540,22 @@ def make_spec_classes() -> Dict[str, type]:
         def _result(self, job_id: int) -> Any:
             """A store job succeeds whatever its blocks did: the manager commits a slot
             only if its write completed, so a failed write is a key not stored. A load
-            that failed for any block fails: vLLM's KV for it is not what was stored."""
+            that failed for any block fails: vLLM's KV for it is not what was stored.
+            Only a block that failed its check (`IntegrityError`) is named in
+            `failed-loads` for removal: one that failed otherwise (an I/O error, the
+            engine's admission limit) may be sound, and loads at the next start."""
             job, slots, is_load, started = self._jobs.pop(job_id)
             results = job.results()
             bad = [(k, e) for k, e in zip(slots.keys, results) if e is not None]
-            for k, e in bad:
-                log.warning("kvxfer offloading: rank %d could not %s key %s: %s", self._rank, "load" if is_load else "store", k.hex(), e)
-            if is_load and bad:
-                with open(os.path.join(self._dir, FAILED_FILE), "a") as f:
-                    f.writelines(f"{k.hex()}\n" for k, _ in bad)
+            log_failures(log, f"kvxfer offloading: rank {self._rank}'s {'load' if is_load else 'store'} job", slots.keys, results)
+            damaged = [k for k, e in bad if isinstance(e, IntegrityError)]
+            if is_load and damaged:
+                path = os.path.join(generation_store(self._dir, slots.generation), FAILED_FILE)
+                try:
+                    with open(path, "a") as f:
+                        f.writelines(f"{k.hex()}\n" for k in damaged)
+                except OSError as e:
+                    log.warning("kvxfer offloading: rank %d could not list %d damaged keys in %s (%s); they stay stored and fail their check again", self._rank, len(damaged), path, e)
             moved = sum(1 for h, e in zip(slots.handles[self._rank], results) if h is not None and e is None)
             return TransferResult(job_id=job_id, success=not (is_load and bad), transfer_size=moved * self._mover.block_bytes, transfer_time=time.monotonic() - started)
 
@@ -437,8 +564,9 @@ def make_spec_classes() -> Dict[str, type]:
                 job.wait()
                 job.results()
             self._jobs = {}
-            if self._store is not None:
-                self._store.close()
+            for store in self._stores.values():
+                store.close()
+            self._stores = {}
             self._mover.close()
             self._engine.close()
 

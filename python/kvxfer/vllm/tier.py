@@ -23,14 +23,19 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ..engine import Engine
-from ..errors import Error, InvalidArgument, Unsupported
+from ..errors import Error, InvalidArgument, NotFound, Unsupported
 from ..store import Store, StoreRequest
 from ..tier import capacity_blocks as capacity_blocks_of
-from ..tier import chunk_layout, engine_settings, store_key
+from ..tier import chunk_layout, engine_settings, log_failures, make_root, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
 
 log = logging.getLogger("kvxfer.vllm")
+
+
+#: The tier's keys of its tier config (beside vLLM's `type`, `module_path` and
+#: `backpressure`, which vLLM takes out first).
+TIER_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "locality")
 
 
 @dataclass
@@ -80,13 +85,17 @@ def make_tier_class() -> type:
             engine: Optional[Dict[str, Any]] = None,
             locality: Optional[str] = None,
             backpressure_detector: Any = None,
+            **unknown: Any,
         ) -> None:
+            if unknown:
+                raise InvalidArgument(f"the kvxfer tier has no setting {', '.join(sorted(unknown))}; its tier config keys are {', '.join(TIER_SETTINGS)}")
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
             self.locality = Locality(locality) if locality is not None else None
             rows = np.asarray(primary_kv_view)
             if rows.ndim != 2 or rows.itemsize != 1:
                 raise InvalidArgument(f"vLLM's CPU tier view has shape {rows.shape} of {rows.dtype}; the kvxfer tier expects (num_chunks, chunk_bytes) bytes")
             num_chunks, chunk_bytes = rows.shape
+            make_root(root_dir, "kvxfer tier")
             self._fields = fingerprint(offloading_spec, chunk_bytes, namespace)
             self.namespace = namespace_of(self._fields)
             self.directory = store_directory(root_dir, self._fields, self.namespace, offloading_spec.config.parallel.data_parallel_index)
@@ -96,16 +105,21 @@ def make_tier_class() -> type:
             self._engine = Engine("emulated", **engine_settings(engine, buffered))
             try:
                 self._primary = self._engine.register(rows, self._config)
-                self._store = Store(
-                    self._engine,
+                blocks = capacity_blocks_of(capacity_blocks, capacity_bytes, chunk_bytes, "blocks", "its tier config (a block is a chunk of the CPU tier)")
+                self._store = open_or_remake(
+                    lambda: Store(
+                        self._engine,
+                        self.directory,
+                        self._config,
+                        blocks,
+                        namespace=self.namespace,
+                        durable=durable,
+                        buffered=buffered,
+                        verify_on_open=verify_on_open,
+                        shards=shards,
+                    ),
                     self.directory,
-                    self._config,
-                    capacity_blocks_of(capacity_blocks, capacity_bytes, chunk_bytes, "blocks", "its tier config (a block is a chunk of the CPU tier)"),
-                    namespace=self.namespace,
-                    durable=durable,
-                    buffered=buffered,
-                    verify_on_open=verify_on_open,
-                    shards=shards,
+                    f"kvxfer tier {tier_type}",
                 )
             except BaseException:
                 self._engine.close()
@@ -166,9 +180,7 @@ def make_tier_class() -> type:
             results = j.request.results()
             j.request.release()
             ok = [k for k, e in zip(j.keys, results) if e is None]
-            for k, e in zip(j.keys, results):
-                if e is not None:
-                    log.log(logging.DEBUG if j.is_load else logging.WARNING, "kvxfer tier: %s of key %s failed: %s", "load" if j.is_load else "store", bytes(k).hex(), e)
+            log_failures(log, f"kvxfer tier: a {'load' if j.is_load else 'store'} job", [bytes(k) for k in j.keys], results, (NotFound,) if j.is_load else ())
             success = len(ok) == len(j.keys)
             return JobResult(
                 job_id=j.job.job_id,
