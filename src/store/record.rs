@@ -72,6 +72,10 @@ impl Record {
         let key_len = u32::from_le_bytes(r[96..100].try_into().unwrap()) as usize;
         let seal = u64::from_le_bytes(r[88..96].try_into().unwrap());
         let Some(Ok(key)) = r[16..80].get(..key_len).map(Key::new) else { return Read::Damaged };
+        // Past the key and in the reserved bytes, a record written here holds zeros.
+        if r[16 + key_len..80].iter().chain(&r[100..CRC_AT]).any(|&b| b != 0) {
+            return Read::Damaged;
+        }
         if seal == 0 {
             return Read::Damaged;
         }
@@ -249,8 +253,9 @@ mod tests {
     #[test]
     fn a_record_without_a_seal_or_with_a_bad_key_length_is_damaged() {
         assert_eq!(Record::decode(&Record { seal: 0, ..rec() }.encode()), Read::Damaged);
-        // A length of no key, or past the key's field, with the CRC right: damage, not a key.
-        for len in [0u32, 65, u32::MAX] {
+        // A length of no key, or past the key's field, or shorter than the key written (its
+        // tail then lies in the padding), with the CRC right: damage, not a key.
+        for len in [0u32, 16, 65, u32::MAX] {
             let mut r = rec().encode();
             r[96..100].copy_from_slice(&len.to_le_bytes());
             let crc = crc32fast::hash(&r[..CRC_AT]);
