@@ -401,19 +401,32 @@ fn an_owner_that_reads_and_copies_its_store_files_keeps_the_store() {
 }
 
 /// A forked child closes its copy of the owner's lock descriptor (at the fork, and at its
-/// exit): the owner keeps its lock, and another process is still refused.
+/// exit), and dropping its copy of the store returns at once (the store thread and the
+/// transfers in flight are the parent's): the owner keeps its lock, and another process
+/// is still refused.
 #[test]
 fn a_forked_child_that_exits_leaves_the_owner_its_lock() {
     let e = engine_arc();
     let dir = store_dir();
     let s = Store::open(&e, &dir, &store_cfg(8, b"ns")).unwrap();
-    // SAFETY: the child only exits.
+    // SAFETY: the child only drops its copy of the store (as a Python child's exit does)
+    // and exits.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        unsafe { libc::_exit(0) };
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(s))).is_ok();
+        unsafe { libc::_exit(if dropped { 0 } else { 3 }) };
     }
     assert!(pid > 0, "fork failed");
-    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    let mut status = 0;
+    let ended = (0..1000).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == pid }
+    });
+    if !ended {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("the child that dropped its copy of the store did not exit in 10 s");
+    }
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child ended with status {status:#x}");
     assert_refused_elsewhere(&dir);
     drop(s);
 }
@@ -514,6 +527,33 @@ fn a_lease_token_keeps_its_holders_hit_until_that_holder_releases_it() {
     // Released, key 1 may go like any other.
     assert_eq!(put_keys(&e, &s, &[key(5), key(6)]), [Status::Ok, Status::Ok]);
     assert_eq!(s.lookup(&[key(1)], false).unwrap().0, [false]);
+}
+
+/// A lease token names a lease of the open that gave it and of no other: one kept past a
+/// reopen, handed to another store, or forged, is refused and gives back nothing, and the
+/// leases taken by key are not anyone's to give back by token.
+#[test]
+fn a_lease_token_of_another_open_or_store_is_refused() {
+    let e = engine_arc();
+    let dir = store_dir();
+    let cfg = StoreConfig { shards: 1, ..store_cfg(4, b"ns") };
+    let s = Store::open(&e, &dir, &cfg).unwrap();
+    put_keys(&e, &s, &[key(1)]);
+    let old = s.lease(&[key(1)]).unwrap().0[0].unwrap();
+    s.release(&[old]).unwrap();
+    s.close();
+    let s = Store::open(&e, &dir, &cfg).unwrap();
+    let other = Store::open(&e, &store_dir(), &cfg).unwrap();
+    put_keys(&e, &other, &[key(1)]);
+    let theirs = other.lease(&[key(1)]).unwrap().0[0].unwrap();
+    // A lease by key, which only a get or `release_leases` gives back.
+    assert!(s.lookup(&[key(1)], true).unwrap().0[0]);
+    for lease in [old, theirs].into_iter().chain((0..64).map(kvxfer::store::Lease)) {
+        assert_eq!(s.release(&[lease]).map_err(|e| e.status), Err(Status::InvalidArg), "{lease:?} given back");
+    }
+    s.release_leases(&[key(1)]).unwrap();
+    assert_eq!(exact_hits(&e, &s, &[key(1)]), [Status::Ok]);
+    other.release(&[theirs]).unwrap();
 }
 
 #[test]
@@ -1068,7 +1108,10 @@ fn a_handle_listed_twice_is_committed_or_aborted_once() {
         let Reservation::Write(h) = s.reserve_slots(&[key(30)]).unwrap()[0] else { panic!("a slot for key 30") };
         let committed = s.commit_slots(&[h, h]).unwrap();
         let Reservation::Write(h) = s.reserve_slots(&[key(31)]).unwrap()[0] else { panic!("a slot for key 31") };
-        s.abort_slots(&[h, h]).unwrap();
+        // The first is aborted; the second names a reservation no longer there.
+        let aborted = s.abort_slots(&[h, h]).map_err(|e| e.status);
+        assert_eq!(aborted, Err(Status::InvalidArg), "the same handle again");
+        assert_eq!(s.lookup(&[key(31)], false).unwrap().0, [false]);
         let put = put_keys(&e, &s, &[key(32)]);
         drop(s);
         tx.send((committed, put)).unwrap();

@@ -458,8 +458,8 @@ fn a_write_through_a_committed_handle_is_refused_and_the_entry_stays() {
 }
 
 /// A store's transfers are never refused for the engine's admission limit, which bounds
-/// the caller's own transfers: the store's are bounded already by its capacity and shards,
-/// and a refused one failed a healthy key with `Busy`. Here the limit is 1 and the engine's
+/// the caller's own transfers: a store's are made for the caller's puts and gets, which the
+/// caller paces, and a refused one failed a healthy key with `Busy`. Here the limit is 1 and the engine's
 /// only I/O worker is held in a put's disk write, so every transfer after it stays in
 /// flight: the puts and gets behind it wait, and every key loads once it goes on.
 #[test]
@@ -507,4 +507,21 @@ fn store_transfers_are_never_refused_for_the_engines_admission_limit() {
     for k in &new {
         assert_eq!(get_exact(&e, &s, &block, k), Status::Ok);
     }
+}
+
+/// A handle that names its slot but another key length is refused without claiming the
+/// reservation: the handle itself still commits or aborts, and a put of its key is not
+/// left waiting on a reservation nobody can end.
+#[test]
+fn a_handle_of_another_key_length_leaves_its_reservation_to_the_handle() {
+    let _serial = serial();
+    let OneSlot { e, owner, data, src, .. } = one_slot(small_block(), "store-handle-length");
+    let h = write_handle(&owner, &key(1));
+    let wrong = SlotHandle { key_len: h.key_len + 1, ..h };
+    assert_eq!(owner.commit_slots(&[wrong]).unwrap(), vec![Status::InvalidArg]);
+    let err = owner.abort_slots(&[wrong]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "{}", err.message);
+    assert_eq!(wait(&data.write_slots(&src, &[0], &[h], &Default::default()).unwrap()), Status::Ok);
+    assert_eq!(owner.commit_slots(&[h]).unwrap(), vec![Status::Ok], "the handle itself commits");
+    assert_eq!(get_exact(&e, &owner, &small_block(), &key(1)), Status::Ok);
 }

@@ -18,9 +18,10 @@
 //! Removals are not undone: a removed file stays removed. Every change the store makes to
 //! its files passes through the hooks below (the `pwrite`s and syncs of `io::posix`, which
 //! write the data files and their sidecars; the shards' creation and sizing; the records
-//! file's and `meta`'s writes, sizes, creations, rename and syncs), except the owner's lock
-//! file, whose bytes nothing needs; io_uring's writes do not, so a test that cuts runs on
-//! the POSIX backend.
+//! file's and `meta`'s writes, sizes, creations, rename and syncs), except the files whose
+//! bytes decide nothing a reopen serves: the owner's lock and pid files, and the eviction
+//! order (a hint, checked against the records); io_uring's writes do not, so a test that
+//! cuts runs on the POSIX backend.
 //!
 //! Without the `fault-injection` feature the hooks only make their call.
 

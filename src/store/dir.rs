@@ -4,7 +4,7 @@
 //! <dir>/lock            an open-file-description lock held by the owner for its lifetime
 //! <dir>/owner           the owner's pid, for the message that refuses another open
 //! <dir>/meta            magic, version, geometry, capacity, shards, namespace digest (CRC'd)
-//! <dir>/records         one 64-byte record per slot: the persistent index (record.rs)
+//! <dir>/records         one 128-byte record per slot: the persistent index (record.rs)
 //! <dir>/data-<k>        shard k: a checksummed disk layout (+ its .kvxsum sidecar)
 //! ```
 //! `meta` is written last when a store is made (to a temporary name, then renamed), so a

@@ -178,13 +178,20 @@ impl Store {
     }
 
     /// Gives back the reserved slots of `handles` unwritten (their records are still
-    /// tombstones, whatever the data process wrote).
+    /// tombstones, whatever the data process wrote). A handle not reserved as handed out
+    /// (committed or aborted already, of an earlier open, or naming another key) is
+    /// `InvalidArg`, naming the first, after the others were aborted.
     pub fn abort_slots(&self, handles: &[SlotHandle]) -> Result<()> {
         self.inner.owner()?;
         self.inner.check_handles(handles, handles.len())?;
         let req = Arc::new(StoreRequest::new(handles.len()));
         let keys = self.reserved(handles, &req);
-        self.inner.put_failed(PutGroup { req, keys }, Status::Cancelled, "aborted by the owner");
+        let aborted = keys.len();
+        self.inner.put_failed(PutGroup { req: req.clone(), keys }, Status::Cancelled, "aborted by the owner");
+        if aborted < handles.len() {
+            let i = (0..handles.len()).find(|&i| req.key_status(i) == Some(Status::InvalidArg)).expect("a handle not aborted");
+            bail!(InvalidArg, "handle {i}: {} (the other handles were aborted)", req.key_message(i));
+        }
         Ok(())
     }
 
@@ -206,7 +213,7 @@ impl Store {
                     Status::InvalidArg,
                     format!("the handle of slot {} was handed out by an earlier open of the store; reserve the key again", h.slot),
                 );
-            } else if let Some(key) = ix.claim_reserved(h.slot, h.key_digest, h.generation).filter(|k| k.len() == h.key_len) {
+            } else if let Some(key) = ix.claim_reserved(h.slot, h.key_digest, h.key_len, h.generation) {
                 keys.push(PutKey { index: i, key, slot: h.slot, generation: h.generation, src: 0 });
             } else {
                 req.settle(

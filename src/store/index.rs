@@ -31,6 +31,21 @@ pub struct Entry {
     pub seal: u64,
 }
 
+/// A lease held: the slot it pins, and whether it is kept for its key (taken by key) or
+/// is its caller's own token.
+#[derive(Debug)]
+struct Leased {
+    slot: u32,
+    keyed: bool,
+}
+
+/// A lease token no other lease of this process has had, in any store or open: a token
+/// kept past a reopen, or handed to another store, names no lease there.
+fn next_lease_token() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Keys of put requests waiting for another put of the same key to finish.
 type Waiters = Vec<(Arc<StoreRequest>, usize)>;
 
@@ -122,12 +137,10 @@ pub struct Index {
     /// Keys being put → their slot.
     writing: KeyMap<u32>,
     /// Every lease held: token → the slot it pins.
-    leases: HashMap<u64, u32>,
+    leases: HashMap<u64, Leased>,
     /// Tokens of the leases taken by key, oldest first (a key removed and put again while
     /// leased may have leases on two slots).
     keyed: KeyMap<std::collections::VecDeque<u64>>,
-    /// The last lease token given out (tokens start at 1: 0 is "no lease" at the ABI).
-    last_lease: u64,
     generation: u64,
     pub evictions: u64,
     /// Whether the eviction order changed since `take_moved` last looked.
@@ -151,7 +164,6 @@ impl Index {
             writing: KeyMap::default(),
             leases: HashMap::new(),
             keyed: KeyMap::default(),
-            last_lease: 0,
             generation: found.last().map_or(0, |(_, r)| r.generation),
             evictions: 0,
             moved: false,
@@ -233,28 +245,37 @@ impl Index {
     /// Pins a held key's slot until its token is given back (`release`): its entry and
     /// the lease's token, if held.
     pub fn lease(&mut self, key: Key) -> Option<(Entry, u64)> {
-        let e = self.touch(key)?;
-        self.pin_slot(e.slot);
-        self.last_lease += 1;
-        self.leases.insert(self.last_lease, e.slot);
-        Some((e, self.last_lease))
+        self.take_lease(key, false)
     }
 
-    /// Gives back the lease of `token`: whether it was held.
+    fn take_lease(&mut self, key: Key, keyed: bool) -> Option<(Entry, u64)> {
+        let e = self.touch(key)?;
+        self.pin_slot(e.slot);
+        let token = next_lease_token();
+        self.leases.insert(token, Leased { slot: e.slot, keyed });
+        Some((e, token))
+    }
+
+    /// Gives back the lease of `token` from `lease`: whether it was held (a lease kept for
+    /// a key is not its caller's to give back by token).
     pub fn release(&mut self, token: u64) -> bool {
-        let Some(slot) = self.leases.remove(&token) else { return false };
-        self.unpin(slot);
+        self.holds_lease(token) && self.drop_lease(token)
+    }
+
+    fn drop_lease(&mut self, token: u64) -> bool {
+        let Some(l) = self.leases.remove(&token) else { return false };
+        self.unpin(l.slot);
         true
     }
 
-    /// Whether the lease of `token` is held.
+    /// Whether the lease of `token` from `lease` is held.
     pub fn holds_lease(&self, token: u64) -> bool {
-        self.leases.contains_key(&token)
+        self.leases.get(&token).is_some_and(|l| !l.keyed)
     }
 
     /// A lease kept for `key` itself, for callers that name only keys: its entry, if held.
     pub fn lease_keyed(&mut self, key: Key) -> Option<Entry> {
-        let (e, token) = self.lease(key)?;
+        let (e, token) = self.take_lease(key, true)?;
         self.keyed.entry(key).or_default().push_back(token);
         Some(e)
     }
@@ -272,12 +293,13 @@ impl Index {
 
     fn spend_keyed(&mut self, key: Key, on: impl Fn(u32) -> bool) -> bool {
         let Some(tokens) = self.keyed.get_mut(&key) else { return false };
-        let Some(at) = tokens.iter().position(|t| on(self.leases[t])) else { return false };
+        let leases = &self.leases;
+        let Some(at) = tokens.iter().position(|t| leases.get(t).is_some_and(|l| on(l.slot))) else { return false };
         let token = tokens.remove(at).expect("a position in the list");
         if tokens.is_empty() {
             self.keyed.remove(&key);
         }
-        self.release(token)
+        self.drop_lease(token)
     }
 
     /// A slot whose record could not be brought back to a tombstone (an I/O error): out of
@@ -372,13 +394,13 @@ impl Index {
     }
 
     /// Claims a handed-out slot for its one commit or abort: the key it is still being put
-    /// for, where that key's digest is `digest`, its generation `generation`, and no commit
+    /// for, where that key's digest and length are the handle's, its generation `generation`, and no commit
     /// or abort of it has begun. Checked and claimed under one lock, so a handle listed
     /// twice, or committed and aborted at once, settles once.
-    pub fn claim_reserved(&mut self, slot: u32, digest: Digest, generation: u64) -> Option<Key> {
+    pub fn claim_reserved(&mut self, slot: u32, digest: Digest, key_len: u32, generation: u64) -> Option<Key> {
         match self.slots.get_mut(slot as usize) {
             Some(Slot { state: State::Writing { key, generation: g, claimed, .. }, .. })
-                if key.digest() == digest && *g == generation && !*claimed =>
+                if key.len() == key_len && key.digest() == digest && *g == generation && !*claimed =>
             {
                 *claimed = true;
                 Some(*key)

@@ -11,8 +11,8 @@
 //!
 //! Data lives in `shards` checksummed disk layouts (`data-<k>`), slot `s` at block
 //! `s / shards` of shard `s % shards`. The engine hashes every region it writes and seals a
-//! block when its write completes; each slot's 64-byte record (`records`) holds the key's
-//! and namespace's digests, a generation and that seal. The records file is the index on
+//! block when its write completes; each slot's 128-byte record (`records`) holds the key's
+//! own bytes, the namespace's digest, a generation and that seal. The records file is the index on
 //! disk: opening reads it alone (no data), and keeps the records whose CRC holds and whose
 //! namespace is the store's. The order of writes is what makes a crash harmless: a slot's
 //! tombstone is written before its data is overwritten, and its record only after the new
@@ -594,12 +594,18 @@ impl Store {
 
     fn shut(&mut self) {
         let Some(thread) = self.thread.take() else { return };
+        if std::process::id() != self.inner.pid {
+            // A child forked from the opening process: the store thread and the transfers
+            // in flight are the parent's, and none of them runs here to be waited for.
+            return;
+        }
         let mut n = self.inner.inflight.lock().unwrap();
         while *n > 0 {
             n = self.inner.idle.wait(n).unwrap();
         }
         drop(n);
-        self.inner.save_order(true);
+        // The store thread writes the eviction order last, so no periodic write of it
+        // runs beside this one.
         let _ = self.inner.tx.send(worker::Msg::Stop);
         let _ = thread.join();
     }

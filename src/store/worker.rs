@@ -130,7 +130,8 @@ pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
                 }
                 inner.end();
             }
-            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(Msg::Stop) => return inner.save_order(true),
+            Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {}
         }
         // Also under a steady stream of completions, which never lets the wait time out.
