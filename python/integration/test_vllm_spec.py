@@ -216,6 +216,26 @@ def test_blocks_stored_then_loaded_come_back_exact(engine, expedited):
     assert same(snapshot(engine, [8, 9, 10, 11]), want)
 
 
+def test_an_engine_at_its_admission_limit_stores_and_loads_every_block(tmp_path):
+    """Workers whose engines admit one request at a time: the store's transfers are not
+    counted against the limit nor refused for it, so every block of a job spanning every
+    shard is stored, and every one loads back exact (vLLM asserts on a failed load)."""
+    e = Engine(tmp_path, engine={"max_inflight": 1}, shards=4)
+    try:
+        keys = keys_of(1, 2, 3, 4, 5, 6, 7, 8)
+        fill(e, list(range(8)), seed=3)
+        want = snapshot(e, list(range(8)))
+        stored, results = e.offload(keys, list(range(8)))
+        assert stored == keys and all(r.success for r in results)
+        clear(e)
+        found, results = e.onboard(keys, list(range(8, 16)))
+        assert all(found[k] is LookupResult.HIT for k in keys)
+        assert all(r.success for r in results), [r for r in results if not r.success]
+        assert same(snapshot(e, list(range(8, 16))), want)
+    finally:
+        e.shutdown()
+
+
 def test_loads_are_latency_critical_and_stores_bulk(engine, monkeypatch):
     """A request waits for its load, expedited or not, and for no store: the workers'
     slot reads are critical transfers, their writes bulk."""
