@@ -258,46 +258,62 @@ python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
 
 # The runtime plug-ins against the runtimes themselves (python/integration): a venv per
-# runtime, since their pinned dependencies (PyTorch, grpcio, numpy among them) differ and
-# cannot share one: vllm==$(VLLM_VERSION) (about 9.5 GB, five minutes to install),
-# sglang==$(SGLANG_VERSION) (about 11 GB) and lmcache==$(LMCACHE_VERSION), each made once
-# and kept (a stamp file names the version), then the package's wheel, built once,
-# installed into each and that runtime's tests (python/integration/test_<runtime>_*.py)
-# run there. Not part of `make test`: see CONTRIBUTING.md.
-VLLM_VERSION := 0.33.0
+# runtime version, since their pinned dependencies (PyTorch, grpcio, numpy among them)
+# differ and cannot share one: vllm==V for each V of $(VLLM_VERSIONS) (about 9.5 GB and
+# five minutes to install each, in target/vllm-V-venv), sglang==$(SGLANG_VERSION) (about
+# 11 GB) and lmcache==$(LMCACHE_VERSION), each made once and kept (a stamp file names the
+# version), then the package's wheel, built once, installed into each and that runtime's
+# tests (python/integration/test_<runtime>_*.py) run there. Not part of `make test`: see
+# CONTRIBUTING.md. VLLM_VERSIONS is kvxfer.vllm's SUPPORTED_VLLM (docs/vllm.md says how a
+# vLLM release is added).
+VLLM_VERSIONS := 0.33.0 0.34.0
 SGLANG_VERSION := 0.5.23
 LMCACHE_VERSION := 0.5.6
 INTEGRATION_WHEELS := target/integration-wheels
 
-# $(call runtime-venv,runtime,version): make target/<runtime>-venv once and install the
-# wheel into it.
+# A runtime release's dependencies that the package registry does not have, left out of
+# its venv (RUNTIME_LEFT_OUT_<runtime>-<version>): none is imported by the plug-ins or
+# their tests. vLLM 0.34.0 pins flashinfer-python==0.7.3 (GPU attention kernels), which
+# PyPI does not carry.
+RUNTIME_LEFT_OUT_vllm-0.34.0 := flashinfer-python
+
+# $(call runtime-venv,runtime,version,venv): make the venv once and install the wheel into
+# it. Where the release leaves dependencies out, the runtime goes in without its
+# dependencies, then those of them that are not left out.
 define runtime-venv
-	@[ -f target/$(1)-venv/.$(1)-$(2) ] || { rm -rf target/$(1)-venv && python3 -m venv target/$(1)-venv && \
-	  target/$(1)-venv/bin/pip install -q $(1)==$(2) numpy pytest && touch target/$(1)-venv/.$(1)-$(2); }
-	target/$(1)-venv/bin/pip install -q --force-reinstall --no-deps $(INTEGRATION_WHEELS)/kvxfer-*.whl
+	@[ -f $(3)/.$(1)-$(2) ] || { rm -rf $(3) && python3 -m venv $(3) && \
+	  $(if $(RUNTIME_LEFT_OUT_$(1)-$(2)),\
+	    $(3)/bin/pip install -q --no-deps $(1)==$(2) && \
+	    $(3)/bin/python python/integration/requirements_of.py $(1) $(RUNTIME_LEFT_OUT_$(1)-$(2)) > $(3)/requirements.txt && \
+	    $(3)/bin/pip install -q -r $(3)/requirements.txt numpy pytest,\
+	    $(3)/bin/pip install -q $(1)==$(2) numpy pytest) && touch $(3)/.$(1)-$(2); }
+	$(3)/bin/pip install -q --force-reinstall --no-deps $(INTEGRATION_WHEELS)/kvxfer-*.whl
 endef
 
-# $(call runtime-tests,runtime,version): the runtime's venv, then its tests.
+# $(call runtime-tests,runtime,version,venv): the runtime's venv, then its tests.
 define runtime-tests
-	$(call runtime-venv,$(1),$(2))
-	cd /tmp && $(CURDIR)/target/$(1)-venv/bin/pytest -q -rs $(CURDIR)/python/integration/test_$(1)_*.py
+	$(call runtime-venv,$(1),$(2),$(3))
+	cd /tmp && $(CURDIR)/$(3)/bin/pytest -q -rs $(CURDIR)/python/integration/test_$(1)_*.py
+
 endef
 
 integration-wheels: python-venv
 	rm -rf $(INTEGRATION_WHEELS) && $(PYENV)/bin/pip wheel -q --no-deps -w $(INTEGRATION_WHEELS) ./python
 
 integration-test: integration-wheels
-	$(call runtime-tests,vllm,$(VLLM_VERSION))
-	$(call runtime-tests,sglang,$(SGLANG_VERSION))
-	$(call runtime-tests,lmcache,$(LMCACHE_VERSION))
+	$(foreach v,$(VLLM_VERSIONS),$(call runtime-tests,vllm,$(v),target/vllm-$(v)-venv))
+	$(call runtime-tests,sglang,$(SGLANG_VERSION),target/sglang-venv)
+	$(call runtime-tests,lmcache,$(LMCACHE_VERSION),target/lmcache-venv)
 
 # kvxfer's vLLM tier against vLLM's own fs tier, both driven by vLLM's tiering manager
-# (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier), in vLLM's venv: a table,
+# (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier), in the venv of vLLM
+# $(VLLM_BENCH_VERSION), the release the documented numbers were taken with: a table,
 # and the data behind it in target/vllm-tier-bench.json. Flags go in BENCH_ARGS
 # (`make integration-bench BENCH_ARGS="--gib 1 --media shm"`; see its --help).
+VLLM_BENCH_VERSION := 0.33.0
 integration-bench: integration-wheels
-	$(call runtime-venv,vllm,$(VLLM_VERSION))
-	cd /tmp && $(CURDIR)/target/vllm-venv/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
+	$(call runtime-venv,vllm,$(VLLM_BENCH_VERSION),target/vllm-$(VLLM_BENCH_VERSION)-venv)
+	cd /tmp && $(CURDIR)/target/vllm-$(VLLM_BENCH_VERSION)-venv/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -1,6 +1,6 @@
-"""kvxfer's offloading spec driven by vLLM itself (the installed vllm==0.33.0, never a copy
-of its interface): vLLM's `OffloadingSpecFactory` builds `KvxferOffloadingSpec` from
-`spec_name` and `spec_module_path`, and the tests make the calls vLLM's
+"""kvxfer's offloading spec driven by vLLM itself (the installed vLLM, one of
+`SUPPORTED_VLLM`, never a copy of its interface): vLLM's `OffloadingSpecFactory` builds
+`KvxferOffloadingSpec` from `spec_name` and `spec_module_path`, and the tests make the calls vLLM's
 OffloadingConnector makes, in its order: the scheduler side's on the manager (lookup,
 prepare_store / complete_store, prepare_load / complete_load), the worker side's on one
 worker per rank (submit_store / submit_load, get_finished), with the job specs pickled on
@@ -40,6 +40,11 @@ from vllm.v1.kv_offload.config import (
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
+try:  # vLLM 0.34.0's connector resolves a job's GPU blocks to device pointers for the worker
+    from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers
+except ImportError:  # vLLM 0.33.0's passes the GPULoadStoreSpec itself
+    resolve_device_pointers = None
+
 LAYERS = 2  # per rank
 PAGE = 16 * 1024  # one layer's bytes of one GPU block
 GPU_BLOCKS = 16
@@ -75,13 +80,14 @@ class Engine:
 
     def __init__(self, root, world_size=2, **kw):
         self.caches = [[torch.zeros((GPU_BLOCKS, PAGE), dtype=torch.int8) for _ in range(LAYERS)] for _ in range(world_size)]
-        self.workers = []
+        self.workers, self.kv_caches = [], []
         for r in range(world_size):
             spec = OffloadingSpecFactory.create_spec(make_config(root, r, world_size, **kw))
             kv = CanonicalKVCaches(
                 tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=PAGE) for t in self.caches[r]],
                 group_data_refs=[[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=PAGE) for i in range(LAYERS)]],
             )
+            self.kv_caches.append(kv)
             self.workers.append(spec.get_worker(kv))
         self.spec = OffloadingSpecFactory.create_spec(make_config(root, 0, world_size, **kw))
         self.manager = self.spec.get_manager()
@@ -94,12 +100,15 @@ class Engine:
 
     # -- the worker side ---------------------------------------------------------
     def _run(self, submit, gpu_spec, slots, **kw):
-        """Submits a job to every worker, each with its own unpickled copy of the specs,
-        and polls them until each reports it. Returns each rank's TransferResult."""
+        """Submits a job to every worker, each with its own unpickled copy of the specs
+        (the GPU side as the installed vLLM's connector passes it), and polls them until
+        each reports it. Returns each rank's TransferResult."""
         self._job += 1
         job = self._job
-        for w in self.workers:
+        for w, kv in zip(self.workers, self.kv_caches):
             g, s = pickle.loads(pickle.dumps((gpu_spec, slots)))
+            if resolve_device_pointers is not None:
+                g = resolve_device_pointers(g, kv)
             assert getattr(w, submit)(job, *((g, s) if submit == "submit_store" else (s, g)), **kw)
         results = [None] * len(self.workers)
         deadline = time.monotonic() + DEADLINE_S
@@ -214,6 +223,34 @@ def test_blocks_stored_then_loaded_come_back_exact(engine, expedited):
     assert all(found[k] is LookupResult.HIT for k in keys)
     assert all(r.success for r in results)
     assert same(snapshot(engine, [8, 9, 10, 11]), want)
+
+
+@pytest.mark.skipif(resolve_device_pointers is None, reason="this vLLM passes a worker block ids, not device pointers")
+@pytest.mark.parametrize("moved", ["one-byte-past-a-block-start", "second-layer-at-another-block"])
+def test_a_load_to_device_pointers_off_the_workers_blocks_fails_and_moves_nothing(engine, monkeypatch, moved):
+    """A worker moves whole blocks of the KV caches it registered: device pointers that
+    are not the start of one block of each layer of a group fail the job, and no byte
+    of GPU memory is written, nowhere the pointers name."""
+    keys = keys_of(1, 2)
+    fill(engine, [0, 1], seed=2)
+    engine.offload(keys, [0, 1])
+    clear(engine)
+    resolve = resolve_device_pointers
+
+    def moved_pointers(gpu_spec, kv_caches):
+        pointers = resolve(gpu_spec, kv_caches)
+        ptrs = pointers.ptrs.copy()
+        if moved == "one-byte-past-a-block-start":
+            ptrs += 1
+        else:
+            ptrs[len(keys) :] += PAGE
+        return dataclasses.replace(pointers, ptrs=ptrs)
+
+    monkeypatch.setitem(globals(), "resolve_device_pointers", moved_pointers)
+    found, results = engine.onboard(keys, [8, 9])
+    assert all(found[k] is LookupResult.HIT for k in keys)
+    assert all(not r.success and r.transfer_size == 0 for r in results)
+    assert not any(t.any() for layers in engine.caches for t in layers)
 
 
 def test_an_engine_at_its_admission_limit_stores_and_loads_every_block(tmp_path):

@@ -1,7 +1,8 @@
-"""kvxfer's vLLM secondary tier driven by vLLM itself (the installed vllm==0.33.0, never
-a copy of its interface): a `TieringOffloadingSpec` whose `secondary_tiers` name
-`kvxfer.vllm` by module path builds vLLM's `TieringOffloadingManager`, CPU tier and all,
-and the tests make the scheduler's calls on it. The GPU workers' copies into and out of
+"""kvxfer's vLLM secondary tier driven by vLLM itself (the installed vLLM, one of
+`SUPPORTED_VLLM`, never a copy of its interface): a `TieringOffloadingSpec` whose
+`secondary_tiers` name `kvxfer.vllm` by module path builds vLLM's
+`TieringOffloadingManager`, CPU tier and all, and the tests make the scheduler's calls
+on it. The GPU workers' copies into and out of
 the CPU tier are written and read straight in its shared memory, as the workers do.
 Run by `make integration-test`."""
 
@@ -338,9 +339,9 @@ def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, cap
         m.shutdown()
 
 
-def test_another_vllm_version_is_refused_naming_the_supported_one(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0")
-    with pytest.raises(kvxfer.Unsupported, match=r"supports vLLM 0\.33\.0.*vLLM 0\.34\.0 is installed"):
+def test_another_vllm_version_is_refused_naming_the_supported_ones(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.0")
+    with pytest.raises(kvxfer.Unsupported, match=r"supports vLLM 0\.33\.0 or 0\.34\.0,.*vLLM 0\.35\.0 is installed: install vllm==0\.34\.0"):
         kv_vllm.check_vllm_version()
 
 

@@ -40,8 +40,8 @@ from ..errors import Error, IntegrityError, InvalidArgument, Unsupported
 from ..store import Store
 from ..tier import capacity_blocks, check_room, engine_settings, log_failures, make_root, open_or_remake, store_key
 from .namespace import fingerprint, namespace_of, store_directory
-from .slot_mover import SlotJob, SlotMover, engine_for
-from .version import check_vllm_version
+from .slot_mover import SlotJob, SlotMover, as_pages, engine_for
+from .version import JobBlocks, check_vllm_version
 
 log = logging.getLogger("kvxfer.vllm")
 
@@ -109,7 +109,8 @@ def write_generation(path: str, generation: int) -> None:
 
 #: The spec's keys of `kv_connector_extra_config`.
 SPEC_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine")
-#: vLLM 0.33.0's own keys there, which its OffloadingConnector and offloading specs read.
+#: vLLM's own keys there, which its OffloadingConnector and offloading specs read (the
+#: same in every supported version).
 VLLM_SETTINGS = (
     "spec_name",
     "spec_module_path",
@@ -203,7 +204,6 @@ def make_spec_classes() -> Dict[str, type]:
     version = check_vllm_version()
     try:
         from vllm.v1.kv_offload.base import (
-            GPULoadStoreSpec,
             LoadStoreSpec,
             LookupResult,
             OffloadingManager,
@@ -455,9 +455,11 @@ def make_spec_classes() -> Dict[str, type]:
                 if any(ref.mapping is not None for ref in refs):
                     raise Unsupported("KvxferOffloadingSpec stores each rank's own pages, not canonical pages")
             tensors = [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
+            groups = [[ref.tensor_idx for ref in refs] for refs in kv_caches.group_data_refs]
+            self._blocks = JobBlocks([as_pages(t, p) for t, p in tensors], groups)
             self._engine = engine_for([t for t, _ in tensors], settings.engine)
             try:
-                self._mover = SlotMover(self._engine, tensors, [[ref.tensor_idx for ref in refs] for refs in kv_caches.group_data_refs])
+                self._mover = SlotMover(self._engine, tensors, groups)
             except BaseException:
                 self._engine.close()
                 raise
@@ -509,17 +511,19 @@ def make_spec_classes() -> Dict[str, type]:
 
         def _submit(self, job_id: int, gpu: Any, slots: Any, is_load: bool) -> bool:
             """Starts the job; a call the store refuses fails every block of it (reported
-            by `get_finished`, as vLLM polls for it). A load moves as latency-critical
+            by `get_finished`, as vLLM polls for it). `gpu` is the job's GPU side as the
+            installed vLLM passes it (`JobBlocks`). A load moves as latency-critical
             transfers, ahead of stores: a request waits for its load (an expedited one
             within the step), and for no store."""
-            assert isinstance(gpu, GPULoadStoreSpec) and isinstance(slots, KvxferSlots)
+            assert isinstance(slots, KvxferSlots)
             handles = slots.handles[self._rank]
             try:
+                block_ids, group_sizes = self._blocks(gpu)
                 store = self._open(slots.generation)
                 if is_load:
-                    job = self._mover.read(store, handles, gpu.block_ids, gpu.group_sizes, critical=True)
+                    job = self._mover.read(store, handles, block_ids, group_sizes, critical=True)
                 else:
-                    job = self._mover.write(store, gpu.block_ids, gpu.group_sizes, handles)
+                    job = self._mover.write(store, block_ids, group_sizes, handles)
             except Error as e:
                 job = SlotJob(len(slots.keys), [], [(i, e) for i in range(len(slots.keys))])
             self._jobs[job_id] = (job, slots, is_load, time.monotonic())
