@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use kvxfer::fault::{self, Fault, Site};
 use kvxfer::store::{Reservation, SlotHandle, Store, StoreConfig, StoreFlags, StoreRequest};
-use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind};
+use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind, TransferOptions};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -524,4 +524,42 @@ fn a_handle_of_another_key_length_leaves_its_reservation_to_the_handle() {
     assert_eq!(wait(&data.write_slots(&src, &[0], &[h], &Default::default()).unwrap()), Status::Ok);
     assert_eq!(owner.commit_slots(&[h]).unwrap(), vec![Status::Ok], "the handle itself commits");
     assert_eq!(get_exact(&e, &owner, &small_block(), &key(1)), Status::Ok);
+}
+
+/// Gets settle on a thread of their own: while a durable put's commit is held in the
+/// sync of its record (under the records mutex), a latency-critical get of another key
+/// loads its bytes, and the put is still in flight; once the sync goes on, the put is
+/// stored.
+#[test]
+fn a_critical_get_completes_while_a_puts_commit_is_held_in_its_sync() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-get-beside-commit");
+    let block = small_block();
+    let cfg = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(block, 8, b"ns") };
+    let s = Store::open(&e, &dir, &cfg).unwrap();
+    let src = e.create_layout(&LayoutConfig { num_blocks: 3, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    for b in 0..3 {
+        fill_block_for_key(&src, b, &key(b));
+    }
+    assert_eq!(wait(&s.put(&src, &[0], &[key(0)], &Default::default()).unwrap()), Status::Ok);
+    // A put of one key into a free slot: its last sync is its commit's, of the record.
+    fault::count_only();
+    assert_eq!(wait(&s.put(&src, &[1], &[key(1)], &Default::default()).unwrap()), Status::Ok);
+    let syncs = fault::calls(Site::DiskSync);
+    assert!(syncs > 0, "a durable put syncs");
+    fault::inject(Site::DiskSync, syncs - 1, Fault::Hold);
+    let put = s.put(&src, &[2], &[key(2)], &Default::default()).unwrap();
+    let _let_go = LetGo;
+    until_held();
+    let dst = e.create_layout(&LayoutConfig { num_blocks: 1, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    let critical = TransferOptions { critical: true, ..Default::default() };
+    let get = s.get(&[key(0)], &dst, &[0], &critical).unwrap();
+    assert_eq!(wait(&get), Status::Ok, "the get waited for the put's commit: {}", get.key_message(0));
+    assert!(holds_key(&dst, 0, &key(0)), "the get loaded bytes that are not its key's");
+    assert!(fault::holding(), "the put's commit was let go before the get completed");
+    assert_eq!(put.poll(), Status::Pending, "the put committed while its sync was held");
+    fault::clear();
+    assert_eq!(wait(&put), Status::Ok, "{}", put.key_message(0));
+    assert_eq!(s.lookup(&[key(0), key(1), key(2)], false).unwrap().0, vec![true; 3]);
 }

@@ -6,7 +6,7 @@
 //!                                                        store thread ◄─ completion (blocks sealed)
 //!                                        record written (synced) ─► index: entry visible ─► key Ok
 //! get(keys, dst, ids) ─► index: pin hits ─► engine: data-<k> → dst (regions and seal verified)
-//!                         store thread ◄─ completion: record's seal = block's seal? ─► key Ok or a miss
+//!                           get thread ◄─ completion: record's seal = block's seal? ─► key Ok or a miss
 //! ```
 //!
 //! Data lives in `shards` checksummed disk layouts (`data-<k>`), slot `s` at block
@@ -127,6 +127,8 @@ struct Inner {
     inflight: Mutex<u64>,
     idle: Condvar,
     tx: Sender<worker::Msg>,
+    /// The get thread's queue: gets' completions (see `worker`).
+    gets: Sender<worker::GetMsg>,
     /// Opened `DATA_ONLY`: moves handed-out slots only, writes no record.
     data_only: bool,
     /// Drawn at random at each open: with a put's or a handle's generation it makes the
@@ -142,7 +144,8 @@ struct Inner {
 /// or for data only (`StoreFlags::DATA_ONLY`: no lock, the owner's handed-out slots only).
 pub struct Store {
     inner: Arc<Inner>,
-    thread: Option<JoinHandle<()>>,
+    /// The store thread and the get thread (see `worker`).
+    threads: Option<(JoinHandle<()>, JoinHandle<()>)>,
     /// The owner's lock (none in a data-only open).
     _lock: Option<dir::OwnerLock>,
 }
@@ -219,6 +222,7 @@ impl Store {
             false => Self::scan(&records, cfg, want.namespace, &counters, dir, &remade)?,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
+        let (gets, gets_rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
             engine: engine.clone(),
             dir: dir.to_path_buf(),
@@ -231,6 +235,7 @@ impl Store {
             inflight: Mutex::new(0),
             idle: Condvar::new(),
             tx,
+            gets,
             data_only,
             epoch: fresh_epoch(),
             pid: std::process::id(),
@@ -239,16 +244,28 @@ impl Store {
         if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
             inner.verify_seals();
         }
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| Error::new(Status::NoMemory, format!("starting the store's thread {name}: {e}")))
+        };
         let worker_inner = inner.clone();
-        let thread = std::thread::Builder::new()
-            .name("kvx-store".into())
-            .spawn(move || worker::run(worker_inner, rx))
-            .map_err(|e| Error::new(Status::NoMemory, format!("starting the store thread: {e}")))?;
+        let thread = spawn("kvx-store", Box::new(move || worker::run(worker_inner, rx)))?;
+        let get_inner = inner.clone();
+        let get_thread = match spawn("kvx-store-get", Box::new(move || worker::run_gets(get_inner, gets_rx))) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = inner.tx.send(worker::Msg::Stop);
+                let _ = thread.join();
+                return Err(e);
+            }
+        };
         match data_only {
             true => log::info!("store {}: open for data only", dir.display()),
             false => log::info!("store {}: open, {} entries", dir.display(), inner.index.lock().unwrap().len()),
         }
-        Ok(Store { inner, thread: Some(thread), _lock: lock })
+        Ok(Store { inner, threads: Some((thread, get_thread)), _lock: lock })
     }
 
     /// Opens shard `k`'s data file and its checksums, or makes them: when the store is
@@ -593,7 +610,7 @@ impl Store {
     }
 
     fn shut(&mut self) {
-        let Some(thread) = self.thread.take() else { return };
+        let Some((thread, get_thread)) = self.threads.take() else { return };
         if std::process::id() != self.inner.pid {
             // A child forked from the opening process: the store thread and the transfers
             // in flight are the parent's, and none of them runs here to be waited for.
@@ -606,6 +623,8 @@ impl Store {
         drop(n);
         // The store thread writes the eviction order last, so no periodic write of it
         // runs beside this one.
+        let _ = self.inner.gets.send(None);
+        let _ = get_thread.join();
         let _ = self.inner.tx.send(worker::Msg::Stop);
         let _ = thread.join();
     }
@@ -761,11 +780,23 @@ impl Inner {
         if !self.index.lock().unwrap().drop_entry(key, e.slot, e.generation) {
             return;
         }
-        match self.tombstone(&[e.slot]) {
-            Ok(()) => self.index.lock().unwrap().recorded(e.slot),
+        // Its tombstone is the store thread's to write: a get never waits for the records
+        // mutex, which a commit holds across its sync. The slot is reused only once it is
+        // recorded.
+        self.begin();
+        if self.tx.send(worker::Msg::Retire(e.slot)).is_err() {
+            self.end();
+        }
+    }
+
+    /// Writes the tombstone of `slot`, whose entry left the index after a failed check,
+    /// then frees the slot (or, where the write fails, keeps it out of use).
+    fn retire(&self, slot: u32) {
+        match self.tombstone(&[slot]) {
+            Ok(()) => self.index.lock().unwrap().recorded(slot),
             Err(err) => {
-                log::error!("store {}: {err}; slot {} stays out of use until the store is opened again", self.dir.display(), e.slot);
-                self.index.lock().unwrap().abandon(e.slot);
+                log::error!("store {}: {err}; slot {slot} stays out of use until the store is opened again", self.dir.display());
+                self.index.lock().unwrap().abandon(slot);
             }
         }
     }
@@ -817,16 +848,18 @@ impl Inner {
         let group = worker::PutGroup { req: req.clone(), keys };
         let source = worker::PutSource { shard, src: src.clone(), opts: opts.clone(), alone };
         self.begin();
-        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Put(group, source));
+        let (opts, group) =
+            worker::on_complete(&self.tx, opts, (group, source), |(g, s), st, m| worker::Msg::Done(worker::Done::Put(g, s), st, m));
         if let Err(e) = self.engine.submit_for_store(src, &src_ids, &self.shards[shard], &dst_ids, &opts, Some(&writes)) {
-            if let Some(worker::Done::Put(g, _)) = group.lock().unwrap().take() {
+            if let Some((g, _)) = group.lock().unwrap().take() {
                 self.put_failed(g, e.status, &e.message);
             }
             self.end();
         }
     }
 
-    /// One engine transfer of a get's keys held in shard `shard`.
+    /// One engine transfer of a get's keys held in shard `shard`; its completion goes to
+    /// the get thread.
     fn submit_get(
         self: &Arc<Self>,
         req: &Arc<StoreRequest>,
@@ -840,9 +873,9 @@ impl Inner {
         let dst_ids: Vec<u64> = keys.iter().map(|k| k.dst).collect();
         let group = worker::GetGroup { req: req.clone(), keys, shard, dst: dst.clone(), opts: opts.clone(), alone };
         self.begin();
-        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Get(group));
+        let (opts, group) = worker::on_complete(&self.gets, opts, group, |g, st, m| Some((g, st, m)));
         if let Err(e) = self.engine.submit_for_store(&self.shards[shard], &src_ids, dst, &dst_ids, &opts, None) {
-            if let Some(worker::Done::Get(g)) = group.lock().unwrap().take() {
+            if let Some(g) = group.lock().unwrap().take() {
                 self.get_failed(g, e.status, &e.message);
             }
             self.end();
