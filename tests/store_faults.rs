@@ -563,3 +563,44 @@ fn a_critical_get_completes_while_a_puts_commit_is_held_in_its_sync() {
     assert_eq!(wait(&put), Status::Ok, "{}", put.key_message(0));
     assert_eq!(s.lookup(&[key(0), key(1), key(2)], false).unwrap().0, vec![true; 3]);
 }
+
+/// A durable put that evicts writes the evicted slot's tombstone and returns, while
+/// another put's commit is held in the sync of its record: the tombstone's sync, and
+/// then the put's transfer, are the store thread's. Once the held sync goes on, both
+/// puts are stored and the evicted key is gone.
+#[test]
+fn a_durable_put_that_evicts_returns_while_a_commit_is_held_in_its_sync() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-evict-beside-commit");
+    let block = small_block();
+    let cfg = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(block, 3, b"ns") };
+    let s = Arc::new(Store::open(&e, &dir, &cfg).unwrap());
+    let src = e.create_layout(&LayoutConfig { num_blocks: 4, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    for b in 0..4 {
+        fill_block_for_key(&src, b, &key(b));
+    }
+    assert_eq!(wait(&s.put(&src, &[0], &[key(0)], &Default::default()).unwrap()), Status::Ok);
+    // A put of one key into a free slot: its last sync is its commit's, of the record.
+    fault::count_only();
+    assert_eq!(wait(&s.put(&src, &[1], &[key(1)], &Default::default()).unwrap()), Status::Ok);
+    let syncs = fault::calls(Site::DiskSync);
+    fault::inject(Site::DiskSync, syncs - 1, Fault::Hold);
+    let held = s.put(&src, &[2], &[key(2)], &Default::default()).unwrap();
+    let _let_go = LetGo;
+    until_held();
+    // The store is full: this put evicts key 0, the oldest entry.
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let (s2, src2) = (s.clone(), src.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(s2.put(&src2, &[3], &[key(3)], &Default::default()).unwrap());
+    });
+    let evicting = rx.recv_timeout(Duration::from_secs(60)).expect("the put that evicts waited for the held commit's sync");
+    assert!(fault::holding(), "the held commit was let go before the put returned");
+    assert_eq!(evicting.poll(), Status::Pending, "the put's transfer did not wait for its tombstone's sync");
+    fault::clear();
+    assert_eq!(wait(&held), Status::Ok, "{}", held.key_message(0));
+    assert_eq!(wait(&evicting), Status::Ok, "{}", evicting.key_message(0));
+    assert_eq!(s.lookup(&[key(0), key(1), key(2), key(3)], false).unwrap().0, vec![false, true, true, true]);
+    assert_eq!(get_exact(&e, &s, &block, &key(3)), Status::Ok);
+}

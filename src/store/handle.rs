@@ -284,7 +284,7 @@ impl Store {
         // means the handle is stale (committed already, or handed out before the owner
         // opened the store again), and writing it would destroy that entry.
         {
-            let records = inner.records.lock().unwrap();
+            let records = &inner.records;
             for (i, h) in handles.iter().enumerate() {
                 if let Read::Entry(_) = records.read(h.slot)? {
                     bail!(

@@ -117,10 +117,16 @@ struct Inner {
     cfg: StoreConfig,
     namespace: Digest,
     shards: Vec<Arc<Layout>>,
-    /// Held across every record write and sync (puts' records, tombstones), and taken
-    /// before `index` where both are: a commit decides and writes under it, so a removal
-    /// sees either the committed entry or a put that will not commit.
-    records: Mutex<Records>,
+    /// The slots' records. Writes to one slot never race: a slot's record is written by
+    /// whoever holds the slot alone in the index (a put or reservation that took it, the
+    /// drop of an entry that failed a check), or under `deciding`.
+    records: Records,
+    /// Held where a record is written because of a decision that another may race: by a
+    /// commit, from deciding which keys commit to their records written and synced, and by
+    /// a removal, so a removal sees either the committed entry or a put that will not
+    /// commit. Taken before `index` where both are. Tombstones of slots held alone are
+    /// written and synced without it, so no put or reservation waits for a commit's sync.
+    deciding: Mutex<()>,
     index: Mutex<Index>,
     counters: Counters,
     /// Engine requests submitted and not yet handled by the store thread.
@@ -229,7 +235,8 @@ impl Store {
             cfg: cfg.clone(),
             namespace: want.namespace,
             shards,
-            records: Mutex::new(records),
+            records,
+            deciding: Mutex::new(()),
             index: Mutex::new(index),
             counters,
             inflight: Mutex::new(0),
@@ -474,17 +481,27 @@ impl Store {
             req.settle(i, st, m);
         }
         // An evicted slot's record still names its old key: make it a tombstone before
-        // anything overwrites the slot's data.
-        if let Err(e) = inner.tombstone(&evicted) {
-            let lost: Vec<u32> = evicted;
-            for g in &mut groups {
-                let (bad, keep): (Vec<_>, Vec<_>) = g.drain(..).partition(|k| lost.contains(&k.slot));
-                *g = keep;
-                inner.abandon_keys(&req, &bad, &e);
+        // anything overwrites the slot's data. It is written here; in durable mode it is
+        // synced by the store thread, which then starts the transfers of the evicted slots'
+        // shards, so this call waits for no sync.
+        if let Err(e) = evicted.iter().try_for_each(|&s| inner.records.tombstone(s)) {
+            inner.abandon_evicted(&req, &mut groups, &evicted, &e);
+            evicted.clear();
+        }
+        let durable = inner.cfg.flags.contains(StoreFlags::DURABLE);
+        let mut after_sync = worker::AfterSync { req: req.clone(), src: src.clone(), opts: plain.clone(), evicted, groups: Vec::new() };
+        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
+            match durable && keys.iter().any(|k| after_sync.evicted.contains(&k.slot)) {
+                true => after_sync.groups.push((shard, keys)),
+                false => inner.submit_put(&req, shard, src, keys, &plain, false),
             }
         }
-        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
-            inner.submit_put(&req, shard, src, keys, &plain, false);
+        if !after_sync.groups.is_empty() {
+            inner.begin();
+            if let Err(crossbeam_channel::SendError(worker::Msg::AfterSync(a))) = inner.tx.send(worker::Msg::AfterSync(after_sync)) {
+                inner.start_after_sync(a);
+                inner.end();
+            }
         }
         Ok(req)
     }
@@ -542,7 +559,8 @@ impl Store {
         self.inner.owner()?;
         let inner = &self.inner;
         let keys = keys_of(keys)?;
-        let records = inner.records.lock().unwrap();
+        let deciding = inner.deciding.lock().unwrap();
+        let records = &inner.records;
         let mut out = Vec::with_capacity(keys.len());
         let mut retired = Vec::new();
         {
@@ -559,7 +577,7 @@ impl Store {
             }
         }
         let written = retired.iter().try_for_each(|&s| records.tombstone(s)).and_then(|_| records.sync());
-        drop(records);
+        drop(deciding);
         if let Err(e) = written {
             // Out of the index, but maybe not on disk: the slots stay out of use.
             let mut ix = inner.index.lock().unwrap();
@@ -702,14 +720,14 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes tombstones over `slots` (synced in durable mode).
+    /// Writes tombstones over `slots`, each held alone by the caller (synced in durable
+    /// mode).
     fn tombstone(&self, slots: &[u32]) -> Result<()> {
         if slots.is_empty() {
             return Ok(());
         }
-        let records = self.records.lock().unwrap();
-        slots.iter().try_for_each(|&s| records.tombstone(s))?;
-        records.sync()
+        slots.iter().try_for_each(|&s| self.records.tombstone(s))?;
+        self.records.sync()
     }
 
     /// Makes the records of `slots` (found on open, used by no entry) tombstones, then
@@ -798,6 +816,28 @@ impl Inner {
                 log::error!("store {}: {err}; slot {slot} stays out of use until the store is opened again", self.dir.display());
                 self.index.lock().unwrap().abandon(slot);
             }
+        }
+    }
+
+    /// Fails the keys of `groups` (a put's, by shard) whose slots are among `evicted`, whose
+    /// tombstones could not be written or synced: `err` says why.
+    fn abandon_evicted(&self, req: &Arc<StoreRequest>, groups: &mut [Vec<worker::PutKey>], evicted: &[u32], err: &Error) {
+        for g in groups {
+            let (bad, keep): (Vec<_>, Vec<_>) = g.drain(..).partition(|k| evicted.contains(&k.slot));
+            *g = keep;
+            self.abandon_keys(req, &bad, err);
+        }
+    }
+
+    /// Syncs the tombstones of a put's evicted slots, then starts the transfers that
+    /// overwrite them (failing the evicted slots' keys where the sync fails).
+    fn start_after_sync(self: &Arc<Self>, a: worker::AfterSync) {
+        let (shards, mut groups): (Vec<usize>, Vec<Vec<worker::PutKey>>) = a.groups.into_iter().unzip();
+        if let Err(e) = self.records.sync() {
+            self.abandon_evicted(&a.req, &mut groups, &a.evicted, &e);
+        }
+        for (shard, keys) in shards.into_iter().zip(groups).filter(|(_, g)| !g.is_empty()) {
+            self.submit_put(&a.req, shard, &a.src, keys, &a.opts, false);
         }
     }
 

@@ -3,21 +3,21 @@
 //! the engine's threads, which must not block).
 //!
 //! Two threads, so that no get's completion is ever queued behind a put's commit:
-//! - the store thread (`kvx-store`) commits puts (reads seals, writes records and, in
-//!   durable mode, syncs them under the records mutex), settles data-only writes, writes
-//!   the tombstones of entries that gets found damaged, and writes the eviction order;
+//! - the store thread (`kvx-store`) commits puts (reads seals, then under the `deciding`
+//!   mutex writes records and, in durable mode, syncs them), settles data-only writes,
+//!   syncs the tombstones of slots that durable puts evicted before starting their
+//!   transfers, writes the tombstones of entries that gets found damaged, and writes the
+//!   eviction order;
 //! - the get thread (`kvx-store-get`) settles gets: it reads each block's seal from the
 //!   sidecar, for a handed-out slot its record, and takes the index mutex, which no one
-//!   holds across I/O. It never takes the records mutex in an owner's open: an entry that
-//!   fails a check leaves the index at once (its key a miss), and its tombstone goes to
-//!   the store thread, which records it and frees the slot (the slot stays out of use
-//!   until then). A data-only open writes no record, so its records mutex is never held
-//!   across a sync.
+//!   holds across I/O. It writes no record: an entry that fails a check leaves the index
+//!   at once (its key a miss), and its tombstone goes to the store thread, which records
+//!   it and frees the slot (the slot stays out of use until then).
 //!
 //! So a get, latency-critical or not, waits for no record write or sync: a commit holding
-//! the records mutex across an `fdatasync` delays only other commits and removals. One
-//! thread with a queue ordered by class would not do: a get arriving during a commit would
-//! still wait for that commit's sync.
+//! `deciding` across an `fdatasync` delays only other commits and removals. One thread
+//! with a queue ordered by class would not do: a get arriving during a commit would still
+//! wait for that commit's sync.
 
 use super::config::{Digest, Key};
 use super::index::Entry;
@@ -111,7 +111,20 @@ pub enum Msg {
     /// The entry of this slot failed a check and left the index: its tombstone is to be
     /// written (synced in durable mode), then the slot freed.
     Retire(u32),
+    /// A durable put evicted slots: their tombstones, written, are to be synced before its
+    /// transfers to them start.
+    AfterSync(AfterSync),
     Stop,
+}
+
+/// The transfers of a durable put that wait for its evicted slots' tombstones to be
+/// synced: those of the shards `groups` names (each with its keys).
+pub struct AfterSync {
+    pub req: Arc<StoreRequest>,
+    pub src: Arc<Layout>,
+    pub opts: TransferOptions,
+    pub evicted: Vec<u32>,
+    pub groups: Vec<(usize, Vec<PutKey>)>,
 }
 
 /// What the get thread is sent: a get's completion, or `None` to stop.
@@ -159,6 +172,10 @@ pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
             }
             Ok(Msg::Retire(slot)) => {
                 inner.retire(slot);
+                inner.end();
+            }
+            Ok(Msg::AfterSync(a)) => {
+                inner.start_after_sync(a);
                 inner.end();
             }
             Ok(Msg::Stop) => return inner.save_order(true),
@@ -234,7 +251,8 @@ impl Inner {
                 Err(e) => self.put_failed(PutGroup { req: g.req.clone(), keys: vec![k] }, e.status, &e.message),
             }
         }
-        let records = self.records.lock().unwrap();
+        let deciding = self.deciding.lock().unwrap();
+        let records = &self.records;
         let (commit, removed): (Vec<_>, Vec<_>) = {
             let ix = self.index.lock().unwrap();
             sealed.into_iter().partition(|(k, _)| ix.may_commit(k.slot))
@@ -245,7 +263,7 @@ impl Inner {
         let written = commit.iter().try_for_each(|(k, seal)| records.write(k.slot, &record(k, *seal))).and_then(|_| records.sync());
         if let Err(e) = written {
             // Records maybe on disk, maybe not: the slots leave use until the next open.
-            drop(records);
+            drop(deciding);
             log::error!("store {}: {e}", self.dir.display());
             return self.abandon_keys(&g.req, &keys(&commit).keys, &e);
         }
@@ -256,7 +274,7 @@ impl Inner {
                 waiters.extend(ix.finish_put(k.slot, Some(&record(k, *seal))));
             }
         }
-        drop(records);
+        drop(deciding);
         add(&self.counters.puts, commit.len() as u64);
         for (k, _) in &commit {
             g.req.settle(k.index, Status::Ok, "");
@@ -279,7 +297,7 @@ impl Inner {
     /// that does not read.
     fn record_still_names(&self, k: &GetKey) -> crate::error::Result<Vouched> {
         let Holder::Handle { digest, key_len } = k.holder else { return Ok(Vouched::Yes) };
-        Ok(match self.records.lock().unwrap().read(k.entry.slot)? {
+        Ok(match self.records.read(k.entry.slot)? {
             Read::Entry(r)
                 if r.namespace == self.namespace
                     && r.key.len() == key_len
