@@ -604,3 +604,50 @@ fn a_durable_put_that_evicts_returns_while_a_commit_is_held_in_its_sync() {
     assert_eq!(s.lookup(&[key(0), key(1), key(2), key(3)], false).unwrap().0, vec![false, true, true, true]);
     assert_eq!(get_exact(&e, &s, &block, &key(3)), Status::Ok);
 }
+
+/// A get whose block fails its check settles while a durable put's commit is held in the
+/// sync of its record: its key is a miss at once, and the dropped entry's tombstone,
+/// which the store thread writes once the commit is done, is recorded by the time the
+/// store is closed.
+#[test]
+fn a_get_that_fails_its_check_completes_while_a_puts_commit_is_held_in_its_sync() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-miss-beside-commit");
+    let block = small_block();
+    let cfg = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(block, 8, b"ns") };
+    let src = e.create_layout(&LayoutConfig { num_blocks: 3, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    for b in 0..3 {
+        fill_block_for_key(&src, b, &key(b));
+    }
+    {
+        let s = Store::open(&e, &dir, &cfg).unwrap();
+        assert_eq!(wait(&s.put(&src, &[0], &[key(0)], &Default::default()).unwrap()), Status::Ok);
+    }
+    // The only block written, the first of the one shard: one byte of it flipped.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(dir.join("data-0")).unwrap();
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, 100).unwrap();
+        f.write_all_at(&[b[0] ^ 0x5a], 100).unwrap();
+    }
+    let s = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DURABLE, ..cfg.clone() }).unwrap();
+    fault::count_only();
+    assert_eq!(wait(&s.put(&src, &[1], &[key(1)], &Default::default()).unwrap()), Status::Ok);
+    let syncs = fault::calls(Site::DiskSync);
+    fault::inject(Site::DiskSync, syncs - 1, Fault::Hold);
+    let put = s.put(&src, &[2], &[key(2)], &Default::default()).unwrap();
+    let _let_go = LetGo;
+    until_held();
+    let dst = e.create_layout(&LayoutConfig { num_blocks: 1, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    let get = s.get(&[key(0)], &dst, &[0], &TransferOptions { critical: true, ..Default::default() }).unwrap();
+    assert_eq!(wait(&get), Status::Integrity, "the get waited for the put's commit: {}", get.key_message(0));
+    assert!(fault::holding(), "the put's commit was let go before the get completed");
+    assert_eq!(s.lookup(&[key(0)], false).unwrap().0, vec![false], "the entry that failed its check is dropped at once");
+    fault::clear();
+    assert_eq!(wait(&put), Status::Ok, "{}", put.key_message(0));
+    drop(s);
+    let s = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DURABLE, ..cfg }).unwrap();
+    assert_eq!(s.lookup(&[key(0), key(1), key(2)], false).unwrap().0, vec![false, true, true], "the drop was recorded");
+}
