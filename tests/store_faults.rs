@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use kvxfer::fault::{self, Fault, Site};
 use kvxfer::store::{Reservation, SlotHandle, Store, StoreConfig, StoreFlags, StoreRequest};
-use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind};
+use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind, TransferOptions};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -524,4 +524,130 @@ fn a_handle_of_another_key_length_leaves_its_reservation_to_the_handle() {
     assert_eq!(wait(&data.write_slots(&src, &[0], &[h], &Default::default()).unwrap()), Status::Ok);
     assert_eq!(owner.commit_slots(&[h]).unwrap(), vec![Status::Ok], "the handle itself commits");
     assert_eq!(get_exact(&e, &owner, &small_block(), &key(1)), Status::Ok);
+}
+
+/// Gets settle on a thread of their own: while a durable put's commit is held in the
+/// sync of its record (under the records mutex), a latency-critical get of another key
+/// loads its bytes, and the put is still in flight; once the sync goes on, the put is
+/// stored.
+#[test]
+fn a_critical_get_completes_while_a_puts_commit_is_held_in_its_sync() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-get-beside-commit");
+    let block = small_block();
+    let cfg = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(block, 8, b"ns") };
+    let s = Store::open(&e, &dir, &cfg).unwrap();
+    let src = e.create_layout(&LayoutConfig { num_blocks: 3, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    for b in 0..3 {
+        fill_block_for_key(&src, b, &key(b));
+    }
+    assert_eq!(wait(&s.put(&src, &[0], &[key(0)], &Default::default()).unwrap()), Status::Ok);
+    // A put of one key into a free slot: its last sync is its commit's, of the record.
+    fault::count_only();
+    assert_eq!(wait(&s.put(&src, &[1], &[key(1)], &Default::default()).unwrap()), Status::Ok);
+    let syncs = fault::calls(Site::DiskSync);
+    assert!(syncs > 0, "a durable put syncs");
+    fault::inject(Site::DiskSync, syncs - 1, Fault::Hold);
+    let put = s.put(&src, &[2], &[key(2)], &Default::default()).unwrap();
+    let _let_go = LetGo;
+    until_held();
+    let dst = e.create_layout(&LayoutConfig { num_blocks: 1, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    let critical = TransferOptions { critical: true, ..Default::default() };
+    let get = s.get(&[key(0)], &dst, &[0], &critical).unwrap();
+    assert_eq!(wait(&get), Status::Ok, "the get waited for the put's commit: {}", get.key_message(0));
+    assert!(holds_key(&dst, 0, &key(0)), "the get loaded bytes that are not its key's");
+    assert!(fault::holding(), "the put's commit was let go before the get completed");
+    assert_eq!(put.poll(), Status::Pending, "the put committed while its sync was held");
+    fault::clear();
+    assert_eq!(wait(&put), Status::Ok, "{}", put.key_message(0));
+    assert_eq!(s.lookup(&[key(0), key(1), key(2)], false).unwrap().0, vec![true; 3]);
+}
+
+/// A durable put that evicts writes the evicted slot's tombstone and returns, while
+/// another put's commit is held in the sync of its record: the tombstone's sync, and
+/// then the put's transfer, are the store thread's. Once the held sync goes on, both
+/// puts are stored and the evicted key is gone.
+#[test]
+fn a_durable_put_that_evicts_returns_while_a_commit_is_held_in_its_sync() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-evict-beside-commit");
+    let block = small_block();
+    let cfg = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(block, 3, b"ns") };
+    let s = Arc::new(Store::open(&e, &dir, &cfg).unwrap());
+    let src = e.create_layout(&LayoutConfig { num_blocks: 4, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    for b in 0..4 {
+        fill_block_for_key(&src, b, &key(b));
+    }
+    assert_eq!(wait(&s.put(&src, &[0], &[key(0)], &Default::default()).unwrap()), Status::Ok);
+    // A put of one key into a free slot: its last sync is its commit's, of the record.
+    fault::count_only();
+    assert_eq!(wait(&s.put(&src, &[1], &[key(1)], &Default::default()).unwrap()), Status::Ok);
+    let syncs = fault::calls(Site::DiskSync);
+    fault::inject(Site::DiskSync, syncs - 1, Fault::Hold);
+    let held = s.put(&src, &[2], &[key(2)], &Default::default()).unwrap();
+    let _let_go = LetGo;
+    until_held();
+    // The store is full: this put evicts key 0, the oldest entry.
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let (s2, src2) = (s.clone(), src.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(s2.put(&src2, &[3], &[key(3)], &Default::default()).unwrap());
+    });
+    let evicting = rx.recv_timeout(Duration::from_secs(60)).expect("the put that evicts waited for the held commit's sync");
+    assert!(fault::holding(), "the held commit was let go before the put returned");
+    assert_eq!(evicting.poll(), Status::Pending, "the put's transfer did not wait for its tombstone's sync");
+    fault::clear();
+    assert_eq!(wait(&held), Status::Ok, "{}", held.key_message(0));
+    assert_eq!(wait(&evicting), Status::Ok, "{}", evicting.key_message(0));
+    assert_eq!(s.lookup(&[key(0), key(1), key(2), key(3)], false).unwrap().0, vec![false, true, true, true]);
+    assert_eq!(get_exact(&e, &s, &block, &key(3)), Status::Ok);
+}
+
+/// A get whose block fails its check settles while a durable put's commit is held in the
+/// sync of its record: its key is a miss at once, and the dropped entry's tombstone,
+/// which the store thread writes once the commit is done, is recorded by the time the
+/// store is closed.
+#[test]
+fn a_get_that_fails_its_check_completes_while_a_puts_commit_is_held_in_its_sync() {
+    let _serial = serial();
+    let e = Arc::new(engine());
+    let dir = temp_dir("store-miss-beside-commit");
+    let block = small_block();
+    let cfg = StoreConfig { flags: StoreFlags::CREATE | StoreFlags::DURABLE, ..StoreConfig::new(block, 8, b"ns") };
+    let src = e.create_layout(&LayoutConfig { num_blocks: 3, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    for b in 0..3 {
+        fill_block_for_key(&src, b, &key(b));
+    }
+    {
+        let s = Store::open(&e, &dir, &cfg).unwrap();
+        assert_eq!(wait(&s.put(&src, &[0], &[key(0)], &Default::default()).unwrap()), Status::Ok);
+    }
+    // The only block written, the first of the one shard: one byte of it flipped.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(dir.join("data-0")).unwrap();
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, 100).unwrap();
+        f.write_all_at(&[b[0] ^ 0x5a], 100).unwrap();
+    }
+    let s = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DURABLE, ..cfg.clone() }).unwrap();
+    fault::count_only();
+    assert_eq!(wait(&s.put(&src, &[1], &[key(1)], &Default::default()).unwrap()), Status::Ok);
+    let syncs = fault::calls(Site::DiskSync);
+    fault::inject(Site::DiskSync, syncs - 1, Fault::Hold);
+    let put = s.put(&src, &[2], &[key(2)], &Default::default()).unwrap();
+    let _let_go = LetGo;
+    until_held();
+    let dst = e.create_layout(&LayoutConfig { num_blocks: 1, ..block }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    let get = s.get(&[key(0)], &dst, &[0], &TransferOptions { critical: true, ..Default::default() }).unwrap();
+    assert_eq!(wait(&get), Status::Integrity, "the get waited for the put's commit: {}", get.key_message(0));
+    assert!(fault::holding(), "the put's commit was let go before the get completed");
+    assert_eq!(s.lookup(&[key(0)], false).unwrap().0, vec![false], "the entry that failed its check is dropped at once");
+    fault::clear();
+    assert_eq!(wait(&put), Status::Ok, "{}", put.key_message(0));
+    drop(s);
+    let s = Store::open(&e, &dir, &StoreConfig { flags: StoreFlags::DURABLE, ..cfg }).unwrap();
+    assert_eq!(s.lookup(&[key(0), key(1), key(2)], false).unwrap().0, vec![false, true, true], "the drop was recorded");
 }

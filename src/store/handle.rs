@@ -284,7 +284,7 @@ impl Store {
         // means the handle is stale (committed already, or handed out before the owner
         // opened the store again), and writing it would destroy that entry.
         {
-            let records = inner.records.lock().unwrap();
+            let records = &inner.records;
             for (i, h) in handles.iter().enumerate() {
                 if let Read::Entry(_) = records.read(h.slot)? {
                     bail!(
@@ -308,9 +308,10 @@ impl Store {
             let blocks: Vec<u64> = keys.iter().map(|&i| inner.block_of(handles[i].slot)).collect();
             let writes: Vec<u64> = keys.iter().map(|&i| write_id(handles[i].epoch, handles[i].generation)).collect();
             inner.begin();
-            let (opts, group) = worker::on_complete(&inner.tx, &plain, worker::Done::Write(WriteGroup { req: req.clone(), keys }));
+            let group = WriteGroup { req: req.clone(), keys };
+            let (opts, group) = worker::on_complete(&inner.tx, &plain, group, |g, st, m| worker::Msg::Done(worker::Done::Write(g), st, m));
             if let Err(e) = inner.engine.submit_for_store(src, &ids, &inner.shards[shard], &blocks, &opts, Some(&writes)) {
-                if let Some(worker::Done::Write(g)) = group.lock().unwrap().take() {
+                if let Some(g) = group.lock().unwrap().take() {
                     for i in g.keys {
                         req.settle(i, e.status, e.message.clone());
                     }

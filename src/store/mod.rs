@@ -6,7 +6,7 @@
 //!                                                        store thread ◄─ completion (blocks sealed)
 //!                                        record written (synced) ─► index: entry visible ─► key Ok
 //! get(keys, dst, ids) ─► index: pin hits ─► engine: data-<k> → dst (regions and seal verified)
-//!                         store thread ◄─ completion: record's seal = block's seal? ─► key Ok or a miss
+//!                           get thread ◄─ completion: record's seal = block's seal? ─► key Ok or a miss
 //! ```
 //!
 //! Data lives in `shards` checksummed disk layouts (`data-<k>`), slot `s` at block
@@ -117,16 +117,24 @@ struct Inner {
     cfg: StoreConfig,
     namespace: Digest,
     shards: Vec<Arc<Layout>>,
-    /// Held across every record write and sync (puts' records, tombstones), and taken
-    /// before `index` where both are: a commit decides and writes under it, so a removal
-    /// sees either the committed entry or a put that will not commit.
-    records: Mutex<Records>,
+    /// The slots' records. Writes to one slot never race: a slot's record is written by
+    /// whoever holds the slot alone in the index (a put or reservation that took it, the
+    /// drop of an entry that failed a check), or under `deciding`.
+    records: Records,
+    /// Held where a record is written because of a decision that another may race: by a
+    /// commit, from deciding which keys commit to their records written and synced, and by
+    /// a removal, so a removal sees either the committed entry or a put that will not
+    /// commit. Taken before `index` where both are. Tombstones of slots held alone are
+    /// written and synced without it, so no put or reservation waits for a commit's sync.
+    deciding: Mutex<()>,
     index: Mutex<Index>,
     counters: Counters,
     /// Engine requests submitted and not yet handled by the store thread.
     inflight: Mutex<u64>,
     idle: Condvar,
     tx: Sender<worker::Msg>,
+    /// The get thread's queue: gets' completions (see `worker`).
+    gets: Sender<worker::GetMsg>,
     /// Opened `DATA_ONLY`: moves handed-out slots only, writes no record.
     data_only: bool,
     /// Drawn at random at each open: with a put's or a handle's generation it makes the
@@ -142,7 +150,8 @@ struct Inner {
 /// or for data only (`StoreFlags::DATA_ONLY`: no lock, the owner's handed-out slots only).
 pub struct Store {
     inner: Arc<Inner>,
-    thread: Option<JoinHandle<()>>,
+    /// The store thread and the get thread (see `worker`).
+    threads: Option<(JoinHandle<()>, JoinHandle<()>)>,
     /// The owner's lock (none in a data-only open).
     _lock: Option<dir::OwnerLock>,
 }
@@ -219,18 +228,21 @@ impl Store {
             false => Self::scan(&records, cfg, want.namespace, &counters, dir, &remade)?,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
+        let (gets, gets_rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
             engine: engine.clone(),
             dir: dir.to_path_buf(),
             cfg: cfg.clone(),
             namespace: want.namespace,
             shards,
-            records: Mutex::new(records),
+            records,
+            deciding: Mutex::new(()),
             index: Mutex::new(index),
             counters,
             inflight: Mutex::new(0),
             idle: Condvar::new(),
             tx,
+            gets,
             data_only,
             epoch: fresh_epoch(),
             pid: std::process::id(),
@@ -239,16 +251,28 @@ impl Store {
         if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
             inner.verify_seals();
         }
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| Error::new(Status::NoMemory, format!("starting the store's thread {name}: {e}")))
+        };
         let worker_inner = inner.clone();
-        let thread = std::thread::Builder::new()
-            .name("kvx-store".into())
-            .spawn(move || worker::run(worker_inner, rx))
-            .map_err(|e| Error::new(Status::NoMemory, format!("starting the store thread: {e}")))?;
+        let thread = spawn("kvx-store", Box::new(move || worker::run(worker_inner, rx)))?;
+        let get_inner = inner.clone();
+        let get_thread = match spawn("kvx-store-get", Box::new(move || worker::run_gets(get_inner, gets_rx))) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = inner.tx.send(worker::Msg::Stop);
+                let _ = thread.join();
+                return Err(e);
+            }
+        };
         match data_only {
             true => log::info!("store {}: open for data only", dir.display()),
             false => log::info!("store {}: open, {} entries", dir.display(), inner.index.lock().unwrap().len()),
         }
-        Ok(Store { inner, thread: Some(thread), _lock: lock })
+        Ok(Store { inner, threads: Some((thread, get_thread)), _lock: lock })
     }
 
     /// Opens shard `k`'s data file and its checksums, or makes them: when the store is
@@ -457,17 +481,27 @@ impl Store {
             req.settle(i, st, m);
         }
         // An evicted slot's record still names its old key: make it a tombstone before
-        // anything overwrites the slot's data.
-        if let Err(e) = inner.tombstone(&evicted) {
-            let lost: Vec<u32> = evicted;
-            for g in &mut groups {
-                let (bad, keep): (Vec<_>, Vec<_>) = g.drain(..).partition(|k| lost.contains(&k.slot));
-                *g = keep;
-                inner.abandon_keys(&req, &bad, &e);
+        // anything overwrites the slot's data. It is written here; in durable mode it is
+        // synced by the store thread, which then starts the transfers of the evicted slots'
+        // shards, so this call waits for no sync.
+        if let Err(e) = evicted.iter().try_for_each(|&s| inner.records.tombstone(s)) {
+            inner.abandon_evicted(&req, &mut groups, &evicted, &e);
+            evicted.clear();
+        }
+        let durable = inner.cfg.flags.contains(StoreFlags::DURABLE);
+        let mut after_sync = worker::AfterSync { req: req.clone(), src: src.clone(), opts: plain.clone(), evicted, groups: Vec::new() };
+        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
+            match durable && keys.iter().any(|k| after_sync.evicted.contains(&k.slot)) {
+                true => after_sync.groups.push((shard, keys)),
+                false => inner.submit_put(&req, shard, src, keys, &plain, false),
             }
         }
-        for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
-            inner.submit_put(&req, shard, src, keys, &plain, false);
+        if !after_sync.groups.is_empty() {
+            inner.begin();
+            if let Err(crossbeam_channel::SendError(worker::Msg::AfterSync(a))) = inner.tx.send(worker::Msg::AfterSync(after_sync)) {
+                inner.start_after_sync(a);
+                inner.end();
+            }
         }
         Ok(req)
     }
@@ -525,7 +559,8 @@ impl Store {
         self.inner.owner()?;
         let inner = &self.inner;
         let keys = keys_of(keys)?;
-        let records = inner.records.lock().unwrap();
+        let deciding = inner.deciding.lock().unwrap();
+        let records = &inner.records;
         let mut out = Vec::with_capacity(keys.len());
         let mut retired = Vec::new();
         {
@@ -542,7 +577,7 @@ impl Store {
             }
         }
         let written = retired.iter().try_for_each(|&s| records.tombstone(s)).and_then(|_| records.sync());
-        drop(records);
+        drop(deciding);
         if let Err(e) = written {
             // Out of the index, but maybe not on disk: the slots stay out of use.
             let mut ix = inner.index.lock().unwrap();
@@ -593,7 +628,7 @@ impl Store {
     }
 
     fn shut(&mut self) {
-        let Some(thread) = self.thread.take() else { return };
+        let Some((thread, get_thread)) = self.threads.take() else { return };
         if std::process::id() != self.inner.pid {
             // A child forked from the opening process: the store thread and the transfers
             // in flight are the parent's, and none of them runs here to be waited for.
@@ -606,6 +641,8 @@ impl Store {
         drop(n);
         // The store thread writes the eviction order last, so no periodic write of it
         // runs beside this one.
+        let _ = self.inner.gets.send(None);
+        let _ = get_thread.join();
         let _ = self.inner.tx.send(worker::Msg::Stop);
         let _ = thread.join();
     }
@@ -683,14 +720,14 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes tombstones over `slots` (synced in durable mode).
+    /// Writes tombstones over `slots`, each held alone by the caller (synced in durable
+    /// mode).
     fn tombstone(&self, slots: &[u32]) -> Result<()> {
         if slots.is_empty() {
             return Ok(());
         }
-        let records = self.records.lock().unwrap();
-        slots.iter().try_for_each(|&s| records.tombstone(s))?;
-        records.sync()
+        slots.iter().try_for_each(|&s| self.records.tombstone(s))?;
+        self.records.sync()
     }
 
     /// Makes the records of `slots` (found on open, used by no entry) tombstones, then
@@ -761,12 +798,46 @@ impl Inner {
         if !self.index.lock().unwrap().drop_entry(key, e.slot, e.generation) {
             return;
         }
-        match self.tombstone(&[e.slot]) {
-            Ok(()) => self.index.lock().unwrap().recorded(e.slot),
+        // Its tombstone is the store thread's to write: a get never waits for the records
+        // mutex, which a commit holds across its sync. The slot is reused only once it is
+        // recorded.
+        self.begin();
+        if self.tx.send(worker::Msg::Retire(e.slot)).is_err() {
+            self.end();
+        }
+    }
+
+    /// Writes the tombstone of `slot`, whose entry left the index after a failed check,
+    /// then frees the slot (or, where the write fails, keeps it out of use).
+    fn retire(&self, slot: u32) {
+        match self.tombstone(&[slot]) {
+            Ok(()) => self.index.lock().unwrap().recorded(slot),
             Err(err) => {
-                log::error!("store {}: {err}; slot {} stays out of use until the store is opened again", self.dir.display(), e.slot);
-                self.index.lock().unwrap().abandon(e.slot);
+                log::error!("store {}: {err}; slot {slot} stays out of use until the store is opened again", self.dir.display());
+                self.index.lock().unwrap().abandon(slot);
             }
+        }
+    }
+
+    /// Fails the keys of `groups` (a put's, by shard) whose slots are among `evicted`, whose
+    /// tombstones could not be written or synced: `err` says why.
+    fn abandon_evicted(&self, req: &Arc<StoreRequest>, groups: &mut [Vec<worker::PutKey>], evicted: &[u32], err: &Error) {
+        for g in groups {
+            let (bad, keep): (Vec<_>, Vec<_>) = g.drain(..).partition(|k| evicted.contains(&k.slot));
+            *g = keep;
+            self.abandon_keys(req, &bad, err);
+        }
+    }
+
+    /// Syncs the tombstones of a put's evicted slots, then starts the transfers that
+    /// overwrite them (failing the evicted slots' keys where the sync fails).
+    fn start_after_sync(self: &Arc<Self>, a: worker::AfterSync) {
+        let (shards, mut groups): (Vec<usize>, Vec<Vec<worker::PutKey>>) = a.groups.into_iter().unzip();
+        if let Err(e) = self.records.sync() {
+            self.abandon_evicted(&a.req, &mut groups, &a.evicted, &e);
+        }
+        for (shard, keys) in shards.into_iter().zip(groups).filter(|(_, g)| !g.is_empty()) {
+            self.submit_put(&a.req, shard, &a.src, keys, &a.opts, false);
         }
     }
 
@@ -817,16 +888,18 @@ impl Inner {
         let group = worker::PutGroup { req: req.clone(), keys };
         let source = worker::PutSource { shard, src: src.clone(), opts: opts.clone(), alone };
         self.begin();
-        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Put(group, source));
+        let (opts, group) =
+            worker::on_complete(&self.tx, opts, (group, source), |(g, s), st, m| worker::Msg::Done(worker::Done::Put(g, s), st, m));
         if let Err(e) = self.engine.submit_for_store(src, &src_ids, &self.shards[shard], &dst_ids, &opts, Some(&writes)) {
-            if let Some(worker::Done::Put(g, _)) = group.lock().unwrap().take() {
+            if let Some((g, _)) = group.lock().unwrap().take() {
                 self.put_failed(g, e.status, &e.message);
             }
             self.end();
         }
     }
 
-    /// One engine transfer of a get's keys held in shard `shard`.
+    /// One engine transfer of a get's keys held in shard `shard`; its completion goes to
+    /// the get thread.
     fn submit_get(
         self: &Arc<Self>,
         req: &Arc<StoreRequest>,
@@ -840,9 +913,9 @@ impl Inner {
         let dst_ids: Vec<u64> = keys.iter().map(|k| k.dst).collect();
         let group = worker::GetGroup { req: req.clone(), keys, shard, dst: dst.clone(), opts: opts.clone(), alone };
         self.begin();
-        let (opts, group) = worker::on_complete(&self.tx, opts, worker::Done::Get(group));
+        let (opts, group) = worker::on_complete(&self.gets, opts, group, |g, st, m| Some((g, st, m)));
         if let Err(e) = self.engine.submit_for_store(&self.shards[shard], &src_ids, dst, &dst_ids, &opts, None) {
-            if let Some(worker::Done::Get(g)) = group.lock().unwrap().take() {
+            if let Some(g) = group.lock().unwrap().take() {
                 self.get_failed(g, e.status, &e.message);
             }
             self.end();

@@ -1,7 +1,23 @@
-//! The store thread: what happens when an engine transfer of a put or a get completes.
-//! Engine completion callbacks only send the group here (they run on the engine's
-//! threads, which must not block); this thread reads seals, writes and syncs records,
-//! updates the index, and settles each key.
+//! The store's threads: what happens when an engine transfer of a put or a get completes.
+//! Engine completion callbacks only send the group to a thread of the store (they run on
+//! the engine's threads, which must not block).
+//!
+//! Two threads, so that no get's completion is ever queued behind a put's commit:
+//! - the store thread (`kvx-store`) commits puts (reads seals, then under the `deciding`
+//!   mutex writes records and, in durable mode, syncs them), settles data-only writes,
+//!   syncs the tombstones of slots that durable puts evicted before starting their
+//!   transfers, writes the tombstones of entries that gets found damaged, and writes the
+//!   eviction order;
+//! - the get thread (`kvx-store-get`) settles gets: it reads each block's seal from the
+//!   sidecar, for a handed-out slot its record, and takes the index mutex, which no one
+//!   holds across I/O. It writes no record: an entry that fails a check leaves the index
+//!   at once (its key a miss), and its tombstone goes to the store thread, which records
+//!   it and frees the slot (the slot stays out of use until then).
+//!
+//! So a get, latency-critical or not, waits for no record write or sync: a commit holding
+//! `deciding` across an `fdatasync` delays only other commits and removals. One thread
+//! with a queue ordered by class would not do: a get arriving during a commit would still
+//! wait for that commit's sync.
 
 use super::config::{Digest, Key};
 use super::index::Entry;
@@ -83,27 +99,52 @@ pub struct WriteGroup {
     pub keys: Vec<usize>,
 }
 
+/// A completion the store thread settles.
 pub enum Done {
     Put(PutGroup, PutSource),
-    Get(GetGroup),
     Write(WriteGroup),
 }
 
 pub enum Msg {
     /// A transfer completed with this status and message.
     Done(Done, Status, String),
+    /// The entry of this slot failed a check and left the index: its tombstone is to be
+    /// written (synced in durable mode), then the slot freed.
+    Retire(u32),
+    /// A durable put evicted slots: their tombstones, written, are to be synced before its
+    /// transfers to them start.
+    AfterSync(AfterSync),
     Stop,
 }
 
-/// `opts` with a completion callback that sends `done` to the store thread; the cell
+/// The transfers of a durable put that wait for its evicted slots' tombstones to be
+/// synced: those of the shards `groups` names (each with its keys).
+pub struct AfterSync {
+    pub req: Arc<StoreRequest>,
+    pub src: Arc<Layout>,
+    pub opts: TransferOptions,
+    pub evicted: Vec<u32>,
+    pub groups: Vec<(usize, Vec<PutKey>)>,
+}
+
+/// What the get thread is sent: a get's completion, or `None` to stop.
+pub type GetMsg = Option<(GetGroup, Status, String)>;
+
+/// `opts` with a completion callback that sends `done`, with the transfer's status and
+/// message, to `tx` (the store thread's or the get thread's) as `msg` makes it; the cell
 /// `done` waits in, from which a failed submit takes it back.
-pub fn on_complete(tx: &Sender<Msg>, opts: &TransferOptions, done: Done) -> (TransferOptions, Arc<Mutex<Option<Done>>>) {
+pub fn on_complete<D: Send + 'static, M: Send + 'static>(
+    tx: &Sender<M>,
+    opts: &TransferOptions,
+    done: D,
+    msg: fn(D, Status, String) -> M,
+) -> (TransferOptions, Arc<Mutex<Option<D>>>) {
     let cell = Arc::new(Mutex::new(Some(done)));
     let (tx, held) = (tx.clone(), cell.clone());
     let f: OnComplete = Arc::new(move |r, status| {
         if let Some(done) = held.lock().unwrap().take() {
-            // The store thread lives until every transfer it is waiting for is handled.
-            let _ = tx.send(Msg::Done(done, status, r.error_message().to_string_lossy().into_owned()));
+            // The store's threads live until every transfer they wait for is handled.
+            let _ = tx.send(msg(done, status, r.error_message().to_string_lossy().into_owned()));
         }
     });
     (TransferOptions { on_complete: Some(f), ..opts.clone() }, cell)
@@ -121,13 +162,20 @@ pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
             Ok(Msg::Done(done, status, message)) => {
                 match done {
                     Done::Put(g, source) => inner.put_done(g, source, status, &message),
-                    Done::Get(g) => inner.get_done(g, status, &message),
                     Done::Write(g) => {
                         for i in g.keys {
                             g.req.settle(i, status, message.as_str());
                         }
                     }
                 }
+                inner.end();
+            }
+            Ok(Msg::Retire(slot)) => {
+                inner.retire(slot);
+                inner.end();
+            }
+            Ok(Msg::AfterSync(a)) => {
+                inner.start_after_sync(a);
                 inner.end();
             }
             Ok(Msg::Stop) => return inner.save_order(true),
@@ -139,6 +187,14 @@ pub fn run(inner: Arc<Inner>, rx: Receiver<Msg>) {
             inner.save_order(false);
             next_order = std::time::Instant::now() + ORDER_EVERY;
         }
+    }
+}
+
+/// The get thread: settles the gets' completions, which the engine sends it.
+pub fn run_gets(inner: Arc<Inner>, rx: Receiver<GetMsg>) {
+    while let Ok(Some((g, status, message))) = rx.recv() {
+        inner.get_done(g, status, &message);
+        inner.end();
     }
 }
 
@@ -195,7 +251,8 @@ impl Inner {
                 Err(e) => self.put_failed(PutGroup { req: g.req.clone(), keys: vec![k] }, e.status, &e.message),
             }
         }
-        let records = self.records.lock().unwrap();
+        let deciding = self.deciding.lock().unwrap();
+        let records = &self.records;
         let (commit, removed): (Vec<_>, Vec<_>) = {
             let ix = self.index.lock().unwrap();
             sealed.into_iter().partition(|(k, _)| ix.may_commit(k.slot))
@@ -206,7 +263,7 @@ impl Inner {
         let written = commit.iter().try_for_each(|(k, seal)| records.write(k.slot, &record(k, *seal))).and_then(|_| records.sync());
         if let Err(e) = written {
             // Records maybe on disk, maybe not: the slots leave use until the next open.
-            drop(records);
+            drop(deciding);
             log::error!("store {}: {e}", self.dir.display());
             return self.abandon_keys(&g.req, &keys(&commit).keys, &e);
         }
@@ -217,7 +274,7 @@ impl Inner {
                 waiters.extend(ix.finish_put(k.slot, Some(&record(k, *seal))));
             }
         }
-        drop(records);
+        drop(deciding);
         add(&self.counters.puts, commit.len() as u64);
         for (k, _) in &commit {
             g.req.settle(k.index, Status::Ok, "");
@@ -240,7 +297,7 @@ impl Inner {
     /// that does not read.
     fn record_still_names(&self, k: &GetKey) -> crate::error::Result<Vouched> {
         let Holder::Handle { digest, key_len } = k.holder else { return Ok(Vouched::Yes) };
-        Ok(match self.records.lock().unwrap().read(k.entry.slot)? {
+        Ok(match self.records.read(k.entry.slot)? {
             Read::Entry(r)
                 if r.namespace == self.namespace
                     && r.key.len() == key_len
