@@ -630,8 +630,10 @@ impl Store {
     fn shut(&mut self) {
         let Some((thread, get_thread)) = self.threads.take() else { return };
         if std::process::id() != self.inner.pid {
-            // A child forked from the opening process: the store thread and the transfers
-            // in flight are the parent's, and none of them runs here to be waited for.
+            // A child forked from the opening process: the store's threads and the
+            // transfers in flight are the parent's, and none of them runs here to be waited
+            // for, nor detached (their handles name threads of another process).
+            std::mem::forget((thread, get_thread));
             return;
         }
         let mut n = self.inner.inflight.lock().unwrap();
