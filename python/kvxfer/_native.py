@@ -252,3 +252,12 @@ library_path = lib._name
 def last_error() -> str:
     msg = lib.kvx_last_error()
     return msg.decode("utf-8", "replace") if msg else ""
+
+
+def need_minor(minor: int, what: str) -> None:
+    """Refuses, with `Unsupported`, where the loaded library's ABI predates 1.`minor`,
+    the minor that brought `what`."""
+    if lib.kvx_abi_version() & 0xFFFF < minor:
+        from .errors import Unsupported
+
+        raise Unsupported(f"{library_path} predates {what} (ABI 1.{minor}); use the library this package ships", 5)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Uni
 
 from . import _native as n
 from .buffers import Buffer, block_ids, describe
-from .errors import Error, InvalidArgument, OutOfRange, RemoteError, Shutdown, Timeout, Unsupported, error_for
+from .errors import Error, InvalidArgument, OutOfRange, RemoteError, Shutdown, Timeout, error_for
 from .fdwait import FdWaiters, await_done
 from .handles import Handle, enter_callback, in_callback, leave_callback
 
@@ -346,8 +346,7 @@ class Engine(_Owned):
         the read makes it readable again. The first call makes it (ends before it are not
         counted). The engine owns it and closes it on `close()`: do not close it, and take
         it off your selector first. `await request` uses it."""
-        if n.lib.kvx_abi_version() & 0xFFFF < 5:
-            raise Unsupported(f"{n.library_path} predates the completion fd (ABI 1.5); use the library this package ships", 5)
+        n.need_minor(5, "the completion fd")
         fd = ctypes.c_int32()
         with self._gate as h:
             _check(n.lib.kvx_engine_completion_fd(h, ctypes.byref(fd)))

@@ -11,13 +11,12 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
 from . import _native as n
-from .errors import InvalidArgument, Unsupported
+from .errors import InvalidArgument
 
 
 def need_slots() -> None:
     """Refuses where the loaded library predates slot handles."""
-    if n.lib.kvx_abi_version() & 0xFFFF < 5:
-        raise Unsupported(f"{n.library_path} predates slot handles (ABI 1.5); use the library this package ships", 5)
+    n.need_minor(5, "slot handles")
 
 
 class SlotHandle:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 from . import _native as n
 from .buffers import block_ids
 from .engine import Engine, Layout, LayoutConfig, _check, _layer_range
-from .errors import Error, InvalidArgument, Shutdown, Timeout, Unsupported, error_for
+from .errors import Error, InvalidArgument, Shutdown, Timeout, error_for
 from .fdwait import await_done
 from .handles import Handle, in_callback
 from .slots import Reservation, SlotHandle, handle_array, need_slots
@@ -30,12 +30,6 @@ Key = Union[bytes, bytearray, memoryview, str]
 #: The longest single C wait of `StoreRequest.wait`: how long a release on another
 #: thread may wait for it. Completion still ends the wait at once.
 _WAIT_STEP = 0.05
-
-
-def _need_minor(minor: int, what: str) -> None:
-    """Refuses where the loaded library's ABI predates 1.`minor`, which brought `what`."""
-    if n.lib.kvx_abi_version() & 0xFFFF < minor:
-        raise Unsupported(f"{n.library_path} predates {what} (ABI 1.{minor}); use the library this package ships", 5)
 
 
 @dataclass(frozen=True)
@@ -146,7 +140,7 @@ class Store:
         shards: int = 1,
         data_only: bool = False,
     ):
-        _need_minor(4, "the store")
+        n.need_minor(4, "the store")
         if data_only:
             need_slots()
         if isinstance(namespace, str):
@@ -248,7 +242,7 @@ class Store:
         None for a miss, and how many leading keys the store holds. A leased hit stays
         loadable until `release(tokens)`; no get, and no other caller's release, spends
         it. To load it, `get` the key, then release the lease (ABI 1.6)."""
-        _need_minor(6, "lease tokens")
+        n.need_minor(6, "lease tokens")
         k = _Keys(keys)
         tokens = (ctypes.c_uint64 * max(k.n, 1))()
         leading = ctypes.c_size_t()
@@ -260,7 +254,7 @@ class Store:
         """Gives back leases from `lease` (None is skipped). All or none: a lease not held
         (given back already, or listed twice) raises `InvalidArgument` and gives back
         nothing."""
-        _need_minor(6, "lease tokens")
+        n.need_minor(6, "lease tokens")
         tokens = [t for t in leases if t is not None]
         array = (ctypes.c_uint64 * max(len(tokens), 1))(*tokens)
         with self.engine._gate, self._gate as h:
