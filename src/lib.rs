@@ -22,6 +22,7 @@ pub mod io;
 pub mod layout;
 pub mod memory;
 pub mod remote;
+pub mod shared;
 pub mod store;
 
 pub use engine::{Engine, EngineConfig, IoBackend, OnComplete, Request, Stats, TransferOptions};
@@ -37,7 +38,8 @@ pub use memory::{Layout, StorageKind};
 #[cfg(test)]
 mod layering {
     const ALLOWED: &[(&str, &[&str])] = &[
-        ("store", &["engine", "memory", "file", "layout", "host", "fault", "error"]),
+        ("store", &["shared", "engine", "memory", "file", "layout", "host", "fault", "error"]),
+        ("shared", &["layout", "error"]),
         ("engine", &["memory", "remote", "file", "io", "gpu", "layout", "host", "error"]),
         ("memory", &["remote", "file", "gpu", "layout", "host", "error"]),
         ("remote", &["io", "gpu", "layout", "error"]),
