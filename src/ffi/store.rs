@@ -144,7 +144,14 @@ unsafe fn store_config(cfg: *const kvx_store_config) -> Result<StoreConfig> {
         dtype_bytes: b.dtype_bytes,
     };
     let ns = slice(c.namespace_bytes, c.namespace_len as usize, "kvx_store_config.namespace_bytes")?;
-    Ok(StoreConfig { block, capacity_blocks: c.capacity_blocks, namespace: ns.to_vec(), flags: store_flags(c.flags)?, shards: c.shards })
+    Ok(StoreConfig {
+        block,
+        capacity_blocks: c.capacity_blocks,
+        namespace: ns.to_vec(),
+        flags: store_flags(c.flags)?,
+        shards: c.shards,
+        shared: None,
+    })
 }
 
 /// The store behind a handle, unless its engine was destroyed.

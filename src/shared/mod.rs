@@ -17,9 +17,11 @@
 mod backend;
 mod dir;
 pub mod object;
+pub mod tier;
 
 pub use backend::Backend;
 pub use dir::DirBackend;
+pub use tier::{Tier, TierStats};
 
 use crate::error::{bail, Result};
 use std::path::PathBuf;

@@ -4,6 +4,7 @@
 
 use crate::error::{bail, Result};
 use crate::layout::LayoutConfig;
+use crate::shared::SharedConfig;
 
 /// Longest key, in bytes (a key is 1 to 64 bytes).
 pub const MAX_KEY_BYTES: usize = 64;
@@ -65,11 +66,14 @@ pub struct StoreConfig {
     pub flags: StoreFlags,
     /// Data files; a slot `s` lives in file `s % shards`.
     pub shards: u32,
+    /// A shared tier under the store (`crate::shared`): many processes and hosts share
+    /// its blocks. Not fixed when the store is made: each open may name another, or none.
+    pub shared: Option<SharedConfig>,
 }
 
 impl StoreConfig {
     pub fn new(block: LayoutConfig, capacity_blocks: u64, namespace: &[u8]) -> StoreConfig {
-        StoreConfig { block, capacity_blocks, namespace: namespace.to_vec(), flags: StoreFlags::CREATE, shards: 1 }
+        StoreConfig { block, capacity_blocks, namespace: namespace.to_vec(), flags: StoreFlags::CREATE, shards: 1, shared: None }
     }
 
     /// Blocks in each data file: the capacity spread over the shards, rounded up.
@@ -94,6 +98,9 @@ impl StoreConfig {
         }
         if self.namespace.len() > MAX_NAMESPACE_BYTES {
             bail!(InvalidArg, "the namespace is {} bytes; at most {MAX_NAMESPACE_BYTES} (hash a longer one)", self.namespace.len());
+        }
+        if self.shared.is_some() && self.flags.contains(StoreFlags::DATA_ONLY) {
+            bail!(InvalidArg, "a DATA_ONLY open moves the slots its owner hands out; open the shared tier with the owner, not here");
         }
         self.shard_geometry().validate()?;
         Ok(())

@@ -29,6 +29,7 @@ mod index;
 mod recency;
 mod record;
 mod request;
+mod shared;
 mod worker;
 
 pub use config::{StoreConfig, StoreFlags, MAX_KEY_BYTES, MAX_NAMESPACE_BYTES};
@@ -39,7 +40,8 @@ use crate::engine::{Engine, TransferOptions};
 use crate::error::{bail, Error, Result, Status};
 use crate::file::DiskFlags;
 use crate::memory::Layout;
-use config::{keys_of, Digest};
+use crate::shared::{Tier, TierStats, WriteMode};
+use config::{keys_of, Digest, Key};
 use crossbeam_channel::Sender;
 use index::{Index, PutStart, Removed};
 use record::{Read, Records};
@@ -74,6 +76,9 @@ pub struct StoreStats {
     pub removes: u64,
     /// Bytes of the blocks held (`entries × block bytes`).
     pub bytes: u64,
+    /// The shared tier's (all zero without one). A key a get loads from it counts in
+    /// `hits` too; one it misses there counts in `misses` once.
+    pub shared: TierStats,
 }
 
 #[derive(Default)]
@@ -144,6 +149,8 @@ struct Inner {
     /// The process that opened the store: a child forked from it shares the epoch and the
     /// generations, so its reservations would repeat the parent's write identities.
     pid: u32,
+    /// The shared tier under the store, if it was opened with one.
+    shared: Option<shared::Shared>,
 }
 
 /// A store open as its owner (the process holds the directory's lock until it is closed),
@@ -152,6 +159,8 @@ pub struct Store {
     inner: Arc<Inner>,
     /// The store thread and the get thread (see `worker`).
     threads: Option<(JoinHandle<()>, JoinHandle<()>)>,
+    /// The shared tier's publisher (see `shared`).
+    publisher: Option<JoinHandle<()>>,
     /// The owner's lock (none in a data-only open).
     _lock: Option<dir::OwnerLock>,
 }
@@ -222,6 +231,10 @@ impl Store {
                 cfg.shards
             );
         }
+        let shared = match &cfg.shared {
+            Some(sc) => Some(shared::Shared::new(Tier::open(sc, &cfg.namespace, cfg.block)?)),
+            None => None,
+        };
         let counters = Counters::default();
         let (index, stale) = match data_only {
             true => (Index::new(cfg.capacity_blocks as u32, Vec::new()), Vec::new()),
@@ -246,6 +259,7 @@ impl Store {
             data_only,
             epoch: fresh_epoch(),
             pid: std::process::id(),
+            shared,
         });
         inner.clear_stale(&stale)?;
         if cfg.flags.contains(StoreFlags::VERIFY_ON_OPEN) && !data_only {
@@ -268,11 +282,19 @@ impl Store {
                 return Err(e);
             }
         };
+        let mut store = Store { inner, threads: Some((thread, get_thread)), publisher: None, _lock: lock };
+        if let Some(sh) = &store.inner.shared {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            sh.set_publisher(tx);
+            let publisher_inner = store.inner.clone();
+            store.publisher = Some(spawn("kvx-store-publish", Box::new(move || publisher_inner.run_publisher(rx)))?);
+            log::info!("store {}: over the shared tier in {}", dir.display(), sh.tier.describe());
+        }
         match data_only {
             true => log::info!("store {}: open for data only", dir.display()),
-            false => log::info!("store {}: open, {} entries", dir.display(), inner.index.lock().unwrap().len()),
+            false => log::info!("store {}: open, {} entries", dir.display(), store.inner.index.lock().unwrap().len()),
         }
-        Ok(Store { inner, threads: Some((thread, get_thread)), _lock: lock })
+        Ok(store)
     }
 
     /// Opens shard `k`'s data file and its checksums, or makes them: when the store is
@@ -375,9 +397,17 @@ impl Store {
     pub fn lookup<K: AsRef<[u8]>>(&self, keys: &[K], lease: bool) -> Result<(Vec<bool>, usize)> {
         self.inner.owner()?;
         let keys = keys_of(keys)?;
-        let mut ix = self.inner.index.lock().unwrap();
-        let present: Vec<bool> = keys.iter().map(|&k| if lease { ix.lease_keyed(k).is_some() } else { ix.contains(k) }).collect();
-        let leading = present.iter().take_while(|&&p| p).count();
+        let mut present: Vec<bool> = {
+            let mut ix = self.inner.index.lock().unwrap();
+            keys.iter().map(|&k| if lease { ix.lease_keyed(k).is_some() } else { ix.contains(k) }).collect()
+        };
+        let mut leading = present.iter().take_while(|&&p| p).count();
+        if let (Some(sh), true) = (&self.inner.shared, leading < keys.len()) {
+            let rest: Vec<&[u8]> = keys[leading..].iter().map(|k| k.as_bytes()).collect();
+            let more = sh.tier.leading(&rest);
+            present[leading..leading + more].iter_mut().for_each(|p| *p = true);
+            leading += more;
+        }
         Ok((present, leading))
     }
 
@@ -430,8 +460,146 @@ impl Store {
     /// synced, in durable mode).
     pub fn put<K: AsRef<[u8]>>(&self, src: &Arc<Layout>, src_ids: &[u64], keys: &[K], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
         self.inner.owner()?;
+        let keys = keys_of(keys)?;
+        let local = self.inner.put_keys(src, src_ids, keys.clone(), opts)?;
+        match self.inner.write_mode() {
+            None => Ok(local),
+            Some(WriteMode::Behind) => {
+                self.inner.publish(&local, keys, None);
+                Ok(local)
+            }
+            Some(WriteMode::Through) => {
+                let through = self.inner.request(keys.len());
+                self.inner.publish(&local, keys, Some(through.clone()));
+                Ok(through)
+            }
+        }
+    }
+
+    /// Loads the block of `keys[i]` into block `dst_ids[i]` of `dst`. Each key's status
+    /// says whether it loaded: `NotFound` for a key not held, `Integrity` for a block that
+    /// failed a check (its entry is dropped; the other keys still load).
+    pub fn get<K: AsRef<[u8]>>(&self, keys: &[K], dst: &Arc<Layout>, dst_ids: &[u64], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
+        self.inner.owner()?;
+        self.inner.get_keys(keys_of(keys)?, dst, dst_ids, opts, true)
+    }
+
+    /// Removes each key: `Ok` once its removal is recorded (synced, in durable mode), so it
+    /// never comes back; `NotFound` for a key not held. A key being put is removed too: that
+    /// put's key ends `Cancelled`. A leased key, or one a get is loading, leaves the index
+    /// at once; its slot is reused only after those leases and gets end.
+    pub fn remove<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Status>> {
+        self.inner.owner()?;
         let inner = &self.inner;
         let keys = keys_of(keys)?;
+        let deciding = inner.deciding.lock().unwrap();
+        let records = &inner.records;
+        let mut out = Vec::with_capacity(keys.len());
+        let mut retired = Vec::new();
+        {
+            let mut ix = inner.index.lock().unwrap();
+            for k in keys {
+                out.push(match ix.remove(k) {
+                    Removed::Absent => Status::NotFound,
+                    Removed::Writing => Status::Ok,
+                    Removed::Entry(slot) => {
+                        retired.push(slot);
+                        Status::Ok
+                    }
+                });
+            }
+        }
+        let written = retired.iter().try_for_each(|&s| records.tombstone(s)).and_then(|_| records.sync());
+        drop(deciding);
+        if let Err(e) = written {
+            // Out of the index, but maybe not on disk: the slots stay out of use.
+            let mut ix = inner.index.lock().unwrap();
+            for &s in &retired {
+                ix.abandon(s);
+            }
+            return Err(Error::new(e.status, format!("recording removals: {}", e.message)));
+        }
+        add(&inner.counters.removes, out.iter().filter(|s| **s == Status::Ok).count() as u64);
+        let mut ix = inner.index.lock().unwrap();
+        for s in retired {
+            ix.recorded(s);
+        }
+        Ok(out)
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let inner = &self.inner;
+        let (entries, evictions) = {
+            let ix = inner.index.lock().unwrap();
+            (ix.len() as u64, ix.evictions)
+        };
+        let c = &inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StoreStats {
+            entries,
+            capacity: inner.cfg.capacity_blocks,
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            evictions,
+            integrity_failures: get(&c.integrity_failures),
+            puts: get(&c.puts),
+            dedups: get(&c.dedups),
+            removes: get(&c.removes),
+            bytes: entries * inner.shards[0].geometry().block_bytes,
+            shared: inner.shared.as_ref().map(|s| s.tier.stats()).unwrap_or_default(),
+        }
+    }
+
+    /// The directory the store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Waits for every put and get in flight, then stops the store thread and gives up
+    /// the directory's lock (also on drop).
+    pub fn close(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        let Some((thread, get_thread)) = self.threads.take() else { return };
+        if std::process::id() != self.inner.pid {
+            // A child forked from the opening process: the store's threads and the
+            // transfers in flight are the parent's, and none of them runs here to be waited
+            // for, nor detached (their handles name threads of another process).
+            std::mem::forget((thread, get_thread, self.publisher.take()));
+            return;
+        }
+        let mut n = self.inner.inflight.lock().unwrap();
+        while *n > 0 {
+            n = self.inner.idle.wait(n).unwrap();
+        }
+        drop(n);
+        // Every put's publishing has ended (each is in flight until then; each write ends
+        // at the shared tier's bound): the publisher has nothing left, so it stops.
+        if let Some(p) = self.publisher.take() {
+            self.inner.shared.as_ref().expect("a publisher serves a shared tier").stop_publishing();
+            let _ = p.join();
+        }
+        // The store thread writes the eviction order last, so no periodic write of it
+        // runs beside this one.
+        let _ = self.inner.gets.send(None);
+        let _ = get_thread.join();
+        let _ = self.inner.tx.send(worker::Msg::Stop);
+        let _ = thread.join();
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+impl Inner {
+    /// `Store::put` in the local store alone.
+    fn put_keys(self: &Arc<Self>, src: &Arc<Layout>, src_ids: &[u64], keys: Vec<Key>, opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
+        let inner = self;
         if src_ids.len() != keys.len() {
             bail!(InvalidArg, "{} keys but {} source blocks; give one block per key", keys.len(), src_ids.len());
         }
@@ -506,13 +674,17 @@ impl Store {
         Ok(req)
     }
 
-    /// Loads the block of `keys[i]` into block `dst_ids[i]` of `dst`. Each key's status
-    /// says whether it loaded: `NotFound` for a key not held, `Integrity` for a block that
-    /// failed a check (its entry is dropped; the other keys still load).
-    pub fn get<K: AsRef<[u8]>>(&self, keys: &[K], dst: &Arc<Layout>, dst_ids: &[u64], opts: &TransferOptions) -> Result<Arc<StoreRequest>> {
-        self.inner.owner()?;
-        let inner = &self.inner;
-        let keys = keys_of(keys)?;
+    /// `Store::get`: what the local store misses is loaded from the shared tier where
+    /// `shared` and the store has one, else it is a miss.
+    fn get_keys(
+        self: &Arc<Self>,
+        keys: Vec<Key>,
+        dst: &Arc<Layout>,
+        dst_ids: &[u64],
+        opts: &TransferOptions,
+        shared: bool,
+    ) -> Result<Arc<StoreRequest>> {
+        let inner = self;
         if dst_ids.len() != keys.len() {
             bail!(InvalidArg, "{} keys but {} destination blocks; give one block per key", keys.len(), dst_ids.len());
         }
@@ -541,9 +713,14 @@ impl Store {
                 }
             }
         }
-        add(&inner.counters.misses, misses.len() as u64);
-        for i in misses {
-            req.settle(i, Status::NotFound, "the store does not hold this key");
+        if shared && inner.shared.is_some() && !misses.is_empty() {
+            let misses = misses.into_iter().map(|i| (i, keys[i], dst_ids[i])).collect();
+            inner.load_shared(&req, misses, dst, &plain);
+        } else {
+            add(&inner.counters.misses, misses.len() as u64);
+            for i in misses {
+                req.settle(i, Status::NotFound, "the store does not hold this key");
+            }
         }
         for (shard, keys) in groups.into_iter().enumerate().filter(|(_, g)| !g.is_empty()) {
             inner.submit_get(&req, shard, dst, keys, &plain, false);
@@ -551,112 +728,6 @@ impl Store {
         Ok(req)
     }
 
-    /// Removes each key: `Ok` once its removal is recorded (synced, in durable mode), so it
-    /// never comes back; `NotFound` for a key not held. A key being put is removed too: that
-    /// put's key ends `Cancelled`. A leased key, or one a get is loading, leaves the index
-    /// at once; its slot is reused only after those leases and gets end.
-    pub fn remove<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Status>> {
-        self.inner.owner()?;
-        let inner = &self.inner;
-        let keys = keys_of(keys)?;
-        let deciding = inner.deciding.lock().unwrap();
-        let records = &inner.records;
-        let mut out = Vec::with_capacity(keys.len());
-        let mut retired = Vec::new();
-        {
-            let mut ix = inner.index.lock().unwrap();
-            for k in keys {
-                out.push(match ix.remove(k) {
-                    Removed::Absent => Status::NotFound,
-                    Removed::Writing => Status::Ok,
-                    Removed::Entry(slot) => {
-                        retired.push(slot);
-                        Status::Ok
-                    }
-                });
-            }
-        }
-        let written = retired.iter().try_for_each(|&s| records.tombstone(s)).and_then(|_| records.sync());
-        drop(deciding);
-        if let Err(e) = written {
-            // Out of the index, but maybe not on disk: the slots stay out of use.
-            let mut ix = inner.index.lock().unwrap();
-            for &s in &retired {
-                ix.abandon(s);
-            }
-            return Err(Error::new(e.status, format!("recording removals: {}", e.message)));
-        }
-        add(&inner.counters.removes, out.iter().filter(|s| **s == Status::Ok).count() as u64);
-        let mut ix = inner.index.lock().unwrap();
-        for s in retired {
-            ix.recorded(s);
-        }
-        Ok(out)
-    }
-
-    pub fn stats(&self) -> StoreStats {
-        let inner = &self.inner;
-        let (entries, evictions) = {
-            let ix = inner.index.lock().unwrap();
-            (ix.len() as u64, ix.evictions)
-        };
-        let c = &inner.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StoreStats {
-            entries,
-            capacity: inner.cfg.capacity_blocks,
-            hits: get(&c.hits),
-            misses: get(&c.misses),
-            evictions,
-            integrity_failures: get(&c.integrity_failures),
-            puts: get(&c.puts),
-            dedups: get(&c.dedups),
-            removes: get(&c.removes),
-            bytes: entries * inner.shards[0].geometry().block_bytes,
-        }
-    }
-
-    /// The directory the store lives in.
-    pub fn dir(&self) -> &Path {
-        &self.inner.dir
-    }
-
-    /// Waits for every put and get in flight, then stops the store thread and gives up
-    /// the directory's lock (also on drop).
-    pub fn close(mut self) {
-        self.shut();
-    }
-
-    fn shut(&mut self) {
-        let Some((thread, get_thread)) = self.threads.take() else { return };
-        if std::process::id() != self.inner.pid {
-            // A child forked from the opening process: the store's threads and the
-            // transfers in flight are the parent's, and none of them runs here to be waited
-            // for, nor detached (their handles name threads of another process).
-            std::mem::forget((thread, get_thread));
-            return;
-        }
-        let mut n = self.inner.inflight.lock().unwrap();
-        while *n > 0 {
-            n = self.inner.idle.wait(n).unwrap();
-        }
-        drop(n);
-        // The store thread writes the eviction order last, so no periodic write of it
-        // runs beside this one.
-        let _ = self.inner.gets.send(None);
-        let _ = get_thread.join();
-        let _ = self.inner.tx.send(worker::Msg::Stop);
-        let _ = thread.join();
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        self.shut();
-    }
-}
-
-impl Inner {
     /// Writes the eviction order (`recency`) where it changed since it was last written,
     /// or `always`; a failure is logged (the order is a hint: a store without it opens).
     fn save_order(&self, always: bool) {
