@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
 
 all: build
 
@@ -141,6 +141,11 @@ miri:
 # KVX_STORE_CRASH_SEED=<seed> replays a run. Not part of make test.
 store-crash: $(TEST_DIR)
 	KVX_STORE_CRASH_ROUNDS=$${KVX_STORE_CRASH_ROUNDS:-500} KVX_TEST_DIR=$(TEST_DIR) $(CARGO) test --release --test store_crash -- --nocapture
+
+# The shared tier's torture at its full length: 8 processes over one shared directory,
+# killed at random for a minute (make test runs it for 20 seconds).
+shared-torture: $(TEST_DIR)
+	KVX_SHARED_TORTURE_SECS=$${KVX_SHARED_TORTURE_SECS:-60} KVX_TEST_DIR=$(TEST_DIR) $(CARGO) test --release --test shared processes_killed -- --nocapture
 
 # The long soak (not part of make test).
 soak: stress-test
