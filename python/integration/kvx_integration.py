@@ -1,6 +1,7 @@
 """What the runtime plug-ins' integration tests and the vLLM tier bench share: a store's
-data files damaged in place, a record of which store calls were latency-critical, and
-vLLM's tiering manager over one secondary tier. vLLM is imported only by the last."""
+data files damaged in place, a record of which store calls were latency-critical,
+vLLM's tiering manager over one secondary tier, and what a KV-aware router learns from a
+vLLM manager's KV events. vLLM is imported only by the last two."""
 
 import contextlib
 import os
@@ -72,10 +73,10 @@ def record_criticality(monkeypatch, cls, methods):
     return calls
 
 
-def tiering_manager(tier_config, chunk_bytes, cpu_bytes, model):
+def tiering_manager(tier_config, chunk_bytes, cpu_bytes, model, events=False):
     """vLLM's `TieringOffloadingManager` as `TieringOffloadingSpec` builds it for a
     one-rank model of one layer, with a CPU tier of `cpu_bytes` and the one secondary
-    tier `tier_config`."""
+    tier `tier_config`; `events`: as where vLLM publishes KV events."""
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -88,7 +89,7 @@ def tiering_manager(tier_config, chunk_bytes, cpu_bytes, model):
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
         worker_kv_bytes_per_block=chunk_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config={"cpu_bytes_to_use": cpu_bytes, "secondary_tiers": [tier_config]},
         engine_id=f"kvxfer-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name=model, dtype="bfloat16"),
@@ -100,3 +101,44 @@ def tiering_manager(tier_config, chunk_bytes, cpu_bytes, model):
         ),
     )
     return TieringOffloadingSpec(config).get_manager()
+
+
+def block_of(key):
+    """The block hash a KV event names for vLLM offload key `key`."""
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+    from vllm.v1.kv_offload.base import get_offload_block_hash
+
+    return maybe_convert_block_hash(get_offload_block_hash(key))
+
+
+class Published:
+    """What a KV-aware router learns of `medium` from a vLLM offloading manager's events:
+    vLLM's offloading connector turns `take_events` into `BlockStored` and `BlockRemoved`
+    (`OffloadingEventsTracker`, as it publishes them), and a block is held from its
+    store to its removal. A store of a block held, or a removal of one not held, fails."""
+
+    def __init__(self, medium="STORAGE"):
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.events import OffloadingEventsTracker
+        from vllm.v1.kv_offload.base import OffloadingKVEventsConfig
+
+        self._tracker = OffloadingEventsTracker(OffloadingKVEventsConfig(enable_kv_cache_events=True, self_describing_kv_events=False))
+        self.medium = medium
+        self.blocks = set()
+
+    def take(self, manager):
+        """Takes the manager's events; returns the blocks held."""
+        from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+        with manager.lock:
+            events = list(manager.take_events())
+        for e in self._tracker.take_events(events):
+            if e.medium != self.medium:
+                continue
+            hashes = set(e.block_hashes)
+            if isinstance(e, BlockStored):
+                assert not hashes & self.blocks, f"blocks reported stored while held: {hashes & self.blocks}"
+                self.blocks |= hashes
+            else:
+                assert isinstance(e, BlockRemoved) and hashes <= self.blocks, f"blocks reported removed while not held: {hashes - self.blocks}"
+                self.blocks -= hashes
+        return self.blocks

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import kvxfer
-from kvx_integration import fill_up, flip_a_byte, record_criticality, small_file_system
+from kvx_integration import Published, block_of, fill_up, flip_a_byte, record_criticality, small_file_system
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCacheTensor,
@@ -52,14 +52,15 @@ GPU_BLOCKS = 16
 DEADLINE_S = 60.0
 
 
-def make_config(root, rank=0, world_size=2, model="kvxfer/test-model", **extra):
+def make_config(root, rank=0, world_size=2, model="kvxfer/test-model", events=False, **extra):
     """vLLM's offloading config of a `world_size`-way tensor-parallel model whose
-    kv_connector_extra_config names the kvxfer spec by module path."""
+    kv_connector_extra_config names the kvxfer spec by module path (`events`: where vLLM
+    publishes KV events)."""
     extra = {"spec_name": "KvxferOffloadingSpec", "spec_module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **extra}
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=tuple(f"model.layers.{i}.attn" for i in range(LAYERS)), group_id=0),),
         worker_kv_bytes_per_block=LAYERS * PAGE,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config=extra,
         engine_id=f"kvxfer-test-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name=model, dtype="bfloat16"),
@@ -487,6 +488,59 @@ def test_a_store_no_worker_wrote_is_not_committed(engine):
         out = m.prepare_store(keys, ctx)
         m.complete_store(out.keys_to_store, ctx)
     assert engine.lookup(keys) == [LookupResult.MISS]
+
+
+def held_blocks(engine, keys):
+    """The blocks of `keys` every rank's store holds (none before the stores open)."""
+    stores = engine.manager._stores
+    return {block_of(k) for k in keys if stores and all(st.lookup([k])[0][0] for st in stores)}
+
+
+def test_the_kv_events_report_what_the_stores_hold(tmp_path):
+    """With vLLM's KV events on, the blocks the spec reports (medium STORAGE, through
+    vLLM's offloading connector) are those every rank's store holds after every step:
+    stores, evictions from stores of four blocks, loads, a store no worker wrote; after a
+    restart a block from before is reported once met, and the blocks not met are evicted
+    first; a reset removes every block."""
+    keys = keys_of(*range(1, 11))
+    blocks = lambda *ns: {block_of(keys[n - 1]) for n in ns}  # noqa: E731
+    e = Engine(tmp_path, capacity_blocks=4, events=True)
+    seen = Published()
+    try:
+        fill(e, list(range(GPU_BLOCKS)), seed=11)
+        e.offload(keys[0:3], [0, 1, 2])
+        assert seen.take(e.manager) == held_blocks(e, keys) == blocks(1, 2, 3)
+        e.offload(keys[3:6], [3, 4, 5])  # two evictions
+        assert seen.take(e.manager) == held_blocks(e, keys) and len(seen.blocks) == 4
+        e.onboard(keys[2:4], [8, 9])  # keys 3 and 4 become the most recently used
+        e.offload(keys[6:8], [6, 7])
+        assert seen.take(e.manager) == held_blocks(e, keys) == blocks(3, 4, 7, 8)
+        m, ctx = e.manager, ReqContext(req_id="unwritten")
+        with m.lock:  # key 9's slot evicts key 3 or 4 (the load released them in any order)
+            m.on_new_request(ctx)
+            out = m.prepare_store([keys[8]], ctx)
+            m.complete_store(out.keys_to_store, ctx)  # no worker wrote it: not stored
+        assert seen.take(e.manager) == held_blocks(e, keys) and len(seen.blocks) == 3 and blocks(7, 8) <= seen.blocks
+        kept = 3 if block_of(keys[2]) in seen.blocks else 4
+    finally:
+        e.shutdown()
+    e = Engine(tmp_path, capacity_blocks=4, events=True)
+    seen = Published()
+    try:
+        fill(e, list(range(GPU_BLOCKS)), seed=12)
+        found, _ = e.onboard([keys[kept - 1]], [10])  # of the three blocks held, this one is met: reported
+        assert found[keys[kept - 1]] is LookupResult.HIT
+        assert seen.take(e.manager) == blocks(kept)
+        e.offload(keys[8:10], [0, 1])  # evicts the older of the two not met (key 7)
+        assert seen.take(e.manager) == blocks(kept, 9, 10)
+        assert held_blocks(e, keys) == blocks(kept, 8, 9, 10)
+        with e.manager.lock:
+            e.manager.reset_cache()
+        assert seen.take(e.manager) == held_blocks(e, keys) == set()
+        e.offload(keys[0:2], [2, 3])
+        assert seen.take(e.manager) == held_blocks(e, keys) == blocks(1, 2)
+    finally:
+        e.shutdown()
 
 
 def test_a_restart_of_the_same_configuration_finds_its_blocks(tmp_path):

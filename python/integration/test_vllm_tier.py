@@ -18,7 +18,7 @@ import pytest
 
 import kvxfer
 import kvxfer.vllm as kv_vllm
-from kvx_integration import flip_a_byte, record_criticality, tiering_manager
+from kvx_integration import Published, block_of, flip_a_byte, record_criticality, tiering_manager
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
 
 BLOCK_BYTES = 64 * 1024  # one worker's KV bytes of one block: a 64 KiB chunk
@@ -27,12 +27,12 @@ CPU_CHUNKS = 8
 DEADLINE_S = 60.0
 
 
-def make_manager(root, model="kvxfer/test-model", tier_config=None, block_bytes=BLOCK_BYTES, **tier):
+def make_manager(root, model="kvxfer/test-model", tier_config=None, block_bytes=BLOCK_BYTES, events=False, **tier):
     """vLLM's tiering manager with the kvxfer tier (or `tier_config`'s), as vLLM builds
-    it from kv_connector_extra_config."""
+    it from kv_connector_extra_config (`events`: where vLLM publishes KV events)."""
     if tier_config is None:
         tier_config = {"type": "KvxferTier", "module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2, **tier}
-    return tiering_manager(tier_config, block_bytes, CPU_CHUNKS * block_bytes, model)
+    return tiering_manager(tier_config, block_bytes, CPU_CHUNKS * block_bytes, model, events)
 
 
 def keys_of(*names):
@@ -305,6 +305,57 @@ def test_a_restart_of_the_same_configuration_finds_its_chunks(tmp_path):
             assert all(results[k] is LookupResult.MISS for k in keys)
         finally:
             other.shutdown()
+
+
+def held_blocks(m, keys):
+    """The blocks of `keys` the tier's store holds."""
+    return {block_of(k) for k in keys if tier_of(m)._store.lookup([k])[0][0]}
+
+
+def test_the_kv_events_report_what_the_tier_holds(tmp_path):
+    """With vLLM's KV events on, the chunks the tier reports (medium STORAGE, through
+    vLLM's offloading connector) are those its store holds after every step: stores,
+    evictions from a store of four chunks, loads, a chunk dropped for a failed check. After
+    a restart, a chunk from before is reported once met, and the entries not met are the
+    ones evicted first."""
+    keys = keys_of(*range(1, 13))
+    m = make_manager(tmp_path, capacity_blocks=4, shards=1, events=True)
+    seen = Published()
+    try:
+        offload(m, keys[0:3])
+        assert seen.take(m) == held_blocks(m, keys) and len(seen.blocks) == 3
+        offload(m, keys[3:6])  # two evictions
+        assert seen.take(m) == held_blocks(m, keys) and len(seen.blocks) == 4
+        empty_cpu_tier(m)
+        onboard(m, keys[2:4])  # keys 3 and 4 become the most recently used
+        offload(m, keys[6:8])
+        assert seen.take(m) == held_blocks(m, keys) == {block_of(k) for k in (keys[2], keys[3], keys[6], keys[7])}
+        empty_cpu_tier(m)
+        assert flip_a_byte(tier_of(m).directory, payload(keys[6], BLOCK_BYTES).tobytes(), 1000)
+        results, _ = onboard(m, keys[6:8])
+        assert results[keys[6]] is LookupResult.MISS
+        assert seen.take(m) == held_blocks(m, keys) == {block_of(k) for k in (keys[2], keys[3], keys[7])}
+    finally:
+        m.shutdown()
+    m = make_manager(tmp_path, capacity_blocks=4, shards=1, events=True)
+    seen = Published()
+    try:
+        results, _ = onboard(m, [keys[2]])  # of keys 3, 4 and 8, key 3 is met: reported
+        assert results[keys[2]] is LookupResult.HIT
+        assert seen.take(m) == {block_of(keys[2])}
+        offload(m, keys[8:10])  # evicts the older of the two not met (key 4)
+        assert seen.take(m) == {block_of(k) for k in (keys[2], keys[8], keys[9])}
+        assert held_blocks(m, keys) == seen.blocks | {block_of(keys[7])}
+        offload(m, keys[10:12])  # evicts the one not met (key 8), then the oldest met (key 3)
+        assert seen.take(m) == held_blocks(m, keys) == {block_of(k) for k in keys[8:12]}
+    finally:
+        m.shutdown()
+
+
+def test_no_kv_events_where_vllm_publishes_none(manager):
+    offload(manager, keys_of(1, 2))
+    with manager.lock:
+        assert [e for e in manager.take_events() if e.ownership == "KvxferTier"] == []
 
 
 def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):

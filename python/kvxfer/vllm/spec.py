@@ -37,8 +37,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..engine import Engine, LayoutConfig
 from ..errors import Error, IntegrityError, InvalidArgument, Unsupported
+from ..holdings import Event, Holdings, need_holdings
 from ..store import Store
 from ..tier import capacity_blocks, check_room, engine_settings, log_failures, make_root, open_or_remake, store_key
+from .events import offloading_events
 from .namespace import fingerprint, namespace_of, store_directory
 from .slot_mover import SlotJob, SlotMover, as_pages, engine_for
 from .version import JobBlocks, check_vllm_version
@@ -163,6 +165,8 @@ class _Settings:
         self.verify_on_open = bool(x.get("verify_on_open", False))
         self.namespace = str(x.get("namespace", ""))
         self.engine: Dict[str, Any] = engine_settings(x.get("engine"), self.buffered)
+        #: Whether vLLM publishes KV events (and takes the manager's).
+        self.kv_events = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
         p = c.parallel
         self.world_size = p.world_size
         self.fields = [rank_fields(offloading_spec, r, self.namespace) for r in range(p.world_size)]
@@ -205,7 +209,10 @@ def make_spec_classes() -> Dict[str, type]:
     try:
         from vllm.v1.kv_offload.base import (
             LoadStoreSpec,
+            Locality,
             LookupResult,
+            Medium,
+            OffloadingEvent,
             OffloadingManager,
             OffloadingSpec,
             OffloadingWorker,
@@ -246,6 +253,13 @@ def make_spec_classes() -> Dict[str, type]:
             self._leased: Dict[bytes, List[int]] = {}
             #: The stores' generation: `store-<generation>` in each rank's directory.
             self._generation = read_generation(settings.generation_file, settings.directories)
+            #: What the stores hold as reported in KV events (a block is held where every
+            #: rank's store holds it), once they are open and where vLLM publishes KV
+            #: events; and the events of stores given up (a reset) not yet taken.
+            self._holdings: Optional[Holdings] = None
+            self._given_up: List[Event] = []
+            if settings.kv_events:
+                need_holdings()  # refused at the start, not at the first lookup
 
         # -- the stores ------------------------------------------------------------
         def _ready(self) -> bool:
@@ -288,6 +302,8 @@ def make_spec_classes() -> Dict[str, type]:
                 _write_json(os.path.join(generation_store(d, self._generation), CONFIG_FILE), {**fields, "capacity_blocks": capacity, "shards": s.shards})
             self._stores = stores
             self._remove_failed()
+            if s.kv_events:
+                self._holdings = Holdings(stores)
             log.info("kvxfer offloading: %d stores of %d blocks under %s (generation %d)", len(stores), capacity, s.root_dir, self._generation)
             return True
 
@@ -326,6 +342,9 @@ def make_spec_classes() -> Dict[str, type]:
                 return LookupResult.MISS
             k = [store_key(key)]
             if all(st.lookup(k)[0][0] for st in self._stores):
+                if self._holdings is not None and k[0] not in self._writing:
+                    for r in range(len(self._stores)):
+                        self._holdings.found(r, [(k[0], key)], req_context)
                 return LookupResult.HIT
             return LookupResult.MISS
 
@@ -342,10 +361,15 @@ def make_spec_classes() -> Dict[str, type]:
                     if h is not None:
                         self._leased.setdefault(k, [0] * len(self._stores))[r] += 1
                 per_rank.append([leased[k] for k in skeys])
+            if self._holdings is not None:
+                self._holdings.touched(unique)
             return KvxferSlots(skeys, per_rank, self._generation)
 
         def complete_load(self, keys: Any, req_context: Any) -> None:
-            self._release(dict.fromkeys(store_key(k) for k in keys), self._leased)
+            skeys = list(dict.fromkeys(store_key(k) for k in keys))
+            self._release(skeys, self._leased)
+            if self._holdings is not None:
+                self._holdings.touched(skeys)  # an entry's last lease lists it as the newest
 
         def _release(self, keys: Any, leased: Dict[bytes, List[int]]) -> None:
             for k in keys:
@@ -367,6 +391,12 @@ def make_spec_classes() -> Dict[str, type]:
             skeys = [store_key(k) for k in offered]
             fresh = [k for k in skeys if k not in self._writing]
             reservations = [dict(zip(fresh, st.reserve_slots(fresh))) for st in self._stores]
+            if self._holdings is not None:
+                # A reservation touches the keys held already, and may evict others.
+                by_skey = dict(zip(skeys, offered))
+                for r, res in enumerate(reservations):
+                    self._holdings.met(r, [(k, by_skey[k]) for k, x in res.items() if x.kind == Reservation.HELD], req_context)
+                self._holdings.reconcile()
             to_store, handles, abort, no_room = [], [[] for _ in self._stores], [[] for _ in self._stores], 0
             for key, k in zip(offered, skeys):
                 if k not in reservations[0]:
@@ -397,6 +427,7 @@ def make_spec_classes() -> Dict[str, type]:
             if not done:
                 return
             failed = set()
+            by_skey = {store_key(x): x for x in keys}
             for r, st in enumerate(self._stores):
                 mine = [(k, hs[r]) for k, hs in done if hs[r] is not None]
                 if not mine:
@@ -404,14 +435,22 @@ def make_spec_classes() -> Dict[str, type]:
                 if not success:
                     st.abort_slots([h for _, h in mine])
                     continue
+                stored = []
                 for (k, _), err in zip(mine, st.commit_slots([h for _, h in mine])):
                     if err is not None:
                         log.warning("kvxfer offloading: rank %d did not store key %s: %s", r, k.hex(), err)
                         failed.add(k)
+                    else:
+                        stored.append((k, by_skey[k]))
+                if self._holdings is not None:
+                    self._holdings.committed(r, stored, req_context)
             if failed:
                 # A key is loadable only where every rank holds it: drop the others' parts.
-                for st in self._stores:
-                    st.remove(sorted(failed))
+                gone = sorted(failed)
+                for r, st in enumerate(self._stores):
+                    errors = st.remove(gone)
+                    if self._holdings is not None:
+                        self._holdings.removed(r, gone, errors)
 
         # -- the rest of vLLM's calls --------------------------------------------------
         def on_new_request(self, req_context: Any) -> Any:
@@ -427,6 +466,9 @@ def make_spec_classes() -> Dict[str, type]:
             once vLLM says the workers reported them (`on_reset_flushed`), or at the
             next start."""
             self._writing, self._leased = {}, {}
+            if self._holdings is not None:
+                self._given_up += self._holdings.drop_all()
+                self._holdings = None
             stores, self._stores = self._stores, []
             for st in stores:
                 st.close()
@@ -436,6 +478,16 @@ def make_spec_classes() -> Dict[str, type]:
 
         def on_reset_flushed(self) -> None:
             self._remove_other_generations()
+
+        def take_events(self) -> List[Any]:
+            """The blocks stored into and removed from the stores since the last call (a
+            commit on every rank; an eviction, a removal, a failed check on any, every
+            block at a reset), medium STORAGE, local to this engine; none where vLLM
+            publishes no KV events."""
+            taken, self._given_up = self._given_up, []
+            if self._holdings is not None:
+                taken += self._holdings.take()
+            return offloading_events(OffloadingEvent, taken, medium=Medium.STORAGE, locality=Locality.LOCAL, removal_expected=True)
 
         def shutdown(self) -> None:
             for st in self._stores:

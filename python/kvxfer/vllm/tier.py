@@ -24,9 +24,11 @@ from typing import Any, Dict, List, Optional
 
 from ..engine import Engine
 from ..errors import Error, InvalidArgument, NotFound, Unsupported
+from ..holdings import Holdings
 from ..store import Store, StoreRequest
 from ..tier import capacity_blocks as capacity_blocks_of
 from ..tier import chunk_layout, engine_settings, log_failures, make_root, open_or_remake, store_key
+from .events import offloading_events
 from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
 
@@ -35,7 +37,7 @@ log = logging.getLogger("kvxfer.vllm")
 
 #: The tier's keys of its tier config (beside vLLM's `type`, `module_path` and
 #: `backpressure`, which vLLM takes out first).
-TIER_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "locality")
+TIER_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "locality", "enable_kv_events")
 
 
 @dataclass
@@ -54,7 +56,7 @@ def make_tier_class() -> type:
     import numpy as np  # a dependency of vLLM's
 
     try:
-        from vllm.v1.kv_offload.base import Locality, LookupResult, Medium, RequestOffloadingContext
+        from vllm.v1.kv_offload.base import Locality, LookupResult, Medium, OffloadingEvent, RequestOffloadingContext
         from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
     except ImportError as e:
         raise Unsupported(f"vLLM {version} is installed but its tiering modules do not import ({e}); kvxfer.vllm needs them", 5) from e
@@ -65,7 +67,9 @@ def make_tier_class() -> type:
         or `capacity_blocks` (required; chunks), `shards` (data files, default 4),
         `durable`, `buffered` (tmpfs or page-cache I/O), `verify_on_open`, `namespace`
         (added to the fingerprint), `engine` (kvxfer engine settings: `io_threads`,
-        `io_backend`, ...), `locality`."""
+        `io_backend`, ...), `locality`, `enable_kv_events` (default true: where vLLM
+        publishes KV events, the tier reports the chunks it stores and removes, medium
+        STORAGE)."""
 
         medium = Medium.STORAGE
 
@@ -84,6 +88,7 @@ def make_tier_class() -> type:
             namespace: str = "",
             engine: Optional[Dict[str, Any]] = None,
             locality: Optional[str] = None,
+            enable_kv_events: bool = True,
             backpressure_detector: Any = None,
             **unknown: Any,
         ) -> None:
@@ -121,6 +126,9 @@ def make_tier_class() -> type:
                     self.directory,
                     f"kvxfer tier {tier_type}",
                 )
+                #: What the tier has reported held, where vLLM publishes KV events; None
+                #: where it does not (vLLM then never takes them).
+                self._holdings = Holdings([self._store]) if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None
             except BaseException:
                 self._engine.close()
                 raise
@@ -128,12 +136,28 @@ def make_tier_class() -> type:
                 json.dump(self._fields, f, indent=2, sort_keys=True)
             self._jobs: List[_Job] = []
             self._finished: List[Any] = []
+            #: Store key -> store jobs in flight putting it (a hit on such a key is the
+            #: job's entry, reported when the job ends).
+            self._putting: Dict[bytes, int] = {}
             log.info("kvxfer tier %s: store %s, %d chunks of %d bytes", tier_type, self.directory, self._store.stats().capacity, chunk_bytes)
 
         # -- index -------------------------------------------------------------
         def lookup(self, key: Any, req_context: Any) -> Any:
-            present, _ = self._store.lookup([store_key(key)])
+            skey = store_key(key)
+            present, _ = self._store.lookup([skey])
+            if present[0] and self._holdings is not None and skey not in self._putting:
+                self._holdings.found(0, [(skey, key)], req_context)
             return LookupResult.HIT if present[0] else LookupResult.MISS
+
+        def take_events(self) -> List[Any]:
+            """The chunks stored into and removed from the store since the last call
+            (a commit; an eviction, a removal, a failed check), medium STORAGE, named
+            by this tier's type; none where vLLM publishes no KV events."""
+            if self._holdings is None:
+                return []
+            return offloading_events(
+                OffloadingEvent, self._holdings.take(), medium=self.medium, locality=self.locality or Locality.LOCAL, ownership=self.tier_type, removal_expected=True
+            )
 
         def on_new_request(self, req_context: Any) -> Any:
             return RequestOffloadingContext()
@@ -151,15 +175,28 @@ def make_tier_class() -> type:
             is latency-critical (a request waits for it), a put bulk."""
             keys = list(job.keys)
             skeys = [store_key(k) for k in keys]
+            holdings = self._holdings
             try:
                 if is_load:
                     r = self._store.get(skeys, self._primary, job.chunk_ids, critical=True)
                 else:
+                    if holdings is not None:
+                        # The put touches the keys held already: those from before this
+                        # process are met here (the put then only dedups them).
+                        present, _ = self._store.lookup(skeys)
+                        holdings.met(0, [(s, k) for s, k, p in zip(skeys, keys, present) if p and s not in self._putting], job.req_context)
                     r = self._store.put(self._primary, job.chunk_ids, skeys)
             except Error as e:
                 log.warning("kvxfer tier: a %s job of %d chunks was refused: %s", "load" if is_load else "store", len(keys), e)
                 self._finished.append(JobResult(job_id=job.job_id, success=False, transfer_bytes=0))
                 return
+            if holdings is not None:
+                if is_load:
+                    holdings.touched(skeys)
+                else:
+                    holdings.reconcile()  # the put's evictions
+                    for s in skeys:
+                        self._putting[s] = self._putting.get(s, 0) + 1
             self._jobs.append(_Job(job, keys, r, is_load, time.monotonic()))
 
         def get_finished_jobs(self) -> List[Any]:
@@ -180,6 +217,8 @@ def make_tier_class() -> type:
             results = j.request.results()
             j.request.release()
             ok = [k for k, e in zip(j.keys, results) if e is None]
+            if self._holdings is not None:
+                self._note(j, ok, results)
             log_failures(log, f"kvxfer tier: a {'load' if j.is_load else 'store'} job", [bytes(k) for k in j.keys], results, (NotFound,) if j.is_load else ())
             success = len(ok) == len(j.keys)
             return JobResult(
@@ -189,6 +228,26 @@ def make_tier_class() -> type:
                 transfer_time=time.monotonic() - j.submitted,
                 transfer_bytes=len(ok) * self.block_size_bytes,
             )
+
+        def _note(self, j: _Job, ok: List[Any], results: List[Any]) -> None:
+            """What an ended job changed in the store: a load may have dropped entries
+            that failed their check; a store's keys are held where they still are (an
+            entry may be evicted between its commit and this)."""
+            holdings = self._holdings
+            assert holdings is not None
+            if j.is_load:
+                # An entry that failed its check was dropped; a get's end lists the
+                # others as the newest.
+                holdings.reconcile(suspects=[store_key(k) for k, e in zip(j.keys, results) if e is not None])
+                holdings.touched(map(store_key, j.keys))
+                return
+            for s in map(store_key, j.keys):
+                left = self._putting.pop(s) - 1
+                if left:
+                    self._putting[s] = left
+            skeys = [store_key(k) for k in ok]
+            present, _ = self._store.lookup(skeys) if skeys else ([], 0)
+            holdings.committed(0, [(s, k) for s, k, p in zip(skeys, ok, present) if p], j.job.req_context)
 
         def has_pending_work(self) -> bool:
             return bool(self._jobs or self._finished)

@@ -8,11 +8,14 @@ count), 0.34.0 the `DevicePointers` vLLM resolves from it against the worker's K
 (a pointer per block and layer of each group). `JobBlocks` turns either into block ids.
 The tiering interface (`SecondaryTierManager`, `JobResult`) and the manager's
 (`OffloadingManager`) differ only by what kvxfer leaves out (`touch`, gone in 0.34.0;
-`JobResult.deferred_release`, new in 0.34.0 and optional)."""
+`JobResult.deferred_release`, new in 0.34.0 and optional). 0.34.0's `OffloadingEvent` also
+names the request a stored block came from (`req_context`, for self-describing KV
+events); 0.33.0's has no such field (`event_request`)."""
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from dataclasses import fields
+from typing import Any, Dict, List, Sequence, Tuple
 
 from ..errors import InvalidArgument
 from ..tier import check_version
@@ -26,6 +29,15 @@ def check_vllm_version() -> str:
     """The installed vLLM's version; raises `Unsupported` naming the supported ones when
     it is another (or when vLLM is not installed)."""
     return check_version("kvxfer.vllm", "vllm", "vLLM", SUPPORTED_VLLM, "offloading interfaces")
+
+
+def event_request(event_cls: type, context: Any) -> Dict[str, Any]:
+    """The fields of an `OffloadingEvent` (`event_cls`) that name the request `context`
+    a stored block came from: `req_context` where the installed vLLM has it and a
+    request is known, none otherwise."""
+    if context is None or "req_context" not in {f.name for f in fields(event_cls)}:
+        return {}
+    return {"req_context": context}
 
 
 def _extent(pages: Any) -> Tuple[int, int, int]:
