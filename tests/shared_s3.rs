@@ -133,6 +133,7 @@ fn open_refuses_an_endpoint_that_is_down() {
     let e = within_bound("opening a down endpoint", || S3Backend::open(&loc, TIMEOUT)).err().expect("a down endpoint is refused");
     assert_eq!(e.status, Status::Io, "{e}");
     assert!(e.to_string().contains(&loc.endpoint) && e.to_string().contains("cannot be reached"), "{e}");
+    assert!(e.to_string().contains("credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"), "{e}");
 }
 
 /// Every call fails, each within the bound.

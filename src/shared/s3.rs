@@ -168,7 +168,13 @@ impl S3Backend {
                 s3.what
             ),
             Ok(Err(e)) => {
-                bail!(Io, "the shared tier's S3 endpoint {} cannot be reached ({e}); check that it is up and its URL", s3.endpoint_name())
+                bail!(
+                    Io,
+                    "the shared tier's S3 endpoint {} cannot be reached with credentials from {source} ({e}); check \
+                     that it is up and its URL, and that credentials are set (AWS_ACCESS_KEY_ID and \
+                     AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials) where the host has no role",
+                    s3.endpoint_name()
+                )
             }
             Err(e) => return Err(e),
         }
