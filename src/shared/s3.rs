@@ -38,6 +38,8 @@ pub struct S3Backend {
     /// Without slashes at either end; empty: objects at the bucket's root.
     prefix: String,
     timeout: Duration,
+    /// The endpoint's URL, or AWS's for the region: for messages.
+    endpoint: String,
     what: String,
     /// Dropped last: the client's connections belong to it.
     runtime: tokio::runtime::Runtime,
@@ -117,11 +119,8 @@ impl S3Backend {
             .next()
             .unwrap_or_else(|| "us-east-1".into());
         let prefix = loc.prefix.trim_matches('/').to_string();
-        let what = format!(
-            "s3://{}/{prefix} at {}",
-            loc.bucket,
-            if endpoint.is_empty() { format!("AWS S3 ({region})") } else { endpoint.clone() }
-        );
+        let shown = if endpoint.is_empty() { format!("AWS S3 ({region})") } else { endpoint.clone() };
+        let what = format!("s3://{}/{prefix} at {shown}", loc.bucket);
 
         let options =
             ClientOptions::new().with_timeout(timeout).with_connect_timeout(timeout).with_allow_http(endpoint.starts_with("http://"));
@@ -147,7 +146,7 @@ impl S3Backend {
             .enable_all()
             .build()
             .map_err(|e| Error::io(format_args!("starting the threads of the S3 backend for {what}"), e))?;
-        let s3 = S3Backend { store, prefix, timeout, what, runtime };
+        let s3 = S3Backend { store, prefix, timeout, endpoint: shown, what, runtime };
 
         let probe = s3.path(".kvxfer-probe");
         match s3.bounded("opening", &probe, s3.store.get(&probe)) {
@@ -156,7 +155,7 @@ impl S3Backend {
                 InvalidArg,
                 "the shared tier's S3 bucket {} does not exist at {}; create it, or name an existing one",
                 loc.bucket,
-                s3.endpoint_name()
+                s3.endpoint
             ),
             Ok(Err(object_store::Error::NotFound { .. })) => {}
             Ok(Err(e @ (object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }))) => bail!(
@@ -173,17 +172,13 @@ impl S3Backend {
                     "the shared tier's S3 endpoint {} cannot be reached with credentials from {source} ({e}); check \
                      that it is up and its URL, and that credentials are set (AWS_ACCESS_KEY_ID and \
                      AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials) where the host has no role",
-                    s3.endpoint_name()
+                    s3.endpoint
                 )
             }
             Err(e) => return Err(e),
         }
         log::debug!("shared tier: {} opened, credentials from {source}", s3.what);
         Ok(s3)
-    }
-
-    fn endpoint_name(&self) -> &str {
-        self.what.split_once(" at ").map_or("", |(_, e)| e)
     }
 
     fn path(&self, name: &str) -> Path {
