@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs s3-server-venv c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
 
 all: build
 
@@ -57,7 +57,7 @@ header:
 test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test examples-test docs-test
 	@echo "make test: all passed"
 
-rust-test: $(TEST_DIR) nixl-libs
+rust-test: $(TEST_DIR) nixl-libs s3-server-venv
 	$(CARGO) test --release
 	KVX_TEST_IO_BACKEND=uring $(CARGO) test --release --test roundtrip --test faults --test integrity --test store
 	KVX_TEST_EMULATED=deferred $(CARGO) test --release --test requests --test roundtrip --test faults
@@ -80,6 +80,15 @@ nixl-libs:
 	    --implementation cp --platform manylinux_2_28_x86_64 -d $(NIXL_DIR) '$(NIXL_WHEEL)' && \
 	  cd $(NIXL_DIR) && python3 -m zipfile -e nixl_cu13-*.whl . && rm -rf nixl_cu13-*.whl nixl_ep_cu13; \
 	} || echo "nixl-libs: could not fetch $(NIXL_WHEEL) with pip; the NIXL suites will be skipped"
+
+# moto's S3 server (PyPI), the real server the shared tier's S3 suite (tests/shared_s3.rs)
+# starts on loopback, in a venv of its own; without it that suite's tests are skipped.
+MOTO_VERSION := 5.1.22
+S3_VENV := target/s3-venv
+s3-server-venv:
+	@python3 -m venv --help >/dev/null 2>&1 || { echo "s3-server-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+	@[ -f $(S3_VENV)/.moto-$(MOTO_VERSION) ] || { rm -rf $(S3_VENV) && python3 -m venv $(S3_VENV) && \
+	  $(S3_VENV)/bin/pip install -q 'moto[server]==$(MOTO_VERSION)' && touch $(S3_VENV)/.moto-$(MOTO_VERSION); }
 
 $(TEST_DIR):
 	mkdir -p $@

@@ -17,10 +17,12 @@
 mod backend;
 mod dir;
 pub mod object;
+mod s3;
 pub mod tier;
 
 pub use backend::Backend;
 pub use dir::DirBackend;
+pub use s3::S3Backend;
 pub use tier::{Tier, TierStats};
 
 use crate::error::{bail, Result};
@@ -123,7 +125,7 @@ impl SharedConfig {
     pub(crate) fn open_backend(&self) -> Result<std::sync::Arc<dyn Backend>> {
         match &self.location {
             Location::Dir { path, capacity_bytes } => Ok(std::sync::Arc::new(DirBackend::open(path, *capacity_bytes)?)),
-            Location::S3(_) => bail!(Unsupported, "this kvxfer was built without the S3 backend"),
+            Location::S3(s) => Ok(std::sync::Arc::new(S3Backend::open(s, self.timeout())?)),
         }
     }
 }

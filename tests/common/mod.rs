@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod s3;
 
 use kvxfer::layout::Placement;
 use kvxfer::{Device, DiskFlags, Engine, EngineConfig, IoBackend, Layout, LayoutConfig, LayoutKind, Status, StorageKind, TransferOptions};

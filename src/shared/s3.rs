@@ -1,0 +1,296 @@
+//! An S3-compatible bucket (AWS S3, MinIO, Ceph RGW, any server of the S3 API) as a shared
+//! tier's backend: object `name` is `prefix/name` in the bucket.
+//!
+//! Each call is one request (`exists` a HEAD, `read` a GET, `write` a single PUT, `remove`
+//! a DELETE) made by Apache Arrow's `object_store` client on a small tokio runtime this
+//! backend owns; the tier's threads wait for it with `block_on`. An S3 PUT publishes its
+//! object whole or not at all, which is what `Backend::write` asks.
+//!
+//! Bounds: every call returns within the timeout given to `open`, a timeout error past it.
+//! Within it the client retries, with exponential backoff, what may succeed on a second try
+//! (5xx, throttling, a connection refused or dropped) and never a 4xx answer (403, 404).
+//!
+//! Credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN); else the
+//! profile AWS_PROFILE (`default`) of AWS_SHARED_CREDENTIALS_FILE (`~/.aws/credentials`);
+//! else what AWS provides the host (web identity, the container's or the instance's role).
+//! They are never logged nor put in a message.
+//!
+//! Eviction is the bucket's own business (a lifecycle rule), not this backend's.
+
+use super::backend::Backend;
+use super::S3Location;
+use crate::error::{bail, Error, Result, Status};
+use futures_util::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryConfig};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Worker threads of the backend's runtime. The calls themselves run on the tier's threads
+/// (`block_on`); these only drive the connections' background work.
+const RUNTIME_THREADS: usize = 2;
+/// Retries of one request, each after a backoff, all within the call's timeout.
+const MAX_RETRIES: usize = 3;
+
+pub struct S3Backend {
+    store: AmazonS3,
+    /// Without slashes at either end; empty: objects at the bucket's root.
+    prefix: String,
+    timeout: Duration,
+    /// The endpoint's URL, or AWS's for the region: for messages.
+    endpoint: String,
+    what: String,
+    /// Dropped last: the client's connections belong to it.
+    runtime: tokio::runtime::Runtime,
+}
+
+/// Where the credentials came from, for messages: never the credentials themselves.
+fn credentials(b: AmazonS3Builder) -> (AmazonS3Builder, String) {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    if env("AWS_ACCESS_KEY_ID").is_some() && env("AWS_SECRET_ACCESS_KEY").is_some() {
+        return (b, "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY".into());
+    }
+    let file = env("AWS_SHARED_CREDENTIALS_FILE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| env("HOME").map(|h| std::path::Path::new(&h).join(".aws/credentials")));
+    let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
+    if let Some(file) = file {
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            let keys = profile_keys(&text, &profile);
+            let get = |k: &str| keys.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+            if let (Some(id), Some(secret)) = (get("aws_access_key_id"), get("aws_secret_access_key")) {
+                let mut b = b.with_access_key_id(id).with_secret_access_key(secret);
+                if let Some(token) = get("aws_session_token") {
+                    b = b.with_token(token);
+                }
+                return (b, format!("profile {profile} of {}", file.display()));
+            }
+        }
+    }
+    (b, "the host's role (web identity, container or instance metadata)".into())
+}
+
+/// The `key = value` lines of section `[profile]` of an AWS credentials file.
+fn profile_keys(text: &str, profile: &str) -> Vec<(String, String)> {
+    let mut inside = false;
+    let mut keys = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            inside = section.trim() == profile;
+        } else if let (true, Some((k, v))) = (inside, line.split_once('=')) {
+            keys.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    keys
+}
+
+/// Copies `chunk`, the bytes at `at` of an object, into `header` then `payload`; what
+/// falls past their end is dropped.
+fn place(header: &mut [u8], payload: &mut [u8], at: usize, chunk: &[u8]) {
+    let mut at = at;
+    let mut chunk = chunk;
+    for buf in [header, payload] {
+        if at >= buf.len() {
+            at -= buf.len();
+            continue;
+        }
+        let n = chunk.len().min(buf.len() - at);
+        buf[at..at + n].copy_from_slice(&chunk[..n]);
+        chunk = &chunk[n..];
+        at = 0;
+    }
+}
+
+impl S3Backend {
+    /// Opens bucket `loc.bucket` and checks, with one GET of an object that is not there,
+    /// that it exists and takes these credentials: a bucket that does not, credentials it
+    /// refuses and an endpoint that does not answer are refused here, each with what to
+    /// fix, not at the first put. Each call of the backend returns within `timeout`.
+    pub fn open(loc: &S3Location, timeout: Duration) -> Result<S3Backend> {
+        if loc.bucket.is_empty() {
+            bail!(InvalidArg, "the shared tier's S3 bucket is empty; name a bucket");
+        }
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let endpoint = if loc.endpoint.is_empty() { env("AWS_ENDPOINT_URL").unwrap_or_default() } else { loc.endpoint.clone() };
+        let region = [Some(loc.region.clone()).filter(|r| !r.is_empty()), env("AWS_REGION"), env("AWS_DEFAULT_REGION")]
+            .into_iter()
+            .flatten()
+            .next()
+            .unwrap_or_else(|| "us-east-1".into());
+        let prefix = loc.prefix.trim_matches('/').to_string();
+        let shown = if endpoint.is_empty() { format!("AWS S3 ({region})") } else { endpoint.clone() };
+        let what = format!("s3://{}/{prefix} at {shown}", loc.bucket);
+
+        let options =
+            ClientOptions::new().with_timeout(timeout).with_connect_timeout(timeout).with_allow_http(endpoint.starts_with("http://"));
+        let retry = RetryConfig {
+            backoff: BackoffConfig { init_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(1), base: 2.0 },
+            max_retries: MAX_RETRIES,
+            retry_timeout: timeout,
+        };
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(&loc.bucket)
+            .with_region(&region)
+            .with_client_options(options)
+            .with_retry(retry)
+            // The object's header checksums its payload, so signing the payload would only
+            // add a SHA-256 pass over every byte put.
+            .with_unsigned_payload(true);
+        b = if endpoint.is_empty() { b.with_virtual_hosted_style_request(true) } else { b.with_endpoint(&endpoint) };
+        let (b, source) = credentials(b);
+        let store = b.build().map_err(|e| Error::new(Status::InvalidArg, format!("the shared tier's S3 bucket {what}: {e}")))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RUNTIME_THREADS)
+            .thread_name("kvx-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io(format_args!("starting the threads of the S3 backend for {what}"), e))?;
+        let s3 = S3Backend { store, prefix, timeout, endpoint: shown, what, runtime };
+
+        let probe = s3.path(".kvxfer-probe");
+        match s3.bounded("opening", &probe, s3.store.get(&probe)) {
+            Ok(Ok(_)) => {}
+            Ok(Err(object_store::Error::NotFound { source, .. })) if source.to_string().contains("NoSuchBucket") => bail!(
+                InvalidArg,
+                "the shared tier's S3 bucket {} does not exist at {}; create it, or name an existing one",
+                loc.bucket,
+                s3.endpoint
+            ),
+            Ok(Err(object_store::Error::NotFound { .. })) => {}
+            Ok(Err(e @ (object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }))) => bail!(
+                InvalidArg,
+                "the shared tier's S3 bucket {} refused the credentials of {source} ({e}); kvxfer reads \
+                 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else profile AWS_PROFILE \
+                 (default) of AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials): set credentials the bucket \
+                 grants s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket",
+                s3.what
+            ),
+            Ok(Err(e)) => {
+                bail!(
+                    Io,
+                    "the shared tier's S3 endpoint {} cannot be reached with credentials from {source} ({e}); check \
+                     that it is up and its URL, and that credentials are set (AWS_ACCESS_KEY_ID and \
+                     AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials) where the host has no role",
+                    s3.endpoint
+                )
+            }
+            Err(e) => return Err(e),
+        }
+        log::debug!("shared tier: {} opened, credentials from {source}", s3.what);
+        Ok(s3)
+    }
+
+    fn path(&self, name: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(name)
+        } else {
+            Path::from(format!("{}/{name}", self.prefix))
+        }
+    }
+
+    /// Runs `f` on this thread, giving up on it past the timeout. A failure that comes
+    /// only once the timeout has passed (the client's own timer may fire first) is a
+    /// timeout too.
+    fn bounded<T>(&self, op: &str, path: &Path, f: impl Future<Output = object_store::Result<T>>) -> Result<object_store::Result<T>> {
+        let t0 = Instant::now();
+        let timed_out = |e: &dyn std::fmt::Display| {
+            Error::new(
+                Status::Timeout,
+                format!(
+                    "S3 {}: {op} {path} took longer than {:?} ({e}); check the endpoint is up and not overloaded",
+                    self.what, self.timeout
+                ),
+            )
+        };
+        match self.runtime.block_on(async { tokio::time::timeout(self.timeout, f).await }) {
+            Err(e) => Err(timed_out(&e)),
+            Ok(Err(e)) if !matches!(e, object_store::Error::NotFound { .. }) && t0.elapsed() >= self.timeout => Err(timed_out(&e)),
+            Ok(r) => Ok(r),
+        }
+    }
+
+    fn failed(&self, op: &str, e: object_store::Error) -> Error {
+        Error::new(Status::Io, format!("S3 {}: {op}: {e}", self.what))
+    }
+}
+
+impl Backend for S3Backend {
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+
+    fn exists(&self, name: &str) -> Result<bool> {
+        let path = self.path(name);
+        match self.bounded("HEAD", &path, self.store.head(&path))? {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.failed("HEAD", e)),
+        }
+    }
+
+    fn read(&self, name: &str, header: &mut [u8], payload: &mut [u8]) -> Result<Option<u64>> {
+        let path = self.path(name);
+        let want = header.len() + payload.len();
+        let got = async {
+            let r = match self.store.get(&path).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if r.meta.size != want as u64 {
+                return Ok(Some(r.meta.size));
+            }
+            let mut body = r.into_stream();
+            let mut at = 0usize;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                place(header, payload, at, &chunk);
+                at += chunk.len();
+            }
+            Ok(Some(at as u64))
+        };
+        self.bounded("GET", &path, got)?.map_err(|e| self.failed("GET", e))
+    }
+
+    fn write(&self, name: &str, header: &[u8], payload: &[u8]) -> Result<()> {
+        let path = self.path(name);
+        let mut body = Vec::with_capacity(header.len() + payload.len());
+        body.extend_from_slice(header);
+        body.extend_from_slice(payload);
+        self.bounded("PUT", &path, self.store.put(&path, PutPayload::from(body)))?.map(|_| ()).map_err(|e| self.failed("PUT", e))
+    }
+
+    fn remove(&self, name: &str) -> Result<()> {
+        let path = self.path(name);
+        match self.bounded("DELETE", &path, self.store.delete(&path))? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.failed("DELETE", e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn place_splits_across_header_and_payload_and_drops_the_excess() {
+        let (mut h, mut p) = ([0u8; 4], [0u8; 4]);
+        place(&mut h, &mut p, 0, &[1, 2, 3]);
+        place(&mut h, &mut p, 3, &[4, 5, 6]);
+        place(&mut h, &mut p, 6, &[7, 8, 9, 10]);
+        place(&mut h, &mut p, 10, &[11]);
+        assert_eq!((h, p), ([1, 2, 3, 4], [5, 6, 7, 8]));
+    }
+
+    #[test]
+    fn a_profile_is_read_from_its_own_section_only() {
+        let text = "[other]\naws_access_key_id = A\n[ work ]\nAWS_ACCESS_KEY_ID=B\naws_secret_access_key = s = t\n";
+        assert_eq!(
+            profile_keys(text, "work"),
+            [("aws_access_key_id".into(), "B".into()), ("aws_secret_access_key".into(), "s = t".into())]
+        );
+        assert!(profile_keys(text, "default").is_empty());
+    }
+}
