@@ -19,6 +19,7 @@ mod plan;
 mod remote;
 mod request;
 mod router;
+mod stages;
 pub mod stats;
 mod worker;
 

@@ -15,6 +15,7 @@ use super::class::ClassQueue;
 use super::fanout::Part;
 use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
+use super::stages::Stage;
 use super::stats::Counters;
 use crate::error::{Error, Result, Status};
 use crate::file::checksum::WriteIds;
@@ -64,7 +65,9 @@ fn next_here(router: &Router, chunk: &Chunk) -> bool {
 fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk) {
     let op = Router::take_op(&mut chunk);
     let start = std::time::Instant::now();
+    chunk.req.mark(Stage::IoStart);
     let result = run_host_op(&op, router, port, bound, chunk.req.write_ids());
+    chunk.req.mark(Stage::IoDone);
     let c = &router.counters;
     Counters::add_since(
         match op {
