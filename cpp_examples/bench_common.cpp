@@ -80,7 +80,9 @@ struct Pending {
       "                  --background-blocks blocks back to back, each waiting for its request before the next; the\n"
       "                  onboards alternate fifo and critical, alone first and then beside each level: p50/p99/p99.9,\n"
       "                  p99 over alone (target <= 1.5 for critical) and the background's GB/s beside over alone (keeps\n"
-      "                  >= 1/4). With --store: store gets onboard from the store beside store puts offloading to it\n");
+      "                  >= 1/4). With --store: store gets onboard from the store beside store puts offloading to it\n"
+      "  --stages        --mix: where the closed-loop levels' onboards spend their time, from the engine's stage times\n"
+      "                  (KVX_STAGE_TIMES): p50/p99 us of each gap between stages, alone and beside each level\n");
   std::exit(code);
 }
 
@@ -191,6 +193,7 @@ Options parse(int argc, char **argv) {
     if (a == "--mix") { o.mix = true; continue; }
     if (a == "--critical") { o.critical = true; continue; }
     if (a == "--no-background") { no_background = true; continue; }
+    if (a == "--stages") { o.stages = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());

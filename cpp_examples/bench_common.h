@@ -48,6 +48,8 @@ struct Options {
   // background offload, both kinds (0: --blocks-per-batch).
   std::vector<unsigned> background_threads;
   uint64_t background_blocks = 0;
+  // --stages: the closed-loop levels' onboards split by the engine's stage times.
+  bool stages = false;
 };
 
 // The command line as Options; prints the usage and exits on --help or a bad flag.

@@ -20,16 +20,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
 #include <iterator>
-#include <mutex>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -469,9 +473,80 @@ RawOnboard::Setting RawOnboard::best(const std::vector<std::vector<uint64_t>> &i
   return b;
 }
 
+// --stages: the engine's stage records (KVX_STAGE_TIMES; src/engine/stages.rs), logged at
+// debug level on STAGE_TARGET, caught by the bench's log callback. Only the onboards'
+// (disk to device) are kept; every other record at warn or worse goes to stderr, as
+// kvxfer's own logger would have.
+constexpr const char *STAGE_TARGET = "kvxfer::engine::stages";
+// A record's stages, in its order: microseconds since the submit, NaN where never reached.
+constexpr const char *STAGE_NAMES[] = {"slot", "io_queued", "io_start", "io_done", "copy_issued", "copy_done", "last_io_done",
+                                       "last_copy_done", "completed"};
+constexpr size_t STAGES = sizeof STAGE_NAMES / sizeof *STAGE_NAMES;
+// The gaps printed, in an onboard's order (-1: the submit): from stage a to stage b.
+constexpr std::pair<int, int> STAGE_GAPS[] = {{-1, 0}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 8}};
+// Printed as their time since the submit.
+constexpr int STAGE_SINCE_SUBMIT[] = {6, 7, 8};
+
+struct StageRecord {
+  bool critical;
+  std::array<double, STAGES> us;
+};
+
+class StageLog {
+ public:
+  // Turns the engine's stage times on (before any engine exists: read once) and catches them.
+  void install() {
+    ::setenv("KVX_STAGE_TIMES", "1", 1);
+    if (kvx_set_logger(&StageLog::on_log, this, 4) != KVX_OK) {
+      std::fprintf(stderr, "bench: --stages: kvx_set_logger refused\n");
+      std::exit(1);
+    }
+  }
+  ~StageLog() { kvx_set_logger(nullptr, nullptr, 2); }
+  // The records since the last take.
+  std::vector<StageRecord> take() {
+    std::vector<std::string> lines;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      lines.swap(lines_);
+    }
+    std::vector<StageRecord> out;
+    for (const std::string &l : lines) {
+      std::istringstream in(l);
+      std::string cls, dir, blocks, field;
+      in >> cls >> dir >> blocks;
+      StageRecord r{cls == "critical", {}};
+      for (size_t i = 0; i < STAGES && in >> field; i++) {
+        const size_t eq = field.find('=');
+        const std::string v = eq == std::string::npos ? "-" : field.substr(eq + 1);
+        r.us[i] = v == "-" ? NAN : std::strtod(v.c_str(), nullptr);
+      }
+      out.push_back(r);
+    }
+    return out;
+  }
+
+ private:
+  static void on_log(void *user, uint32_t level, const char *target, const char *message) {
+    auto *self = static_cast<StageLog *>(user);
+    if (std::strcmp(target, STAGE_TARGET) == 0) {
+      if (std::strstr(message, " disk->device ")) {
+        std::lock_guard<std::mutex> g(self->mu_);
+        self->lines_.emplace_back(message);
+      }
+    } else if (level <= 2) {
+      std::fprintf(stderr, "kvxfer %s: %s\n", target, message);
+    }
+  }
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
 class MixRun {
  public:
-  explicit MixRun(const Options &o) : o_(o), ec_(engine_config(o)), e_(&ec_), dev_(e_.device()), lc_(layout_configs(o).first) {
+  // `stages`: where --stages' records come (installed before the engine starts), or null.
+  MixRun(const Options &o, StageLog *stages)
+      : o_(o), stages_(stages), ec_(engine_config(o)), e_(&ec_), dev_(e_.device()), lc_(layout_configs(o).first) {
     kvx_layout_config lc = lc_;
     lc.num_blocks = 2 * o.num_blocks;
     device_ = e_.create_device_layout(lc);
@@ -519,6 +594,9 @@ class MixRun {
   // --background-threads, the onboards alternating fifo and critical.
   void closed_levels(uint64_t size, const std::vector<std::vector<uint64_t>> &ids, ClosedLoop &bg);
   void print_closed_row(uint64_t size, unsigned threads, const Level &l, const Level &alone, double alone_rps) const;
+  // --stages: p50/p99 of each gap between the stages of the onboards in `records`, plain
+  // and critical apart.
+  void print_stages(uint64_t size, unsigned threads, const std::vector<StageRecord> &records) const;
   // Whether the background of level `l` moved at least KEPT of its target over the window.
   bool kept(const Level &l) const { return l.share == 0 || l.completed / l.window_s >= KEPT * l.share * alone_rps_; }
   void print_row(uint64_t size, const Level &l, const Level &alone) const;
@@ -532,6 +610,7 @@ class MixRun {
   void print_reference(uint64_t size, const char *name, const std::vector<double> &us, const std::string &what) const;
 
   const Options &o_;
+  StageLog *const stages_;
   const kvx_engine_config ec_;
   kvx::Engine e_;
   const int32_t dev_;
@@ -712,16 +791,66 @@ void MixRun::closed_levels(uint64_t size, const std::vector<std::vector<uint64_t
   const OnboardFn run = foreground();
   const auto completed = [&] { return bg.completed(); };
   const std::vector<bool> both{false, true};
-  const std::vector<Level> alone = onboards(run, ids, o_.onboards, MIN_WINDOW_SECONDS, completed, both);
+  // The onboards of one level, with their stage records where --stages asks for them.
+  const auto level = [&](unsigned threads) {
+    if (stages_) stages_->take();  // the records of what ran before
+    auto levels = onboards(run, ids, o_.onboards, MIN_WINDOW_SECONDS, completed, both);
+    if (stages_) print_stages(size, threads, stages_->take());
+    return levels;
+  };
+  const std::vector<Level> alone = level(0);
   for (const Level &l : alone) print_closed_row(size, 0, l, l, 0);
   for (size_t i = 0; i < o_.background_threads.size(); i++) {
     const unsigned n = o_.background_threads[i];
     bg.start(n);
     std::this_thread::sleep_for(std::chrono::duration<double>(RAMP_SECONDS));
-    const std::vector<Level> beside = onboards(run, ids, o_.onboards, MIN_WINDOW_SECONDS, completed, both);
+    const std::vector<Level> beside = level(n);
     bg.stop();
     for (size_t k = 0; k < beside.size(); k++) print_closed_row(size, n, beside[k], alone[k], closed_alone_rps_[i]);
   }
+}
+
+void MixRun::print_stages(uint64_t size, unsigned threads, const std::vector<StageRecord> &records) const {
+  const auto name = [](int stage) { return stage < 0 ? "submit" : STAGE_NAMES[stage]; };
+  for (bool critical : {false, true}) {
+    // Microseconds from stage a to stage b of each record of this kind that reached both.
+    const auto gap = [&](int a, int b) {
+      std::vector<double> v;
+      for (const StageRecord &r : records) {
+        const double from = a < 0 ? 0 : r.us[a], to = r.us[b];
+        if (r.critical == critical && !std::isnan(from) && !std::isnan(to)) v.push_back(to - from);
+      }
+      return v;
+    };
+    const size_t n = std::count_if(records.begin(), records.end(), [&](const StageRecord &r) { return r.critical == critical; });
+    std::string text, gaps, since;
+    char item[128];
+    for (auto [a, b] : STAGE_GAPS) {
+      const auto v = gap(a, b);
+      if (v.empty()) continue;
+      std::snprintf(item, sizeof item, "%s%s>%s %.1f/%.1f", text.empty() ? "" : ", ", name(a), name(b), percentile(v, 0.5), percentile(v, 0.99));
+      text += item;
+      std::snprintf(item, sizeof item, "%s\"%s>%s\": [%.2f, %.2f]", gaps.empty() ? "" : ", ", name(a), name(b), percentile(v, 0.5),
+                    percentile(v, 0.99));
+      gaps += item;
+    }
+    text += "; since submit:";
+    for (int b : STAGE_SINCE_SUBMIT) {
+      const auto v = gap(-1, b);
+      if (v.empty()) continue;
+      std::snprintf(item, sizeof item, " %s %.1f/%.1f", name(b), percentile(v, 0.5), percentile(v, 0.99));
+      text += item;
+      std::snprintf(item, sizeof item, "%s\"%s\": [%.2f, %.2f]", since.empty() ? "" : ", ", name(b), percentile(v, 0.5), percentile(v, 0.99));
+      since += item;
+    }
+    std::printf("  %7llu %-8s stages of %zu, %s, p50/p99 us: %s\n", (unsigned long long)size, critical ? "critical" : "fifo", n,
+                threads ? ("beside " + std::to_string(threads) + " thread(s)").c_str() : "alone", text.c_str());
+    if (o_.json)
+      std::printf("{\"mode\": \"mix_stages\", \"store\": %s, \"onboard_blocks\": %llu, \"critical\": %s, \"background_threads\": %u, "
+                  "\"records\": %zu, \"gaps_us\": {%s}, \"since_submit_us\": {%s}}\n",
+                  store_ ? "true" : "false", (unsigned long long)size, critical ? "true" : "false", threads, n, gaps.c_str(), since.c_str());
+  }
+  std::fflush(stdout);
 }
 
 int MixRun::run() {
@@ -858,7 +987,10 @@ int run_mix(const Options &o) {
     std::fprintf(stderr, "bench: --mix --store runs the closed-loop levels only: give --background-threads N,N,..\n");
     return 2;
   }
-  MixRun r(o);
+  // Before the engine: the engine reads KVX_STAGE_TIMES once, and logs until it is gone.
+  std::unique_ptr<StageLog> stages;
+  if (o.stages) stages = std::make_unique<StageLog>(), stages->install();
+  MixRun r(o, stages.get());
   return r.run();
 }
 
