@@ -82,7 +82,8 @@ struct Pending {
       "                  p99 over alone (target <= 1.5 for critical) and the background's GB/s beside over alone (keeps\n"
       "                  >= 1/4). With --store: store gets onboard from the store beside store puts offloading to it\n"
       "  --stages        --mix: where the closed-loop levels' onboards spend their time, from the engine's stage times\n"
-      "                  (KVX_STAGE_TIMES): p50/p99 us of each gap between stages, alone and beside each level\n");
+      "                  (KVX_STAGE_TIMES): p50/p99 us of each gap between stages (the last: completion to the\n"
+      "                  bench's wait returning), alone and beside each level\n");
   std::exit(code);
 }
 

@@ -478,18 +478,21 @@ RawOnboard::Setting RawOnboard::best(const std::vector<std::vector<uint64_t>> &i
 // (disk to device) are kept; every other record at warn or worse goes to stderr, as
 // kvxfer's own logger would have.
 constexpr const char *STAGE_TARGET = "kvxfer::engine::stages";
-// A record's stages, in its order: microseconds since the submit, NaN where never reached.
+// A record's stages, in its order: microseconds since the submit, NaN where never reached;
+// then the bench's own, `woken`: when the onboard's wait returned (its latency), where
+// the record could be matched to its onboard.
 constexpr const char *STAGE_NAMES[] = {"slot", "io_queued", "io_start", "io_done", "copy_issued", "copy_done", "last_io_done",
-                                       "last_copy_done", "completed"};
-constexpr size_t STAGES = sizeof STAGE_NAMES / sizeof *STAGE_NAMES;
+                                       "last_copy_done", "completed", "woken"};
+constexpr size_t STAGES = sizeof STAGE_NAMES / sizeof *STAGE_NAMES - 1;
+constexpr size_t WOKEN = STAGES;
 // The gaps printed, in an onboard's order (-1: the submit): from stage a to stage b.
-constexpr std::pair<int, int> STAGE_GAPS[] = {{-1, 0}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 8}};
+constexpr std::pair<int, int> STAGE_GAPS[] = {{-1, 0}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 8}, {8, WOKEN}};
 // Printed as their time since the submit.
 constexpr int STAGE_SINCE_SUBMIT[] = {6, 7, 8};
 
 struct StageRecord {
   bool critical;
-  std::array<double, STAGES> us;
+  std::array<double, STAGES + 1> us;
 };
 
 class StageLog {
@@ -516,6 +519,7 @@ class StageLog {
       std::string cls, dir, blocks, field;
       in >> cls >> dir >> blocks;
       StageRecord r{cls == "critical", {}};
+      r.us[WOKEN] = NAN;
       for (size_t i = 0; i < STAGES && in >> field; i++) {
         const size_t eq = field.find('=');
         const std::string v = eq == std::string::npos ? "-" : field.substr(eq + 1);
@@ -795,7 +799,16 @@ void MixRun::closed_levels(uint64_t size, const std::vector<std::vector<uint64_t
   const auto level = [&](unsigned threads) {
     if (stages_) stages_->take();  // the records of what ran before
     auto levels = onboards(run, ids, o_.onboards, MIN_WINDOW_SECONDS, completed, both);
-    if (stages_) print_stages(size, threads, stages_->take());
+    if (stages_) {
+      auto records = stages_->take();
+      // One record per onboard, in their order (each completes before the next is
+      // submitted; a store get may make more): onboard i is of kind i % 2, and after the
+      // warm-up (an even count) it is level[i % 2]'s ((i - warm-up) / 2)-th.
+      if (records.size() == WARMUP_ONBOARDS + levels[0].us.size() + levels[1].us.size())
+        for (size_t i = WARMUP_ONBOARDS; i < records.size(); i++)
+          if (records[i].critical == both[i % 2]) records[i].us[WOKEN] = levels[i % 2].us[(i - WARMUP_ONBOARDS) / 2];
+      print_stages(size, threads, records);
+    }
     return levels;
   };
   const std::vector<Level> alone = level(0);
