@@ -10,6 +10,7 @@ use super::fanout::{self, Part};
 use super::plan::Op;
 use super::stages::Stage;
 use super::stats::Counters;
+use super::writes::WriteGates;
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyError, CopyKind, Fence, Gate, Gpu};
 use crate::io::gds::Gds;
@@ -47,6 +48,8 @@ pub struct Router {
     pub queued: AtomicU64,
     /// How many I/O workers share `io_tx`: a read in a shallow ring is cut into as many parts.
     pub io_workers: usize,
+    /// Page-cache writes to one file, one worker at a time (`writes.rs`).
+    pub writes: WriteGates,
 }
 
 impl Router {
