@@ -251,6 +251,7 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 	./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR)
 	./cpp_examples/bench --store --shards 2 --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR)
 	./cpp_examples/bench --mix --critical --num-blocks 8 --blocks-per-batch 2 --onboard-sizes 1,4 --onboards 5 --background-shares 0.5 --num-layers 4 --dir $(TEST_DIR)
+	./cpp_examples/bench --mix --store --stages --no-background --background-threads 2 --background-blocks 2 --num-blocks 8 --onboard-sizes 2 --onboards 5 --num-layers 4 --dir $(TEST_DIR)
 	@if [ "$$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then \
 	  ./cpp_examples/bench --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir /dev/shm --mapped; \
 	else echo "bench-smoke: --mapped skipped: /dev/shm is not tmpfs here"; fi

@@ -397,8 +397,8 @@ int main(int argc, char **argv) {
   try {
     // Forks its serving peer before this process touches CUDA or NIXL.
     if (o.remote) return bench::run_remote(o);
+    if (o.mix) return bench::run_mix(o);  // with --store too: the mix of store gets and puts
     if (o.store) return bench::run_store(o);
-    if (o.mix) return bench::run_mix(o);
     return bench::run(o);
   } catch (const kvx::Error &err) {
     std::fprintf(stderr, "bench: %s\n", err.what());

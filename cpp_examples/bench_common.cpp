@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,7 +63,7 @@ struct Pending {
       "                  entries; --buffered (both), --checksum (the plain files; the store's always are)\n"
       "  --shards N (1)  the store's data files, and the plain files it is measured against\n"
       "  --mix           one submitter onboards --onboard-sizes blocks at a time from a hot buffered file, --onboards\n"
-      "                  of each, alone and while offloads of --blocks-per-batch blocks to a second file (O_DIRECT\n"
+      "                  of each, alone and while offloads of --background-blocks blocks to a second file (O_DIRECT\n"
       "                  unless --buffered) run open-loop at each of --background-shares of the rate they reach alone\n"
       "                  with --background-depth requests in flight: onboard p50/p99/p99.9 us, p99 over alone, and the\n"
       "                  background's achieved rate against its target. Alone, each size also from a second file\n"
@@ -71,8 +72,18 @@ struct Pending {
       "                  copy to the device (the best of a sweep of threads and I/O sizes; not on the emulated device)\n"
       "  --onboard-sizes N,N,.. (4,32,256)  --onboards N (200; more where they take under a second)\n"
       "  --background-shares F,F,.. (0.5,0.9)  --background-depth N (4)\n"
-      "  --no-background --mix: the onboards alone only (no background level, nor its rate alone)\n"
-      "  --critical      --mix: each level twice, onboards in arrival order (fifo) and marked KVX_XFER_CRITICAL\n");
+      "  --background-blocks N  blocks per background offload (default: --blocks-per-batch)\n"
+      "  --no-background --mix: no open-loop level (nor its rate alone); without --background-threads, the onboards\n"
+      "                  alone only\n"
+      "  --critical      --mix: each level twice, onboards in arrival order (fifo) and marked KVX_XFER_CRITICAL\n"
+      "  --background-threads N,N,..  --mix: also closed-loop levels, one per count: that many threads each offloading\n"
+      "                  --background-blocks blocks back to back, each waiting for its request before the next; the\n"
+      "                  onboards alternate fifo and critical, alone first and then beside each level: p50/p99/p99.9,\n"
+      "                  p99 over alone (target <= 1.5 for critical) and the background's GB/s beside over alone (keeps\n"
+      "                  >= 1/4). With --store: store gets onboard from the store beside store puts offloading to it\n"
+      "  --stages        --mix: where the closed-loop levels' onboards spend their time, from the engine's stage times\n"
+      "                  (KVX_STAGE_TIMES): p50/p99 us of each gap between stages (the last: completion to the\n"
+      "                  bench's wait returning), alone and beside each level\n");
   std::exit(code);
 }
 
@@ -163,6 +174,8 @@ Options parse(int argc, char **argv) {
       {"--background-shares", [&](const char *v) { o.background_shares = list_of<double>("--background-shares", v); }},
       {"--onboards", [&](const char *v) { o.onboards = std::strtoull(v, nullptr, 0); }},
       {"--background-depth", [&](const char *v) { o.background_depth = (unsigned)std::strtoul(v, nullptr, 0); }},
+      {"--background-threads", [&](const char *v) { o.background_threads = list_of<unsigned>("--background-threads", v); }},
+      {"--background-blocks", [&](const char *v) { o.background_blocks = std::strtoull(v, nullptr, 0); }},
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -181,6 +194,7 @@ Options parse(int argc, char **argv) {
     if (a == "--mix") { o.mix = true; continue; }
     if (a == "--critical") { o.critical = true; continue; }
     if (a == "--no-background") { no_background = true; continue; }
+    if (a == "--stages") { o.stages = true; continue; }
     auto f = flags.find(a);
     if (f == flags.end() || i + 1 >= argc) {
       std::fprintf(stderr, "bench: unknown option or missing value: %s\n", a.c_str());
@@ -191,6 +205,7 @@ Options parse(int argc, char **argv) {
   if (o.host_layout.empty()) o.host_layout = o.layout;
   // Applied after every flag, so it wins over --background-shares wherever it stands.
   if (no_background) o.background_shares.clear();
+  if (o.background_blocks == 0) o.background_blocks = o.blocks_per_batch;
   if (o.blocks_per_batch == 0 || o.num_blocks == 0 || o.iterations <= 0 || o.shards == 0 || o.onboards == 0 ||
       o.background_depth == 0) {
     std::fprintf(stderr, "bench: --num-blocks, --blocks-per-batch, --iterations, --shards, --onboards and --background-depth "
@@ -219,6 +234,12 @@ void shuffle_fixed(std::vector<uint64_t> &v) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     std::swap(v[i - 1], v[x % i]);
   }
+}
+
+std::string key_of(uint64_t gen, uint64_t b) {
+  char k[33];
+  std::snprintf(k, sizeof k, "%016" PRIx64 "%016" PRIx64, (uint64_t)(gen * 0x9E3779B97F4A7C15ull), (uint64_t)(b ^ (gen << 40)));
+  return std::string(k, 32);
 }
 
 std::vector<std::vector<uint64_t>> request_ids(uint64_t num_blocks, uint64_t per_request, size_t count, bool random) {

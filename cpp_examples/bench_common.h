@@ -42,6 +42,14 @@ struct Options {
   // --critical: each level also with the onboards marked KVX_XFER_CRITICAL, beside the
   // plain ones (served in arrival order).
   bool critical = false;
+  // --background-threads: closed-loop levels beside the open-loop ones, one per count:
+  // that many threads each offloading back to back, waiting for each request before the
+  // next, while the onboards alternate fifo and critical. --background-blocks: blocks per
+  // background offload, both kinds (0: --blocks-per-batch).
+  std::vector<unsigned> background_threads;
+  uint64_t background_blocks = 0;
+  // --stages: the closed-loop levels' onboards split by the engine's stage times.
+  bool stages = false;
 };
 
 // The command line as Options; prints the usage and exits on --help or a bad flag.
@@ -80,6 +88,10 @@ inline double us_since(Clock::time_point t0) { return std::chrono::duration<doub
 // Puts `v` in a random order, the same one on every call (fixed seed: every pass, and the
 // submitters' reference, move the same blocks in the same order).
 void shuffle_fixed(std::vector<uint64_t> &v);
+
+// A 32-byte key (a runtime's prefix hash stands here) for block `b` of generation `gen`:
+// keys of distinct (gen, b) differ.
+std::string key_of(uint64_t gen, uint64_t b);
 
 // Requests of `per_request` blocks each, `count` of them, one after the other.
 std::vector<std::vector<uint64_t>> request_ids(uint64_t num_blocks, uint64_t per_request, size_t count, bool random);

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -24,14 +23,8 @@ namespace {
 // Keys per lookup call.
 constexpr size_t LOOKUP_KEYS = 1000;
 
-// A 32-byte key (a runtime's prefix hash stands here) for block `b` of generation `gen`.
-// Every timed put uses a new generation, so it writes every block rather than finding
-// them held already; generation 0 is never put (the lookup's misses).
-std::string key_of(uint64_t gen, uint64_t b) {
-  char k[33];
-  std::snprintf(k, sizeof k, "%016" PRIx64 "%016" PRIx64, (uint64_t)(gen * 0x9E3779B97F4A7C15ull), (uint64_t)(b ^ (gen << 40)));
-  return std::string(k, 32);
-}
+// Every timed put uses a new generation of keys (key_of), so it writes every block rather
+// than finding them held already; generation 0 is never put (the lookup's misses).
 
 // Key bytes and the kvx_key views of them, one batch each (moving it moves no string, so
 // the views stay valid).

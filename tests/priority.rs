@@ -102,6 +102,83 @@ fn position(order: &[String], name: &str) -> usize {
     order.iter().position(|n| n == name).unwrap_or_else(|| panic!("{name} never completed: {order:?}"))
 }
 
+/// Two I/O workers, a device and a host layout, and two page-cache files: one that
+/// offloads write (its first write held in its pwrite: `b0`, bulk, returned) and one
+/// that loads read, its block 2 written.
+struct Gate {
+    line: Line,
+    device: Arc<Layout>,
+    offloads: Arc<Layout>,
+    hot: Arc<Layout>,
+}
+
+impl Gate {
+    fn new(tag: &str) -> (Gate, Arc<Request>) {
+        let e = engine_with(|c| {
+            c.io_threads = 2;
+            c.io_backend = IoBackend::Posix; // the hold site is the pwrite call
+            c.slot_bytes = 64 << 10;
+            c.bounce_bytes = 8 * (64 << 10);
+        });
+        let c = cfg(64, 1, 1, 16, 128, 2);
+        let device = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Device);
+        let host = make_layout(&e, &c, LayoutKind::FullyContiguous, StorageKind::Host);
+        let buffered = DiskFlags::CREATE | DiskFlags::BUFFERED;
+        let offloads = e.create_disk_layout(&c, &temp_path(&format!("{tag}-out")), buffered).unwrap();
+        let hot = e.create_disk_layout(&c, &temp_path(&format!("{tag}-in")), buffered).unwrap();
+        assert_eq!(e.submit(&device, &[2], &hot, &[2], &TransferOptions::default()).unwrap().wait(Some(GUARD)), Status::Ok);
+        let disk = offloads.clone();
+        let gate = Gate { line: Line { e, host, disk, done: Default::default() }, device, offloads, hot };
+        fault::inject(Site::DiskWrite, 0, Fault::Hold);
+        let b0 = gate.offload(0, "b0", false);
+        wait_held("the first offload never reached its disk write");
+        (gate, b0)
+    }
+
+    /// Offloads device block `b` to the page-cache file; its device copy is done within
+    /// the submit, so its write is queued when this returns.
+    fn offload(&self, b: u64, name: &str, critical: bool) -> Arc<Request> {
+        self.line.e.submit(&self.device, &[b], &self.offloads, &[b], &self.line.named(name, critical)).unwrap()
+    }
+
+    /// Loads block 2 of the other file into the host layout (bulk) and waits for it.
+    fn load(&self) {
+        let load = self.line.e.submit(&self.hot, &[2], &self.line.host, &[2], &self.line.named("load", false)).unwrap();
+        assert_eq!(load.wait(Some(GUARD)), Status::Ok);
+    }
+}
+
+/// Page-cache writes to one file run one at a time (the kernel copies them one after
+/// another under the file's lock, every writer asleep meanwhile): while one is held in
+/// its pwrite, a second write to the file waits for it instead of taking the other I/O
+/// worker, which stays free for a load queued behind it.
+#[test]
+fn a_second_write_to_a_page_cache_file_waits_for_the_first_and_leaves_the_other_worker_free() {
+    let _serial = serial();
+    let (gate, b0) = Gate::new("prio-gate");
+    let b1 = gate.offload(1, "b1", false);
+    gate.load();
+    let second = b1.poll();
+    let order = gate.line.run(&[b0, b1]);
+    assert_eq!(second, Status::Pending, "the second write to the file ran beside the held one, on the worker the load waited for");
+    assert_eq!(order, ["load", "b0", "b1"]);
+}
+
+/// The writes parked behind a page-cache file's writer run when its write is done,
+/// critical ones first: a bulk and then a critical offload park behind the held write,
+/// and once it is let go the critical one is written next.
+#[test]
+fn writes_parked_behind_a_page_cache_files_writer_run_critical_first() {
+    let _serial = serial();
+    let (gate, b0) = Gate::new("prio-gate-order");
+    let b1 = gate.offload(1, "b1", false);
+    let c1 = gate.offload(3, "c1", true);
+    // The free worker takes c1 and b1 (parking both) before the load queued after them.
+    gate.load();
+    let order = gate.line.run(&[b0, b1, c1]);
+    assert_eq!(order, ["load", "b0", "c1", "b1"]);
+}
+
 /// The bounce slots (through the dispatcher's turns): with the only slot out, six bulk
 /// transfers queue for it, then a critical one. The slot that comes back goes to the
 /// critical one, not to the bulk ones queued ahead of it.

@@ -24,6 +24,7 @@ use super::class::{Class, Credit};
 use super::plan::Planner;
 use super::request::Request;
 use super::router::Router;
+use super::stages::Stage;
 use super::stats::Counters;
 use crate::layout::segments;
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -261,6 +262,7 @@ fn issue(router: &Router, ring: &BounceRing, req: &Arc<Request>, planner: &mut P
         return false;
     };
     req.chunk_issued();
+    req.mark(Stage::Slot);
     let chunk = Chunk { req: req.clone(), slot, stages, next: 0, issued: None };
     if here {
         router.advance_here(chunk)

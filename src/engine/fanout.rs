@@ -18,6 +18,8 @@
 
 use super::chunk::Chunk;
 use super::plan::Op;
+use super::request::Request;
+use super::stages::Stage;
 use super::stats::Counters;
 use crate::error::{Error, Result};
 use crate::io::{Extent, Port};
@@ -33,6 +35,8 @@ const MIN_PART: u64 = 128 << 10;
 struct Fanout {
     /// Taken by the worker that finishes the last part.
     chunk: Mutex<Option<Chunk>>,
+    /// The chunk's request, for its stage times while the chunk is held above.
+    req: Arc<Request>,
     left: AtomicUsize,
     /// The first part's failure, if any; the chunk fails with it.
     failure: Mutex<Option<Error>>,
@@ -51,7 +55,12 @@ impl Fanout {
     /// The parts of `chunk`'s read of `extents` from `file`, cut into `parts` pieces.
     fn parts(chunk: Chunk, file: &Arc<Layout>, extents: &[Extent], stream: bool, parts: usize, align: u64) -> Vec<Part> {
         let pieces = split(extents, parts, align);
-        let fan = Arc::new(Fanout { chunk: Mutex::new(Some(chunk)), left: AtomicUsize::new(pieces.len()), failure: Mutex::new(None) });
+        let fan = Arc::new(Fanout {
+            req: chunk.req.clone(),
+            chunk: Mutex::new(Some(chunk)),
+            left: AtomicUsize::new(pieces.len()),
+            failure: Mutex::new(None),
+        });
         pieces.into_iter().map(|extents| Part { fan: fan.clone(), file: file.clone(), extents, stream }).collect()
     }
 
@@ -156,6 +165,7 @@ impl Part {
     /// failure (if any), for the worker to move the chunk on.
     pub(super) fn read(self, port: &mut Port, c: &Counters) -> Option<(Chunk, Option<Error>)> {
         let start = std::time::Instant::now();
+        self.fan.req.mark(Stage::IoStart);
         let f = self.file.disk().expect("disk layout");
         // SAFETY: the part lies in its chunk's slot, which stays the chunk's until every
         // part is done.
@@ -164,6 +174,7 @@ impl Part {
         if result.is_ok() {
             Counters::add(&c.bytes_disk_read, self.extents.iter().map(|e| e.len).sum());
         }
+        self.fan.req.mark(Stage::IoDone);
         let Part { fan, file, .. } = self;
         drop(file);
         fan.part_done(result)

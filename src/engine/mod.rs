@@ -19,8 +19,10 @@ mod plan;
 mod remote;
 mod request;
 mod router;
+mod stages;
 pub mod stats;
 mod worker;
+mod writes;
 
 pub use config::*;
 pub use remote::DEFAULT_TIMEOUT as DEFAULT_REMOTE_TIMEOUT;
@@ -124,6 +126,7 @@ impl Engine {
             gpu: gpu.clone(),
             queued: AtomicU64::new(0),
             io_workers: cfg.io_threads as usize,
+            writes: Default::default(),
         });
         let id = NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed);
         let engine = Engine {

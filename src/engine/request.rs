@@ -6,6 +6,7 @@
 //! dispatcher — finalises the request exactly once.
 
 use super::class::Class;
+use super::stages::{self, Stage, StageTimes};
 use super::stats::Counters;
 use super::Completions;
 use crate::error::{Error, Status};
@@ -118,6 +119,8 @@ pub struct Request {
     message: OnceLock<CString>,
     /// The identity of each destination block's write, for its checksums' tags.
     write_ids: Option<Arc<WriteIds>>,
+    /// When each stage happened, where `KVX_STAGE_TIMES` asks for it (`stages.rs`).
+    stages: Option<Box<StageTimes>>,
 }
 
 impl Request {
@@ -150,6 +153,14 @@ impl Request {
             done: Condvar::new(),
             message: OnceLock::new(),
             write_ids,
+            stages: stages::enabled().then(|| Box::new(StageTimes::new())),
+        }
+    }
+
+    /// Notes that `stage` happened now, where stage times are kept.
+    pub(crate) fn mark(&self, stage: Stage) {
+        if let Some(t) = &self.stages {
+            t.mark(stage);
         }
     }
 
@@ -227,6 +238,15 @@ impl Request {
                     error = Some(e);
                 }
             }
+        }
+        if let (Some(times), Some(t)) = (&self.stages, &transfer) {
+            times.mark(Stage::Completed);
+            let class = match self.class {
+                Class::Critical => "critical",
+                Class::Bulk => "bulk",
+            };
+            let kind = |l: &Layout| format!("{:?}", l.kind()).to_ascii_lowercase();
+            times.log(&format!("{class} {}->{} blocks={}", kind(&t.src), kind(&t.dst), t.pairs.len()));
         }
         drop(transfer); // layouts destroyed by the caller go away here
         let status = match (&error, cancelled) {

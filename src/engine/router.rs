@@ -8,7 +8,9 @@ use super::chunk::Chunk;
 use super::class::{Class, ClassQueue};
 use super::fanout::{self, Part};
 use super::plan::Op;
+use super::stages::Stage;
 use super::stats::Counters;
+use super::writes::WriteGates;
 use crate::error::{Error, Result};
 use crate::gpu::{fence_lane, CopyError, CopyKind, Fence, Gate, Gpu};
 use crate::io::gds::Gds;
@@ -46,6 +48,8 @@ pub struct Router {
     pub queued: AtomicU64,
     /// How many I/O workers share `io_tx`: a read in a shallow ring is cut into as many parts.
     pub io_workers: usize,
+    /// Page-cache writes to one file, one worker at a time (`writes.rs`).
+    pub writes: WriteGates,
 }
 
 impl Router {
@@ -66,7 +70,12 @@ impl Router {
                 self.remote_tx.send(Job::Run(chunk)).unwrap_or_else(|_| unreachable!("remote thread gone with chunks in flight"))
             }
             Some(op) => {
-                let tx = if op.on_copy_thread() { &self.copy_tx } else { &self.io_tx };
+                let tx = if op.on_copy_thread() {
+                    &self.copy_tx
+                } else {
+                    chunk.req.mark(Stage::IoQueued);
+                    &self.io_tx
+                };
                 tx.send(chunk.req.class(), Job::Run(chunk));
             }
         }
@@ -120,6 +129,7 @@ impl Router {
     }
 
     pub(super) fn copy_done(&self, chunk: &Chunk) {
+        chunk.req.mark(Stage::CopyDone);
         if let Some(t) = chunk.issued {
             Counters::add_since(&self.counters.device_copy_ns, t);
         }
@@ -173,6 +183,7 @@ fn send_read(router: &Router, chunk: Chunk) {
     };
     let stream = router.stream_read(*for_device);
     let class = chunk.req.class();
+    chunk.req.mark(Stage::IoQueued);
     let parts = match fanout::cut_read(chunk, router.ring.shallow(), router.io_workers, stream) {
         fanout::Cut::Parts(parts) => parts,
         fanout::Cut::Whole(chunk) => return router.io_tx.send(class, Job::Run(chunk)),
@@ -189,6 +200,7 @@ fn send_read(router: &Router, chunk: Chunk) {
 pub(super) fn issue_copy(router: &Router, gpu: &dyn Gpu, bound: Result<()>, op: Op, mut chunk: Chunk) {
     let Op::DeviceCopy { kind, ops, host, after } = op else { unreachable!("only device copies are issued here") };
     chunk.issued = Some(std::time::Instant::now());
+    chunk.req.mark(Stage::CopyIssued);
     let critical = chunk.req.class() == Class::Critical;
     let issued = bound.map_err(CopyError::from).and_then(|_| gpu.copy(kind, &ops, chunk.slot, host, after, critical));
     match issued {

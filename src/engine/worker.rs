@@ -15,6 +15,7 @@ use super::class::ClassQueue;
 use super::fanout::Part;
 use super::plan::Op;
 use super::router::{issue_copy, Job, Router};
+use super::stages::Stage;
 use super::stats::Counters;
 use crate::error::{Error, Result, Status};
 use crate::file::checksum::WriteIds;
@@ -61,10 +62,39 @@ fn next_here(router: &Router, chunk: &Chunk) -> bool {
     io_stage && !chunk.req.stopped() && router.io_tx.keep(chunk.req.class())
 }
 
-fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk) {
+/// The file `chunk`'s next stage writes through the page cache, if it does: its key in
+/// the router's write gates (`writes.rs`).
+fn page_cache_write(chunk: &Chunk) -> Option<usize> {
+    match chunk.stages.get(chunk.next).and_then(|s| s.as_ref()) {
+        Some(Op::WriteDisk { file, .. }) => file.disk().filter(|f| !f.is_direct()).map(|f| Arc::as_ptr(f.key()) as usize),
+        _ => None,
+    }
+}
+
+/// Runs the chunk's next I/O stage, unless it writes a file through the page cache that
+/// another worker is writing: then it is parked, and that worker runs it (`writes.rs`).
+/// A worker that is a file's writer runs the file's parked writes when its own is done.
+fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, chunk: Chunk) {
+    let Some(key) = page_cache_write(&chunk) else {
+        run_stage(router, port, bound, chunk, None);
+        return;
+    };
+    let mut writer = router.writes.enter(key, chunk);
+    while let Some(chunk) = writer {
+        writer = run_stage(router, port, bound, chunk, Some(key));
+    }
+}
+
+/// Runs the chunk's next I/O stage and moves the chunk on. `gate`: the file it writes
+/// through the page cache, whose writer this worker is; the next write parked behind it,
+/// which this worker runs next, as the file's writer.
+fn run_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk: Chunk, gate: Option<usize>) -> Option<Chunk> {
     let op = Router::take_op(&mut chunk);
     let start = std::time::Instant::now();
+    chunk.req.mark(Stage::IoStart);
     let result = run_host_op(&op, router, port, bound, chunk.req.write_ids());
+    chunk.req.mark(Stage::IoDone);
+    let next_writer = gate.and_then(|key| router.writes.leave(key));
     let c = &router.counters;
     Counters::add_since(
         match op {
@@ -79,9 +109,8 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
             let read = matches!(op, Op::ReadDisk { .. });
             drop(op);
             if next_here(router, &chunk) {
-                return run_io_stage(router, port, bound, chunk);
-            }
-            if read {
+                run_io_stage(router, port, bound, chunk)
+            } else if read {
                 router.read_done(bound, chunk)
             } else {
                 router.advance(chunk)
@@ -89,6 +118,7 @@ fn run_io_stage(router: &Router, port: &mut Port, bound: &Result<()>, mut chunk:
         }
         Err(e) => router.fail(chunk, e),
     }
+    next_writer
 }
 
 /// Runs an I/O worker's stage; `bound`: whether this thread could bind the device (for
