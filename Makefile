@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test publish-check integration-wheels integration-test integration-bench
 
 all: build
 
@@ -256,6 +256,14 @@ python-venv: build
 
 python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
+
+# The crate as crates.io would take it: `cargo publish --dry-run` packages it (Cargo.toml's
+# include) and builds the package from its own files alone, in target/package; nothing is
+# uploaded. It asks the crates.io index over HTTP, which cargo refuses to skip (--offline
+# fails), so it is in neither make test nor CI; `cargo package --offline` packages and
+# builds the same files without the index.
+publish-check: tools
+	$(CARGO) publish --dry-run --allow-dirty
 
 # The runtime plug-ins against the runtimes themselves (python/integration): a venv per
 # runtime version, since their pinned dependencies (PyTorch, grpcio, numpy among them)
