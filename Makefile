@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-wheels integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs c-test valgrind-test asan-test stress-test soak store-crash tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-test integration-bench
 
 all: build
 
@@ -275,15 +275,14 @@ wheel: tools wheel-venv
 wheel-test: wheel
 	$(WHEEL_VENV)/bin/python python/tools/check_wheels.py $(WHEELS)
 
-# The Python package (python/) in a venv of its own: pip builds its wheel with the
-# crate's cdylib inside. python-test then runs its suite on the emulated device with
-# NumPy arrays, from outside the source tree so the installed copy (and its bundled
-# library) is what is tested; examples-test runs examples/python there.
+# The Python package in a venv of its own, installed from the wheel `make wheel` built.
+# python-test then runs its suite on the emulated device with NumPy arrays, from outside
+# the source tree so the installed copy (and its bundled library) is what is tested;
+# examples-test runs examples/python there.
 PYENV := target/pyenv
-python-venv: build
-	@python3 -m venv --help >/dev/null 2>&1 || { echo "python-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+python-venv: wheel
 	@[ -x $(PYENV)/bin/pytest ] || { python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q numpy pytest; }
-	$(PYENV)/bin/pip install -q --force-reinstall --no-deps ./python
+	$(PYENV)/bin/pip install -q --force-reinstall --no-deps $(WHEELS)/kvxfer-*.whl
 
 python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
@@ -301,14 +300,13 @@ publish-check: tools
 # differ and cannot share one: vllm==V for each V of $(VLLM_VERSIONS) (about 9.5 GB and
 # five minutes to install each, in target/vllm-V-venv), sglang==$(SGLANG_VERSION) (about
 # 11 GB) and lmcache==$(LMCACHE_VERSION), each made once and kept (a stamp file names the
-# version), then the package's wheel, built once, installed into each and that runtime's
+# version), then the package's wheel (make wheel) installed into each and that runtime's
 # tests (python/integration/test_<runtime>_*.py) run there. Not part of `make test`: see
 # CONTRIBUTING.md. VLLM_VERSIONS is kvxfer.vllm's SUPPORTED_VLLM (docs/vllm.md says how a
 # vLLM release is added).
 VLLM_VERSIONS := 0.33.0 0.34.0
 SGLANG_VERSION := 0.5.23
 LMCACHE_VERSION := 0.5.6
-INTEGRATION_WHEELS := target/integration-wheels
 
 # A runtime release's dependencies that the package registry does not have, left out of
 # its venv (RUNTIME_LEFT_OUT_<runtime>-<version>): none is imported by the plug-ins or
@@ -326,7 +324,7 @@ define runtime-venv
 	    $(3)/bin/python python/integration/requirements_of.py $(1) $(RUNTIME_LEFT_OUT_$(1)-$(2)) > $(3)/requirements.txt && \
 	    $(3)/bin/pip install -q -r $(3)/requirements.txt numpy pytest,\
 	    $(3)/bin/pip install -q $(1)==$(2) numpy pytest) && touch $(3)/.$(1)-$(2); }
-	$(3)/bin/pip install -q --force-reinstall --no-deps $(INTEGRATION_WHEELS)/kvxfer-*.whl
+	$(3)/bin/pip install -q --force-reinstall --no-deps $(WHEELS)/kvxfer-*.whl
 endef
 
 # $(call runtime-tests,runtime,version,venv): the runtime's venv, then its tests.
@@ -336,10 +334,7 @@ define runtime-tests
 
 endef
 
-integration-wheels: python-venv
-	rm -rf $(INTEGRATION_WHEELS) && $(PYENV)/bin/pip wheel -q --no-deps -w $(INTEGRATION_WHEELS) ./python
-
-integration-test: integration-wheels
+integration-test: wheel
 	$(foreach v,$(VLLM_VERSIONS),$(call runtime-tests,vllm,$(v),target/vllm-$(v)-venv))
 	$(call runtime-tests,sglang,$(SGLANG_VERSION),target/sglang-venv)
 	$(call runtime-tests,lmcache,$(LMCACHE_VERSION),target/lmcache-venv)
@@ -350,7 +345,7 @@ integration-test: integration-wheels
 # and the data behind it in target/vllm-tier-bench.json. Flags go in BENCH_ARGS
 # (`make integration-bench BENCH_ARGS="--gib 1 --media shm"`; see its --help).
 VLLM_BENCH_VERSION := 0.33.0
-integration-bench: integration-wheels
+integration-bench: wheel
 	$(call runtime-venv,vllm,$(VLLM_BENCH_VERSION),target/vllm-$(VLLM_BENCH_VERSION)-venv)
 	cd /tmp && $(CURDIR)/target/vllm-$(VLLM_BENCH_VERSION)-venv/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
 
