@@ -29,7 +29,9 @@
 // `KVX_STORE_DATA_ONLY`, `KVX_RESERVED_*`, `kvx_store_lease_slots`, `_reserve_slots`,
 // `_commit_slots`, `_abort_slots`, `_read_slots`, `_write_slots`.
 // 1.6: lease tokens: `kvx_store_lease`, `kvx_store_release`.
-#define KVX_ABI_MINOR 6
+// 1.7: the shared tier: `kvx_shared_config`, `kvx_shared_config_init`, `KVX_SHARED_*`,
+// `kvx_store_config.shared`, the `shared_*` counters of `kvx_store_counters`.
+#define KVX_ABI_MINOR 7
 
 // `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 #define KVX_DEVICE_AUTO -2
@@ -148,6 +150,23 @@
 // `kvx_store_reserve_slots` (1.5): full, and every entry is held; the key fails alone
 // (as `KVX_ERR_BUSY` for a put).
 #define KVX_RESERVED_NO_ROOM 4
+
+// `kvx_shared_config.kind` (1.7): a directory many processes open at once (on one host,
+// or on many over NFS, Lustre or CephFS), named by `path`.
+#define KVX_SHARED_DIR 1
+
+// `kvx_shared_config.kind` (1.7): an S3-compatible bucket, named by `endpoint`, `region`,
+// `bucket` and `prefix`.
+#define KVX_SHARED_S3 2
+
+// `kvx_shared_config.flags` (1.7): a put's keys report once their objects are published
+// in the shared tier too (write-through). Without it a put's keys report once the local
+// store holds them, and their objects are written after (written behind).
+#define KVX_SHARED_WRITE_THROUGH 1
+
+// `kvx_shared_config.flags` (1.7): a block a get loads from the shared tier is not also
+// put into the local store (by default it is).
+#define KVX_SHARED_NO_ADMIT 2
 
 // Bytes an engine exported (`kvx_engine_export`): read them with `kvx_blob_bytes`,
 // free with `kvx_blob_destroy`. (1.3)
@@ -274,6 +293,43 @@ typedef struct kvx_transfer_options {
 // not call `kvx_set_logger` (refused); records kvxfer makes during the call are dropped.
 typedef void (*kvx_log_fn)(void *user_data, uint32_t level, const char *target, const char *message);
 
+// A shared tier under a store (1.7): KV blocks shared by any number of processes on any
+// number of hosts, one object per block, verified on every read. Fill it with
+// `kvx_shared_config_init`, then set `kind` and its location. Every string is the
+// caller's, NUL-terminated, and read during `kvx_store_open` only.
+typedef struct kvx_shared_config {
+  uint32_t struct_size;
+  // `KVX_SHARED_DIR` or `KVX_SHARED_S3`; 0 after `kvx_shared_config_init`: must be set.
+  uint32_t kind;
+  // `KVX_SHARED_DIR`: the shared directory (any bytes); made where missing, and this
+  // process must be able to write in it. Must be set.
+  const char *path;
+  // `KVX_SHARED_DIR`: past this many bytes of objects, writers evict the least recently
+  // used ones; 0 (the default): unbounded.
+  uint64_t capacity_bytes;
+  // `KVX_SHARED_S3`: `http(s)://host:port`; NULL or "": `AWS_ENDPOINT_URL`, else AWS's
+  // own endpoint for the region.
+  const char *endpoint;
+  // `KVX_SHARED_S3`: NULL or "": `AWS_REGION`, else `AWS_DEFAULT_REGION`, else
+  // `us-east-1`.
+  const char *region;
+  // `KVX_SHARED_S3`: the bucket; must be set. Credentials come from the standard AWS
+  // environment variables and files, never from here.
+  const char *bucket;
+  // `KVX_SHARED_S3`: prepended to every object's name; NULL or "": none.
+  const char *prefix;
+  // Threads that run the backend's calls (1 to 256); 0 (the default): 16.
+  uint32_t threads;
+  // The longest a lookup or get waits for the shared tier, in milliseconds; past it,
+  // its keys are misses (counted in `shared_timeouts`). 0 (the default): 5000.
+  uint32_t timeout_ms;
+  // `KVX_SHARED_WRITE_THROUGH`, `KVX_SHARED_NO_ADMIT`, or 0 (written behind, admitted).
+  uint32_t flags;
+  // Blocks waiting to be written behind, at most; past it, a put's objects are dropped
+  // (counted in `shared_puts_dropped`). 0 (the default): 1024.
+  uint32_t pending_puts;
+} kvx_shared_config;
+
 // How a store is opened (1.4). The block geometry, capacity, shard count and namespace
 // are fixed when the store is made; reopening with others is `KVX_ERR_INCOMPATIBLE`
 // naming which.
@@ -294,6 +350,11 @@ typedef struct kvx_store_config {
   uint32_t namespace_len;
   // Data files the blocks are spread over (1 to `capacity_blocks`); 1 by default.
   uint32_t shards;
+  // ABI 1.7. A shared tier under the store: what the local store misses, a get loads
+  // from it, and puts publish to it. NULL (the default): none. Not fixed when the store
+  // is made: each open may name another, or none. The caller's; read during
+  // `kvx_store_open` only. Refused with `KVX_STORE_DATA_ONLY`.
+  const struct kvx_shared_config *shared;
 } kvx_store_config;
 
 // A store key (1.4): 1 to 64 opaque bytes naming a block's content (the same key always
@@ -324,6 +385,26 @@ typedef struct kvx_store_counters {
   uint64_t removes;
   // Bytes of the blocks held (`entries` × block bytes).
   uint64_t bytes;
+  // ABI 1.7: the shared tier's counters (all 0 without one). A key a get loads from
+  // the shared tier counts in `hits` too; one it misses there counts in `misses` once.
+  // Blocks read from the shared tier and checked.
+  uint64_t shared_hits;
+  // Shared-tier reads that found no object.
+  uint64_t shared_misses;
+  // Shared-tier objects that failed a check (damaged, cut short, of another namespace
+  // or key): each a miss.
+  uint64_t shared_integrity_failures;
+  // Shared-tier calls whose caller stopped waiting at `timeout_ms`.
+  uint64_t shared_timeouts;
+  // Shared-tier calls that failed (the backend's error).
+  uint64_t shared_errors;
+  // Objects published to the shared tier.
+  uint64_t shared_puts;
+  // Objects not written: more were waiting than `pending_puts`, or the write failed.
+  uint64_t shared_puts_dropped;
+  // Calls made to the shared tier's backend (existence checks, reads, writes): what a
+  // bucket bills.
+  uint64_t shared_requests;
 } kvx_store_counters;
 
 // A slot handle (1.5): a slot of a store that its owner hands to a process which opened
@@ -514,6 +595,8 @@ typedef struct kvx_api {
   kvx_status (*store_lease)(struct kvx_store*, const struct kvx_key*, size_t, uint64_t*, size_t*);
   // ABI 1.6.
   kvx_status (*store_release)(struct kvx_store*, const uint64_t*, size_t);
+  // ABI 1.7.
+  void (*shared_config_init)(struct kvx_shared_config*);
 } kvx_api;
 
 #define KVX_OK 0
@@ -771,8 +854,15 @@ kvx_status kvx_engine_import(struct kvx_engine *e,
                              size_t *num_layouts);
 
 // Fills `cfg` with `struct_size` and the defaults: `KVX_STORE_CREATE`, one shard, no
-// namespace; `block` and `capacity_blocks` must then be set. NULL is ignored.
+// namespace, no shared tier; `block` and `capacity_blocks` must then be set. NULL is
+// ignored.
 void kvx_store_config_init(struct kvx_store_config *cfg);
+
+// Fills `cfg` with `struct_size` and the defaults (1.7): every field 0 and every string
+// NULL, which mean 16 threads, a 5000 ms bound, written behind, admitted, 1024 pending
+// puts, an unbounded directory; `kind` and its location must then be set. NULL is
+// ignored.
+void kvx_shared_config_init(struct kvx_shared_config *cfg);
 
 // Opens the store in the directory `dir` (UTF-8 or any bytes, NUL-terminated), or makes
 // it there with `KVX_STORE_CREATE`. The process then owns the store until
@@ -780,9 +870,12 @@ void kvx_store_config_init(struct kvx_store_config *cfg);
 // `KVX_ERR_BUSY` naming the owner's pid; `KVX_STORE_DATA_ONLY` (1.5) opens a store
 // another process owns, to move the slots it hands out. A store made with another geometry, capacity,
 // shard count or namespace is `KVX_ERR_INCOMPATIBLE` naming which. The store keeps the
-// engine's memory alive until it is closed (see `kvx_engine_destroy`). `cfg`, `dir` and
-// what they point to are read during the call only. On success `*out` is the store;
-// close it with `kvx_store_close`.
+// engine's memory alive until it is closed (see `kvx_engine_destroy`). With
+// `cfg->shared` (1.7) the store opens over the shared tier it names: a kind, flag or
+// location that is not set or not known is `KVX_ERR_INVALID_ARG` saying which; a shared
+// directory that cannot be made or written `KVX_ERR_IO`; a kind this build lacks
+// `KVX_ERR_UNSUPPORTED`. `cfg`, `dir` and what they point to are read during the call
+// only. On success `*out` is the store; close it with `kvx_store_close`.
 kvx_status kvx_store_open(struct kvx_engine *e,
                           const char *dir,
                           const struct kvx_store_config *cfg,

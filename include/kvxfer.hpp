@@ -217,10 +217,49 @@ class Engine {
 };
 
 // A kvx_store_config with the defaults of kvx_store_config_init (KVX_STORE_CREATE, one
-// shard, no namespace); `block` and `capacity_blocks` must then be set. It is a
-// kvx_store_config (public base), so it goes wherever one is taken.
+// shard, no namespace, no shared tier); `block` and `capacity_blocks` must then be set. It
+// is a kvx_store_config (public base), so it goes wherever one is taken.
 struct store_config : kvx_store_config {
   store_config() noexcept : kvx_store_config() { kvx_store_config_init(this); }
+};
+
+// A kvx_shared_config (1.7) with the defaults of kvx_shared_config_init, for
+// kvx_store_config::shared; made by where its objects live, then tuned by field name:
+//   auto sh = kvx::shared_config::dir("/mnt/shared/kv").set_flags(KVX_SHARED_WRITE_THROUGH);
+//   auto c = kvx::store_config();
+//   c.shared = &sh;
+// Its strings are the caller's (not copied): they must outlive the kvx::Store
+// constructor that opens the store with it. It is a kvx_shared_config (public base).
+struct shared_config : kvx_shared_config {
+  shared_config() noexcept : kvx_shared_config() { kvx_shared_config_init(this); }
+  // A directory many processes (or hosts, over a shared file system) open at once; past
+  // `capacity_bytes` (0: unbounded) writers evict the least recently used objects.
+  static shared_config dir(const char *path, uint64_t capacity_bytes = 0) noexcept {
+    shared_config c;
+    c.kind = KVX_SHARED_DIR;
+    c.path = path;
+    c.capacity_bytes = capacity_bytes;
+    return c;
+  }
+  // An S3-compatible bucket; a null or empty endpoint or region: the AWS_* variables'.
+  static shared_config s3(const char *bucket, const char *prefix = nullptr, const char *endpoint = nullptr,
+                          const char *region = nullptr) noexcept {
+    shared_config c;
+    c.kind = KVX_SHARED_S3;
+    c.bucket = bucket;
+    c.prefix = prefix;
+    c.endpoint = endpoint;
+    c.region = region;
+    return c;
+  }
+  // Backend threads (1 to 256); 0: 16.
+  shared_config &set_threads(uint32_t v) noexcept { threads = v; return *this; }
+  // The longest a lookup or get waits for the tier; 0: 5000 ms.
+  shared_config &set_timeout_ms(uint32_t v) noexcept { timeout_ms = v; return *this; }
+  // KVX_SHARED_WRITE_THROUGH, KVX_SHARED_NO_ADMIT, or 0.
+  shared_config &set_flags(uint32_t v) noexcept { flags = v; return *this; }
+  // Blocks waiting to be written behind, at most; 0: 1024.
+  shared_config &set_pending_puts(uint32_t v) noexcept { pending_puts = v; return *this; }
 };
 
 // Keys viewing `bytes` (each 1 to 64 bytes); they are valid while `bytes` is unchanged.

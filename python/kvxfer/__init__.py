@@ -36,7 +36,7 @@ from .errors import (
     VersionError,
 )
 from .slots import Reservation, SlotHandle
-from .store import Store, StoreRequest, StoreStats
+from .store import SharedTier, Store, StoreRequest, StoreStats
 
 # The crate's version, as the loaded library reports it ("kvxfer 1.4.0 abi 1.4 ...").
 __version__ = _native.lib.kvx_version_string().decode().split()[1]
@@ -52,5 +52,5 @@ __all__ = [
     "Engine", "EngineConfig", "Layout", "LayoutConfig", "Request", "Stats", "version", "library_path",
     "Error", "InvalidArgument", "OutOfRange", "Incompatible", "Unsupported", "NoDevice", "CudaError", "IOError",
     "NoMemory", "Timeout", "Cancelled", "Shutdown", "Busy", "IntegrityError", "VersionError", "InternalError",
-    "RemoteError", "NotFound", "Store", "StoreRequest", "StoreStats", "SlotHandle", "Reservation",
+    "RemoteError", "NotFound", "Store", "StoreRequest", "StoreStats", "SlotHandle", "Reservation", "SharedTier",
 ]

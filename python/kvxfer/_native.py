@@ -31,6 +31,9 @@ XFER_CRITICAL = 1
 # Slot handles (ABI 1.5).
 STORE_DATA_ONLY = 16
 RESERVED_WRITE, RESERVED_HELD, RESERVED_IN_FLIGHT, RESERVED_NO_ROOM = 1, 2, 3, 4
+# The shared tier (ABI 1.7).
+SHARED_DIR, SHARED_S3 = 1, 2
+SHARED_WRITE_THROUGH, SHARED_NO_ADMIT = 1, 2
 
 
 class EngineConfigC(ctypes.Structure):
@@ -99,6 +102,23 @@ class KeyC(ctypes.Structure):
     _fields_ = [("bytes", c_void_p), ("len", c_uint32)]
 
 
+class SharedConfigC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("kind", c_uint32),
+        ("path", c_char_p),
+        ("capacity_bytes", c_uint64),
+        ("endpoint", c_char_p),
+        ("region", c_char_p),
+        ("bucket", c_char_p),
+        ("prefix", c_char_p),
+        ("threads", c_uint32),
+        ("timeout_ms", c_uint32),
+        ("flags", c_uint32),
+        ("pending_puts", c_uint32),
+    ]
+
+
 class StoreConfigC(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -108,6 +128,8 @@ class StoreConfigC(ctypes.Structure):
         ("namespace_bytes", c_void_p),
         ("namespace_len", c_uint32),
         ("shards", c_uint32),
+        # ABI 1.7.
+        ("shared", POINTER(SharedConfigC)),
     ]
 
 
@@ -116,6 +138,9 @@ class StoreCountersC(ctypes.Structure):
         (name, c_uint64)
         for name in (
             "entries", "capacity", "hits", "misses", "evictions", "integrity_failures", "puts", "dedups", "removes", "bytes",
+            # ABI 1.7: the shared tier's (a library before it leaves them 0).
+            "shared_hits", "shared_misses", "shared_integrity_failures", "shared_timeouts", "shared_errors", "shared_puts",
+            "shared_puts_dropped", "shared_requests",
         )
     ]
 
@@ -239,6 +264,9 @@ def _load() -> ctypes.CDLL:
     if minor >= 5:
         protos["kvx_engine_completion_fd"] = (c_uint32, [engine_p, POINTER(c_int32)])
         protos.update(slot_protos)
+    # ABI 1.7: `Store(shared=...)` says so where the library is older.
+    if minor >= 7:
+        protos["kvx_shared_config_init"] = (None, [POINTER(SharedConfigC)])
     for name, (res, args) in protos.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args

@@ -1,6 +1,7 @@
 """The store: KV blocks on disk or tmpfs under the runtime's keys (`kvx_store_*`, ABI
-1.4), as `Store` and the `StoreRequest` its puts and gets return, and the slot handles
-(ABI 1.5) an owner hands to a data-only process. A get never loads
+1.4), as `Store` and the `StoreRequest` its puts and gets return, the slot handles
+(ABI 1.5) an owner hands to a data-only process, and the shared tier under a store
+(`SharedTier`, ABI 1.7). A get never loads
 bytes that were not put under the key asked for: a key loads exactly, or is a miss with
 its reason. Handles follow the engine's rules: any thread may use them and any thread may
 close them, and a request keeps the layout it moves from or into alive until it ends."""
@@ -47,6 +48,105 @@ class StoreStats:
     dedups: int
     removes: int
     bytes: int
+    #: The shared tier's counters (ABI 1.7; all 0 without one). A key a get loads from
+    #: the shared tier counts in `hits` too; one it misses there counts in `misses` once.
+    #: Blocks read from the shared tier and checked.
+    shared_hits: int = 0
+    #: Shared-tier reads that found no object.
+    shared_misses: int = 0
+    #: Shared-tier objects that failed a check (damaged, cut short, of another namespace
+    #: or key): each a miss.
+    shared_integrity_failures: int = 0
+    #: Shared-tier calls whose caller stopped waiting at the tier's `timeout`.
+    shared_timeouts: int = 0
+    #: Shared-tier calls that failed (the backend's error).
+    shared_errors: int = 0
+    #: Objects published to the shared tier.
+    shared_puts: int = 0
+    #: Objects not written: more were waiting than `pending_puts`, or the write failed.
+    shared_puts_dropped: int = 0
+    #: Calls made to the shared tier's backend (existence checks, reads, writes).
+    shared_requests: int = 0
+
+
+@dataclass(frozen=True)
+class SharedTier:
+    """A shared tier under a store (`kvx_shared_config`, ABI 1.7): KV blocks shared by any
+    number of processes on any number of hosts, one object per block, verified on every
+    read. Make one with `SharedTier.dir` or `SharedTier.s3` and open a store over it,
+    `Store(..., shared=tier)`: a get loads what the local store misses from it (a damaged,
+    foreign or late object is a miss), and puts publish to it.
+
+    `write="behind"` (the default): a put's keys report once the local store holds them,
+    and their objects are written after, dropped (counted) past `pending_puts` waiting;
+    `"through"`: once their objects are published too. `timeout` (seconds) bounds how long
+    a lookup or get waits for the tier; past it its keys are misses. `admit=True` also puts
+    a block a get loads from the tier into the local store. `threads` run the backend's
+    calls (1 to 256)."""
+
+    #: "dir" or "s3".
+    kind: str
+    #: "dir": the shared directory (made where missing; this process must be able to
+    #: write in it).
+    path: Union[str, bytes, "os.PathLike[str]"] = ""
+    #: "dir": past this many bytes of objects, writers evict the least recently used;
+    #: 0: unbounded.
+    capacity_bytes: int = 0
+    #: "s3": the bucket, and a prefix for every object's name.
+    bucket: str = ""
+    prefix: str = ""
+    #: "s3": `http(s)://host:port` and the region; "": AWS_ENDPOINT_URL / AWS_REGION,
+    #: AWS_DEFAULT_REGION (else us-east-1). Credentials come from the standard AWS
+    #: environment variables and files.
+    endpoint: str = ""
+    region: str = ""
+    write: str = "behind"
+    timeout: float = 5.0
+    admit: bool = True
+    threads: int = 16
+    pending_puts: int = 1024
+
+    @classmethod
+    def dir(cls, path: Union[str, bytes, "os.PathLike[str]"], capacity_bytes: int = 0, **tuning: Any) -> "SharedTier":
+        """A directory many processes (or hosts, over NFS, Lustre, CephFS) open at once."""
+        return cls("dir", path=path, capacity_bytes=capacity_bytes, **tuning)
+
+    @classmethod
+    def s3(cls, bucket: str, prefix: str = "", endpoint: str = "", region: str = "", **tuning: Any) -> "SharedTier":
+        """An S3-compatible bucket, objects under `prefix`."""
+        return cls("s3", bucket=bucket, prefix=prefix, endpoint=endpoint, region=region, **tuning)
+
+    def _c(self) -> n.SharedConfigC:
+        """The C struct (it keeps the bytes its strings point into alive)."""
+        kinds = {"dir": n.SHARED_DIR, "s3": n.SHARED_S3}
+        if self.kind not in kinds:
+            raise InvalidArgument(f"SharedTier kind={self.kind!r}; make one with SharedTier.dir(path) or SharedTier.s3(bucket)")
+        if self.write not in ("behind", "through"):
+            raise InvalidArgument(f"SharedTier write={self.write!r}; expected 'behind' or 'through'")
+        for name in ("capacity_bytes", "threads", "pending_puts"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > (0xFFFFFFFF if name != "capacity_bytes" else 2**64 - 1):
+                raise InvalidArgument(f"SharedTier {name}={v!r}; expected a non-negative int")
+        if self.threads == 0 or self.pending_puts == 0:
+            raise InvalidArgument("SharedTier threads and pending_puts are at least 1")
+        if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool) or not 0 < self.timeout <= 0xFFFFFFFF / 1000:
+            raise InvalidArgument(f"SharedTier timeout={self.timeout!r}; expected seconds, more than 0")
+        path = os.fsencode(self.path)
+        strings = [getattr(self, f) for f in ("endpoint", "region", "bucket", "prefix")]
+        for name, v in zip(("path", "endpoint", "region", "bucket", "prefix"), [path] + strings):
+            if not isinstance(v, (str, bytes)) or ("\0" if isinstance(v, str) else b"\0") in v:
+                raise InvalidArgument(f"SharedTier {name}={v!r}; expected a str without NUL")
+        c = n.SharedConfigC()
+        n.lib.kvx_shared_config_init(ctypes.byref(c))
+        c.kind = kinds[self.kind]
+        c.path = path
+        c.endpoint, c.region, c.bucket, c.prefix = (v.encode() for v in strings)
+        c.capacity_bytes = self.capacity_bytes
+        c.threads = self.threads
+        c.timeout_ms = max(1, round(self.timeout * 1000))
+        c.flags = (n.SHARED_WRITE_THROUGH if self.write == "through" else 0) | (0 if self.admit else n.SHARED_NO_ADMIT)
+        c.pending_puts = self.pending_puts
+        return c
 
 
 class _Keys:
@@ -123,8 +223,10 @@ class Store:
     with another geometry, capacity, shard count or namespace raises `Incompatible`; a
     store another process (or this one) has open raises `Busy` naming its pid.
     `data_only=True` opens a store another process owns, to move the slots its owner hands
-    out (`read_slots`, `write_slots`); its other calls raise `InvalidArgument`. Close it
-    with `close()` or a `with` block; close it before its engine."""
+    out (`read_slots`, `write_slots`); its other calls raise `InvalidArgument`.
+    `shared=SharedTier.dir(path)` (or `.s3(bucket)`) opens it over a shared tier (ABI 1.7)
+    whose blocks other processes and hosts put and get too; each open may name another,
+    or none. Close it with `close()` or a `with` block; close it before its engine."""
 
     def __init__(
         self,
@@ -139,10 +241,15 @@ class Store:
         verify_on_open: bool = False,
         shards: int = 1,
         data_only: bool = False,
+        shared: Optional[SharedTier] = None,
     ):
         n.need_minor(4, "the store")
         if data_only:
             need_slots()
+        if shared is not None:
+            n.need_minor(7, "a shared tier")
+            if not isinstance(shared, SharedTier):
+                raise InvalidArgument(f"shared is a {type(shared).__name__}; pass a kvxfer.SharedTier")
         if isinstance(namespace, str):
             namespace = namespace.encode()
         if not isinstance(namespace, (bytes, bytearray)):
@@ -171,6 +278,8 @@ class Store:
         c.namespace_bytes = ctypes.cast(ns, ctypes.c_void_p).value if self.namespace else None
         c.namespace_len = min(len(self.namespace), 0xFFFFFFFF)
         c.shards = shards
+        if shared is not None:
+            c.shared = ctypes.pointer(shared._c())
         out = ctypes.c_void_p()
         with engine._gate as eh:
             _check(n.lib.kvx_store_open(eh, os.fsencode(directory), ctypes.byref(c), ctypes.byref(out)))

@@ -273,8 +273,11 @@ def test_store_structs_match_the_library():
     c = n.StoreConfigC()
     n.lib.kvx_store_config_init(ctypes.byref(c))
     assert c.struct_size == ctypes.sizeof(n.StoreConfigC)
-    assert c.flags == n.STORE_CREATE and c.shards == 1
-    assert ctypes.sizeof(n.KeyC) == 16 and ctypes.sizeof(n.StoreCountersC) == 88
+    assert c.flags == n.STORE_CREATE and c.shards == 1 and not c.shared
+    assert ctypes.sizeof(n.KeyC) == 16 and ctypes.sizeof(n.StoreCountersC) == 152
+    sc = n.SharedConfigC()
+    n.lib.kvx_shared_config_init(ctypes.byref(sc))
+    assert sc.struct_size == ctypes.sizeof(n.SharedConfigC) == 72 and sc.kind == 0 and sc.flags == 0
 
 
 def test_results_of_a_request_every_key_of_which_succeeded_ask_no_key(engine, tmp_path, monkeypatch):
@@ -508,3 +511,54 @@ def test_an_owner_and_a_data_only_process_move_blocks_through_handles_sent_as_by
     expect = np.random.default_rng(21).integers(0, 255, size=cfg.num_blocks * cfg.block_bytes, dtype=np.uint8)
     for i in range(3):
         assert block(b, cfg, i) == expect[i * cfg.block_bytes : (i + 1) * cfg.block_bytes].tobytes(), f"w{i}: other bytes"
+
+
+def test_two_stores_over_one_shared_directory_load_each_others_blocks_bit_exact(engine, tmp_path):
+    cfg = geometry(blocks=8)
+    src, a = host_pool(engine, cfg, 21)
+    dst, b = host_pool(engine, cfg, 22)
+    tier = kvxfer.SharedTier.dir(tmp_path / "shared", write="through", timeout=30.0)
+    ns = b"model bf16 tp0/1"
+    with kvxfer.Store(engine, tmp_path / "a", cfg, 16, namespace=ns, shared=tier) as one:
+        with kvxfer.Store(engine, tmp_path / "b", cfg, 16, namespace=ns, shared=tier) as other:
+            one.put(src, [1, 3, 5, 7], KEYS).wait()
+            st = one.stats()
+            assert (st.puts, st.shared_puts, st.shared_puts_dropped) == (4, 4, 0), st
+            # The other store never held them: its lookup and get find them in the tier.
+            assert other.lookup(KEYS) == ([True] * 4, 4)
+            other.get(KEYS, dst, [6, 4, 2, 0]).wait()
+            for i, (sb, db) in enumerate(zip([1, 3, 5, 7], [6, 4, 2, 0])):
+                assert block(b, cfg, db) == block(a, cfg, sb), f"key {i}: other bytes"
+            st = other.stats()
+            assert (st.hits, st.misses, st.shared_hits, st.shared_integrity_failures, st.shared_errors) == (4, 0, 4, 0, 0), st
+            assert st.shared_requests >= 4 and st.shared_timeouts == 0
+    # Without a shared tier a store has none: all its shared counters are 0.
+    with kvxfer.Store(engine, tmp_path / "c", cfg, 16, namespace=ns) as alone:
+        assert isinstance(alone.get(KEYS[:1], dst, [0]).results()[0], kvxfer.NotFound)
+        st = alone.stats()
+        assert all(getattr(st, f) == 0 for f in st.__dataclass_fields__ if f.startswith("shared_")), st
+
+
+def test_a_bad_shared_tier_raises_with_the_reason(engine, tmp_path):
+    cfg = geometry(blocks=4)
+    bad = (
+        (kvxfer.SharedTier.dir(""), "path is empty"),
+        (kvxfer.SharedTier("nfs", path=str(tmp_path)), "kind='nfs'"),
+        (kvxfer.SharedTier.dir(tmp_path / "shared", write="sideways"), "'behind' or 'through'"),
+        (kvxfer.SharedTier.dir(tmp_path / "shared", timeout=0), "timeout=0"),
+        (kvxfer.SharedTier.dir(tmp_path / "shared", threads=257), "threads is 257"),
+        (kvxfer.SharedTier.s3(""), "bucket is empty"),
+        (kvxfer.SharedTier.dir("a\0b"), "without NUL"),
+        (str(tmp_path / "shared"), "pass a kvxfer.SharedTier"),
+    )
+    for tier, match in bad:
+        with pytest.raises(kvxfer.InvalidArgument, match=match):
+            kvxfer.Store(engine, tmp_path / "s", cfg, 4, shared=tier)
+    with pytest.raises(kvxfer.InvalidArgument, match="DATA_ONLY"):
+        kvxfer.Store(engine, tmp_path / "s", cfg, 4, data_only=True, shared=kvxfer.SharedTier.dir(tmp_path / "shared"))
+
+
+def test_a_shared_tier_on_a_library_before_it_says_so(engine, tmp_path, monkeypatch):
+    monkeypatch.setattr(n.lib, "kvx_abi_version", lambda: (1 << 16) | 6)
+    with pytest.raises(kvxfer.Unsupported, match=r"a shared tier \(ABI 1.7\)"):
+        kvxfer.Store(engine, tmp_path / "s", geometry(blocks=4), 4, shared=kvxfer.SharedTier.dir(tmp_path / "shared"))

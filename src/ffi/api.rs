@@ -186,6 +186,8 @@ pub struct kvx_api {
     pub store_lease: unsafe extern "C" fn(*mut kvx_store, *const kvx_key, usize, *mut u64, *mut usize) -> kvx_status,
     /// ABI 1.6.
     pub store_release: unsafe extern "C" fn(*mut kvx_store, *const u64, usize) -> kvx_status,
+    /// ABI 1.7.
+    pub shared_config_init: unsafe extern "C" fn(*mut kvx_shared_config),
 }
 
 static API: kvx_api = kvx_api {
@@ -248,6 +250,7 @@ static API: kvx_api = kvx_api {
     store_write_slots: kvx_store_write_slots,
     store_lease: kvx_store_lease,
     store_release: kvx_store_release,
+    shared_config_init: kvx_shared_config_init,
 };
 
 /// The function table for ABI major `abi_major`, or NULL for any other major (the caller

@@ -11,10 +11,11 @@ use super::types::*;
 use crate::engine::{Engine, TransferOptions};
 use crate::error::{bail, Error, Result, Status};
 use crate::layout::LayoutConfig;
+use crate::shared::{Location, S3Location, SharedConfig, WriteMode};
 use crate::store::{Lease, Store, StoreConfig, StoreFlags, StoreRequest, MAX_KEY_BYTES};
 use std::ffi::{c_char, CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -71,7 +72,7 @@ impl StoreCall {
 
 impl Versioned for kvx_store_config {
     const NAME: &'static str = "kvx_store_config";
-    const V1_SIZE: usize = std::mem::size_of::<kvx_store_config>();
+    const V1_SIZE: usize = std::mem::offset_of!(kvx_store_config, shared);
     fn defaults() -> Self {
         kvx_store_config {
             struct_size: std::mem::size_of::<kvx_store_config>() as u32,
@@ -81,13 +82,35 @@ impl Versioned for kvx_store_config {
             namespace_bytes: std::ptr::null(),
             namespace_len: 0,
             shards: 1,
+            shared: std::ptr::null(),
+        }
+    }
+}
+
+impl Versioned for kvx_shared_config {
+    const NAME: &'static str = "kvx_shared_config";
+    const V1_SIZE: usize = std::mem::size_of::<kvx_shared_config>();
+    fn defaults() -> Self {
+        kvx_shared_config {
+            struct_size: std::mem::size_of::<kvx_shared_config>() as u32,
+            kind: 0,
+            path: std::ptr::null(),
+            capacity_bytes: 0,
+            endpoint: std::ptr::null(),
+            region: std::ptr::null(),
+            bucket: std::ptr::null(),
+            prefix: std::ptr::null(),
+            threads: 0,
+            timeout_ms: 0,
+            flags: 0,
+            pending_puts: 0,
         }
     }
 }
 
 impl Versioned for kvx_store_counters {
     const NAME: &'static str = "kvx_store_counters";
-    const V1_SIZE: usize = std::mem::size_of::<kvx_store_counters>();
+    const V1_SIZE: usize = std::mem::offset_of!(kvx_store_counters, shared_hits);
     fn defaults() -> Self {
         kvx_store_counters {
             struct_size: std::mem::size_of::<kvx_store_counters>() as u32,
@@ -101,6 +124,14 @@ impl Versioned for kvx_store_counters {
             dedups: 0,
             removes: 0,
             bytes: 0,
+            shared_hits: 0,
+            shared_misses: 0,
+            shared_integrity_failures: 0,
+            shared_timeouts: 0,
+            shared_errors: 0,
+            shared_puts: 0,
+            shared_puts_dropped: 0,
+            shared_requests: 0,
         }
     }
 }
@@ -128,10 +159,65 @@ fn store_flags(bits: u32) -> Result<StoreFlags> {
     Ok(flags)
 }
 
+/// The bytes of an optional C string: NULL is empty.
+///
+/// # Safety
+/// A non-NULL `p` must point to a NUL-terminated string.
+unsafe fn c_bytes<'a>(p: *const c_char) -> &'a [u8] {
+    if p.is_null() {
+        &[]
+    } else {
+        CStr::from_ptr(p).to_bytes()
+    }
+}
+
+/// An optional C string that must be UTF-8 (a URL, a region, a bucket, a prefix).
+///
+/// # Safety
+/// As `c_bytes`.
+unsafe fn c_text(p: *const c_char, name: &str) -> Result<String> {
+    match std::str::from_utf8(c_bytes(p)) {
+        Ok(s) => Ok(s.to_string()),
+        Err(e) => bail!(InvalidArg, "kvx_shared_config.{name} is not UTF-8 ({e}); pass it as UTF-8"),
+    }
+}
+
+const SHARED_FLAGS: u32 = KVX_SHARED_WRITE_THROUGH | KVX_SHARED_NO_ADMIT;
+
+/// A caller's shared tier config, its kind, flags and strings checked (the rest is the
+/// tier's, at open).
+///
+/// # Safety
+/// As `read_versioned`; its strings as their fields say.
+unsafe fn shared_config(p: *const kvx_shared_config) -> Result<SharedConfig> {
+    let c = read_versioned(p)?;
+    let location = match c.kind {
+        KVX_SHARED_DIR => Location::Dir { path: PathBuf::from(OsStr::from_bytes(c_bytes(c.path))), capacity_bytes: c.capacity_bytes },
+        KVX_SHARED_S3 => Location::S3(S3Location {
+            endpoint: c_text(c.endpoint, "endpoint")?,
+            region: c_text(c.region, "region")?,
+            bucket: c_text(c.bucket, "bucket")?,
+            prefix: c_text(c.prefix, "prefix")?,
+        }),
+        k => bail!(InvalidArg, "kvx_shared_config.kind is {k}; set it to KVX_SHARED_DIR (1) or KVX_SHARED_S3 (2)"),
+    };
+    if c.flags & !SHARED_FLAGS != 0 {
+        bail!(InvalidArg, "unknown kvx_shared_config.flags {:#x}; known: KVX_SHARED_WRITE_THROUGH|NO_ADMIT", c.flags & !SHARED_FLAGS);
+    }
+    Ok(SharedConfig {
+        threads: c.threads,
+        timeout: Duration::from_millis(c.timeout_ms as u64),
+        write: if c.flags & KVX_SHARED_WRITE_THROUGH != 0 { WriteMode::Through } else { WriteMode::Behind },
+        admit: c.flags & KVX_SHARED_NO_ADMIT == 0,
+        pending_puts: c.pending_puts,
+        ..SharedConfig::new(location)
+    })
+}
+
 /// A caller's store config, every pointer and code checked (the rest is `Store::open`'s).
 ///
 /// # Safety
-/// As `read_versioned`; `block` and `namespace_bytes` as their fields say.
+/// As `read_versioned`; `block`, `namespace_bytes` and `shared` as their fields say.
 unsafe fn store_config(cfg: *const kvx_store_config) -> Result<StoreConfig> {
     let c = read_versioned(cfg)?;
     let b = read_versioned(c.block).map_err(|e| Error::new(e.status, format!("kvx_store_config.block: {}", e.message)))?;
@@ -150,7 +236,10 @@ unsafe fn store_config(cfg: *const kvx_store_config) -> Result<StoreConfig> {
         namespace: ns.to_vec(),
         flags: store_flags(c.flags)?,
         shards: c.shards,
-        shared: None,
+        shared: match c.shared.is_null() {
+            true => None,
+            false => Some(shared_config(c.shared).map_err(|e| Error::new(e.status, format!("kvx_store_config.shared: {}", e.message)))?),
+        },
     })
 }
 
@@ -203,11 +292,23 @@ pub(super) fn publish(out: Out<*mut kvx_store_request>, req: Arc<StoreRequest>) 
 }
 
 /// Fills `cfg` with `struct_size` and the defaults: `KVX_STORE_CREATE`, one shard, no
-/// namespace; `block` and `capacity_blocks` must then be set. NULL is ignored.
+/// namespace, no shared tier; `block` and `capacity_blocks` must then be set. NULL is
+/// ignored.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_store_config_init(cfg: *mut kvx_store_config) {
     if !cfg.is_null() {
         cfg.write(kvx_store_config::defaults());
+    }
+}
+
+/// Fills `cfg` with `struct_size` and the defaults (1.7): every field 0 and every string
+/// NULL, which mean 16 threads, a 5000 ms bound, written behind, admitted, 1024 pending
+/// puts, an unbounded directory; `kind` and its location must then be set. NULL is
+/// ignored.
+#[no_mangle]
+pub unsafe extern "C" fn kvx_shared_config_init(cfg: *mut kvx_shared_config) {
+    if !cfg.is_null() {
+        cfg.write(kvx_shared_config::defaults());
     }
 }
 
@@ -217,9 +318,12 @@ pub unsafe extern "C" fn kvx_store_config_init(cfg: *mut kvx_store_config) {
 /// `KVX_ERR_BUSY` naming the owner's pid; `KVX_STORE_DATA_ONLY` (1.5) opens a store
 /// another process owns, to move the slots it hands out. A store made with another geometry, capacity,
 /// shard count or namespace is `KVX_ERR_INCOMPATIBLE` naming which. The store keeps the
-/// engine's memory alive until it is closed (see `kvx_engine_destroy`). `cfg`, `dir` and
-/// what they point to are read during the call only. On success `*out` is the store;
-/// close it with `kvx_store_close`.
+/// engine's memory alive until it is closed (see `kvx_engine_destroy`). With
+/// `cfg->shared` (1.7) the store opens over the shared tier it names: a kind, flag or
+/// location that is not set or not known is `KVX_ERR_INVALID_ARG` saying which; a shared
+/// directory that cannot be made or written `KVX_ERR_IO`; a kind this build lacks
+/// `KVX_ERR_UNSUPPORTED`. `cfg`, `dir` and what they point to are read during the call
+/// only. On success `*out` is the store; close it with `kvx_store_close`.
 #[no_mangle]
 pub unsafe extern "C" fn kvx_store_open(
     e: *mut kvx_engine,
@@ -455,6 +559,14 @@ pub unsafe extern "C" fn kvx_store_stats(s: *mut kvx_store, out: *mut kvx_store_
                 dedups: st.dedups,
                 removes: st.removes,
                 bytes: st.bytes,
+                shared_hits: st.shared.hits,
+                shared_misses: st.shared.misses,
+                shared_integrity_failures: st.shared.integrity_failures,
+                shared_timeouts: st.shared.timeouts,
+                shared_errors: st.shared.errors,
+                shared_puts: st.shared.puts,
+                shared_puts_dropped: st.shared.puts_dropped,
+                shared_requests: st.shared.requests,
             },
         )
     })
@@ -586,6 +698,97 @@ mod tests {
         let err = store_flags(all | 32).unwrap_err();
         assert_eq!(err.status, Status::InvalidArg);
         assert!(err.message.contains("0x20"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_shared_config_maps_every_field_and_defaults_to_none() {
+        let s3 = unsafe {
+            shared_config(&kvx_shared_config {
+                kind: KVX_SHARED_S3,
+                endpoint: c"http://127.0.0.1:9000".as_ptr(),
+                region: c"eu-west-3".as_ptr(),
+                bucket: c"kv".as_ptr(),
+                prefix: c"model-a/".as_ptr(),
+                path: c"ignored for S3".as_ptr(),
+                threads: 4,
+                timeout_ms: 250,
+                flags: KVX_SHARED_WRITE_THROUGH | KVX_SHARED_NO_ADMIT,
+                pending_puts: 7,
+                ..kvx_shared_config::defaults()
+            })
+        }
+        .unwrap();
+        let want = S3Location {
+            endpoint: "http://127.0.0.1:9000".into(),
+            region: "eu-west-3".into(),
+            bucket: "kv".into(),
+            prefix: "model-a/".into(),
+        };
+        assert_eq!(s3.location, Location::S3(want));
+        assert_eq!(
+            (s3.threads, s3.timeout, s3.write, s3.admit, s3.pending_puts),
+            (4, Duration::from_millis(250), WriteMode::Through, false, 7)
+        );
+
+        // NULL strings are empty: the documented defaults (AWS_* variables) apply.
+        let bare = unsafe { shared_config(&kvx_shared_config { kind: KVX_SHARED_S3, ..kvx_shared_config::defaults() }) }.unwrap();
+        assert_eq!(bare.location, Location::S3(S3Location::default()));
+
+        let path = c"/mnt/kv\xff-shared";
+        let dir = unsafe {
+            shared_config(&kvx_shared_config {
+                kind: KVX_SHARED_DIR,
+                path: path.as_ptr(),
+                capacity_bytes: 1 << 30,
+                ..kvx_shared_config::defaults()
+            })
+        }
+        .unwrap();
+        let want = PathBuf::from(OsStr::from_bytes(path.to_bytes()));
+        assert_eq!(dir.location, Location::Dir { path: want, capacity_bytes: 1 << 30 });
+        // Flags 0 and the zeros of the init: written behind, admitted, the tier's defaults.
+        assert_eq!((dir.threads, dir.timeout, dir.write, dir.admit, dir.pending_puts), (0, Duration::ZERO, WriteMode::Behind, true, 0));
+
+        // A store config without `shared` (NULL, or a 1.4-sized struct) has no shared tier.
+        let block = kvx_layout_config {
+            struct_size: std::mem::size_of::<kvx_layout_config>() as u32,
+            kind: 0,
+            num_blocks: 0,
+            num_layers: 1,
+            outer_dim: 1,
+            page_size: 1,
+            inner_dim: 8,
+            dtype_bytes: 2,
+        };
+        let mut old = kvx_store_config { block: &block, capacity_blocks: 4, shared: std::ptr::dangling(), ..kvx_store_config::defaults() };
+        old.struct_size = kvx_store_config::V1_SIZE as u32; // the dangling `shared` lies past it: never read
+        assert!(unsafe { store_config(&old) }.unwrap().shared.is_none());
+        let with = kvx_shared_config { kind: KVX_SHARED_DIR, path: c"/mnt/kv".as_ptr(), ..kvx_shared_config::defaults() };
+        let new = kvx_store_config { block: &block, capacity_blocks: 4, shared: &with, ..kvx_store_config::defaults() };
+        assert!(matches!(unsafe { store_config(&new) }.unwrap().shared, Some(SharedConfig { location: Location::Dir { .. }, .. })));
+    }
+
+    #[test]
+    fn a_shared_config_without_a_known_kind_or_with_unknown_flags_is_refused() {
+        for kind in [0, 3] {
+            let c = kvx_shared_config { kind, path: c"/mnt/kv".as_ptr(), ..kvx_shared_config::defaults() };
+            let err = unsafe { shared_config(&c) }.unwrap_err();
+            assert_eq!(err.status, Status::InvalidArg);
+            assert!(err.message.contains(&format!("kind is {kind}")) && err.message.contains("KVX_SHARED_DIR"), "{}", err.message);
+        }
+        let c = kvx_shared_config {
+            kind: KVX_SHARED_DIR,
+            path: c"/mnt/kv".as_ptr(),
+            flags: 4 | KVX_SHARED_NO_ADMIT,
+            ..kvx_shared_config::defaults()
+        };
+        let err = unsafe { shared_config(&c) }.unwrap_err();
+        assert_eq!(err.status, Status::InvalidArg);
+        assert!(err.message.contains("0x4") && err.message.contains("WRITE_THROUGH|NO_ADMIT"), "{}", err.message);
+        let bad = [b'k', 0xff, 0];
+        let c = kvx_shared_config { kind: KVX_SHARED_S3, bucket: bad.as_ptr() as *const c_char, ..kvx_shared_config::defaults() };
+        let err = unsafe { shared_config(&c) }.unwrap_err();
+        assert!(err.message.contains("bucket is not UTF-8"), "{}", err.message);
     }
 
     #[test]

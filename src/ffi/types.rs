@@ -52,7 +52,9 @@ pub const KVX_ABI_MAJOR: u32 = 1;
 /// `KVX_STORE_DATA_ONLY`, `KVX_RESERVED_*`, `kvx_store_lease_slots`, `_reserve_slots`,
 /// `_commit_slots`, `_abort_slots`, `_read_slots`, `_write_slots`.
 /// 1.6: lease tokens: `kvx_store_lease`, `kvx_store_release`.
-pub const KVX_ABI_MINOR: u32 = 6;
+/// 1.7: the shared tier: `kvx_shared_config`, `kvx_shared_config_init`, `KVX_SHARED_*`,
+/// `kvx_store_config.shared`, the `shared_*` counters of `kvx_store_counters`.
+pub const KVX_ABI_MINOR: u32 = 7;
 
 /// `kvx_engine_config.device`: GPU 0 when a CUDA driver and device exist, else emulated.
 pub const KVX_DEVICE_AUTO: i32 = -2;
@@ -153,6 +155,20 @@ pub const KVX_RESERVED_IN_FLIGHT: u32 = 3;
 /// `kvx_store_reserve_slots` (1.5): full, and every entry is held; the key fails alone
 /// (as `KVX_ERR_BUSY` for a put).
 pub const KVX_RESERVED_NO_ROOM: u32 = 4;
+
+/// `kvx_shared_config.kind` (1.7): a directory many processes open at once (on one host,
+/// or on many over NFS, Lustre or CephFS), named by `path`.
+pub const KVX_SHARED_DIR: u32 = 1;
+/// `kvx_shared_config.kind` (1.7): an S3-compatible bucket, named by `endpoint`, `region`,
+/// `bucket` and `prefix`.
+pub const KVX_SHARED_S3: u32 = 2;
+/// `kvx_shared_config.flags` (1.7): a put's keys report once their objects are published
+/// in the shared tier too (write-through). Without it a put's keys report once the local
+/// store holds them, and their objects are written after (written behind).
+pub const KVX_SHARED_WRITE_THROUGH: u32 = 1;
+/// `kvx_shared_config.flags` (1.7): a block a get loads from the shared tier is not also
+/// put into the local store (by default it is).
+pub const KVX_SHARED_NO_ADMIT: u32 = 2;
 
 /// An engine: its threads, bounce ring and device. Create with `kvx_engine_create`,
 /// free with `kvx_engine_destroy`.
@@ -327,6 +343,50 @@ pub struct kvx_store_config {
     pub namespace_len: u32,
     /// Data files the blocks are spread over (1 to `capacity_blocks`); 1 by default.
     pub shards: u32,
+    /// ABI 1.7. A shared tier under the store: what the local store misses, a get loads
+    /// from it, and puts publish to it. NULL (the default): none. Not fixed when the store
+    /// is made: each open may name another, or none. The caller's; read during
+    /// `kvx_store_open` only. Refused with `KVX_STORE_DATA_ONLY`.
+    pub shared: *const kvx_shared_config,
+}
+
+/// A shared tier under a store (1.7): KV blocks shared by any number of processes on any
+/// number of hosts, one object per block, verified on every read. Fill it with
+/// `kvx_shared_config_init`, then set `kind` and its location. Every string is the
+/// caller's, NUL-terminated, and read during `kvx_store_open` only.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct kvx_shared_config {
+    pub struct_size: u32,
+    /// `KVX_SHARED_DIR` or `KVX_SHARED_S3`; 0 after `kvx_shared_config_init`: must be set.
+    pub kind: u32,
+    /// `KVX_SHARED_DIR`: the shared directory (any bytes); made where missing, and this
+    /// process must be able to write in it. Must be set.
+    pub path: *const c_char,
+    /// `KVX_SHARED_DIR`: past this many bytes of objects, writers evict the least recently
+    /// used ones; 0 (the default): unbounded.
+    pub capacity_bytes: u64,
+    /// `KVX_SHARED_S3`: `http(s)://host:port`; NULL or "": `AWS_ENDPOINT_URL`, else AWS's
+    /// own endpoint for the region.
+    pub endpoint: *const c_char,
+    /// `KVX_SHARED_S3`: NULL or "": `AWS_REGION`, else `AWS_DEFAULT_REGION`, else
+    /// `us-east-1`.
+    pub region: *const c_char,
+    /// `KVX_SHARED_S3`: the bucket; must be set. Credentials come from the standard AWS
+    /// environment variables and files, never from here.
+    pub bucket: *const c_char,
+    /// `KVX_SHARED_S3`: prepended to every object's name; NULL or "": none.
+    pub prefix: *const c_char,
+    /// Threads that run the backend's calls (1 to 256); 0 (the default): 16.
+    pub threads: u32,
+    /// The longest a lookup or get waits for the shared tier, in milliseconds; past it,
+    /// its keys are misses (counted in `shared_timeouts`). 0 (the default): 5000.
+    pub timeout_ms: u32,
+    /// `KVX_SHARED_WRITE_THROUGH`, `KVX_SHARED_NO_ADMIT`, or 0 (written behind, admitted).
+    pub flags: u32,
+    /// Blocks waiting to be written behind, at most; past it, a put's objects are dropped
+    /// (counted in `shared_puts_dropped`). 0 (the default): 1024.
+    pub pending_puts: u32,
 }
 
 /// What a store holds and has done since it was opened (1.4).
@@ -352,6 +412,26 @@ pub struct kvx_store_counters {
     pub removes: u64,
     /// Bytes of the blocks held (`entries` × block bytes).
     pub bytes: u64,
+    /// ABI 1.7: the shared tier's counters (all 0 without one). A key a get loads from
+    /// the shared tier counts in `hits` too; one it misses there counts in `misses` once.
+    /// Blocks read from the shared tier and checked.
+    pub shared_hits: u64,
+    /// Shared-tier reads that found no object.
+    pub shared_misses: u64,
+    /// Shared-tier objects that failed a check (damaged, cut short, of another namespace
+    /// or key): each a miss.
+    pub shared_integrity_failures: u64,
+    /// Shared-tier calls whose caller stopped waiting at `timeout_ms`.
+    pub shared_timeouts: u64,
+    /// Shared-tier calls that failed (the backend's error).
+    pub shared_errors: u64,
+    /// Objects published to the shared tier.
+    pub shared_puts: u64,
+    /// Objects not written: more were waiting than `pending_puts`, or the write failed.
+    pub shared_puts_dropped: u64,
+    /// Calls made to the shared tier's backend (existence checks, reads, writes): what a
+    /// bucket bills.
+    pub shared_requests: u64,
 }
 
 /// A slot handle (1.5): a slot of a store that its owner hands to a process which opened

@@ -26,6 +26,7 @@ int main(void) {
   CHECK_kvx_store_config();
   CHECK_kvx_store_counters();
   CHECK_kvx_slot_handle();
+  CHECK_kvx_shared_config();
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
 }

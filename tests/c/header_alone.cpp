@@ -21,6 +21,9 @@ static kvx_layout_config positional() { return kvx::layout_config(KVX_LAYOUT_FUL
   const kvx_layout_config block = kvx::layout_config();
   c.block = &block;
   c.capacity_blocks = 4;
+  const kvx::shared_config dir = kvx::shared_config::dir("shared", 1 << 30).set_flags(KVX_SHARED_WRITE_THROUGH).set_threads(4);
+  const kvx::shared_config s3 = kvx::shared_config::s3("bucket", "prefix").set_timeout_ms(100).set_pending_puts(8);
+  c.shared = block.num_blocks ? &s3 : &dir;
   kvx::Store s(e, "dir", c);
   const std::vector<std::string> bytes = {"a", "b"};
   const std::vector<kvx_key> keys = kvx::keys_of(bytes);
@@ -33,6 +36,7 @@ static kvx_layout_config positional() { return kvx::layout_config(KVX_LAYOUT_FUL
   std::string why = got.key_error(0) + got.error();
   std::vector<kvx_status> removed = s.remove(keys);
   kvx_store_counters k = s.stats();
+  k.shared_hits += k.shared_requests;
   k.entries += found.leading_hits + found.present.size() + (uint64_t)polled + (uint64_t)waited + (uint64_t)first + why.size() +
                removed.size() + (s.get() != nullptr) + (got.get() != nullptr);
   k.entries += (uint64_t)e.completion_fd();

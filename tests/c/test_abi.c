@@ -3,12 +3,14 @@
  * non-empty kvx_last_error() and untouched outputs. Built with -Wall -Wextra -Werror. */
 #include "kvxfer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <unistd.h>
 
 static int failures = 0;
@@ -595,6 +597,171 @@ static void store_bad_calls(kvx_engine *e, const char *dir) {
 /* Slot handles (1.5): the owner reserves slots that a data-only open writes and the owner
  * commits; leases slots that the data-only open reads back byte for byte; handles copied as
  * plain bytes. Then bad calls: each its status, outputs untouched. */
+/* Removes a directory and everything under it (a shared tier's directory). */
+static void remove_tree(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d != NULL) {
+    struct dirent *ent;
+    char p[1024];
+    while ((ent = readdir(d)) != NULL) {
+      if (strcmp(ent->d_name, ".") == 0 || strcmp(ent->d_name, "..") == 0) continue;
+      snprintf(p, sizeof p, "%s/%s", dir, ent->d_name);
+      if (unlink(p) != 0) remove_tree(p);
+    }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+static kvx_store_counters store_counters(kvx_store *st) {
+  kvx_store_counters c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  OK(kvx_store_stats(st, &c));
+  return c;
+}
+
+/* The shared tier (1.7): two stores over one shared directory. Four blocks put into one,
+ * written through, load bit-exact into the other, which never held them; each side's
+ * counters say so. A 1.4-sized kvx_store_config still opens (its `shared` is never read),
+ * and bad shared configs are refused with the reason. */
+static void store_shared_tier(kvx_engine *e, const char *dir) {
+  char shared[512], adir[512], bdir[512], cdir[512];
+  snprintf(shared, sizeof shared, "%s/kvx-c-shared-%d", dir, (int)getpid());
+  snprintf(adir, sizeof adir, "%s/kvx-c-shared-a-%d", dir, (int)getpid());
+  snprintf(bdir, sizeof bdir, "%s/kvx-c-shared-b-%d", dir, (int)getpid());
+  snprintf(cdir, sizeof cdir, "%s/kvx-c-shared-c-%d", dir, (int)getpid());
+  remove_tree(shared);
+  remove_store_dir(adir);
+  remove_store_dir(bdir);
+  remove_store_dir(cdir);
+
+  kvx_shared_config sh;
+  memset(&sh, 0x5a, sizeof sh);
+  kvx_shared_config_init(&sh);
+  EXPECT(sh.struct_size == sizeof sh && sh.kind == 0 && sh.path == NULL && sh.capacity_bytes == 0 && sh.endpoint == NULL &&
+             sh.region == NULL && sh.bucket == NULL && sh.prefix == NULL && sh.threads == 0 && sh.timeout_ms == 0 &&
+             sh.flags == 0 && sh.pending_puts == 0,
+         "kvx_shared_config_init defaults");
+  kvx_store_config_init(NULL);
+  kvx_shared_config_init(NULL);
+  EXPECT(kvx_get_api(KVX_ABI_MAJOR)->shared_config_init == kvx_shared_config_init, "table entry for 1.7");
+  sh.kind = KVX_SHARED_DIR;
+  sh.path = shared;
+  sh.flags = KVX_SHARED_WRITE_THROUGH;
+
+  kvx_layout_config block = geometry(8);
+  kvx_store_config sc;
+  kvx_store_config_init(&sc);
+  EXPECT(sc.shared == NULL, "kvx_store_config_init: no shared tier");
+  const char ns[] = "c-test shared model bf16";
+  sc.block = &block;
+  sc.capacity_blocks = 16;
+  sc.namespace_bytes = (const uint8_t *)ns;
+  sc.namespace_len = (uint32_t)strlen(ns);
+  sc.shared = &sh;
+  kvx_store *a = NULL, *b = NULL;
+  OK(kvx_store_open(e, adir, &sc, &a));
+  OK(kvx_store_open(e, bdir, &sc, &b));
+
+  kvx_layout *src = NULL, *dst = NULL;
+  OK(kvx_layout_create_host(e, &block, 0, &src));
+  OK(kvx_layout_create_host(e, &block, 0, &dst));
+  uint64_t block_bytes = 0, sa = 0, da = 0;
+  OK(kvx_layout_block_bytes(src, &block_bytes));
+  OK(kvx_layout_base(src, 0, &sa));
+  OK(kvx_layout_base(dst, 0, &da));
+  unsigned char *sp = (unsigned char *)(uintptr_t)sa, *dp = (unsigned char *)(uintptr_t)da;
+  for (uint64_t i = 0; i < 8 * block_bytes; i++) sp[i] = (unsigned char)(i * 29 + 3);
+  memset(dp, 0, 8 * block_bytes);
+  char kb[4][16];
+  kvx_key keys[4];
+  make_keys(kb, keys);
+  uint64_t src_ids[4] = {0, 2, 4, 6}, dst_ids[4] = {7, 5, 3, 1};
+
+  kvx_store_request *r = NULL;
+  OK(kvx_store_put(a, src, src_ids, keys, 4, NULL, &r));
+  OK(kvx_store_request_wait(r, UINT64_MAX));
+  kvx_store_request_release(r);
+  kvx_store_counters ca = store_counters(a);
+  EXPECT(ca.puts == 4 && ca.shared_puts == 4 && ca.shared_puts_dropped == 0 && ca.shared_requests >= 4,
+         "written through: puts %llu, shared_puts %llu, dropped %llu, requests %llu", (unsigned long long)ca.puts,
+         (unsigned long long)ca.shared_puts, (unsigned long long)ca.shared_puts_dropped, (unsigned long long)ca.shared_requests);
+
+  OK(kvx_store_get(b, keys, 4, dst, dst_ids, NULL, &r));
+  OK(kvx_store_request_wait(r, UINT64_MAX));
+  kvx_store_request_release(r);
+  for (int i = 0; i < 4; i++) {
+    EXPECT(memcmp(sp + src_ids[i] * block_bytes, dp + dst_ids[i] * block_bytes, block_bytes) == 0,
+           "key %d: the other store loaded other bytes", i);
+  }
+  kvx_store_counters cb = store_counters(b);
+  EXPECT(cb.hits == 4 && cb.misses == 0 && cb.shared_hits == 4 && cb.shared_misses == 0 && cb.shared_integrity_failures == 0 &&
+             cb.shared_timeouts == 0 && cb.shared_errors == 0 && cb.shared_requests >= 4,
+         "loaded from the shared tier: hits %llu, shared_hits %llu, shared_misses %llu, errors %llu, requests %llu",
+         (unsigned long long)cb.hits, (unsigned long long)cb.shared_hits, (unsigned long long)cb.shared_misses,
+         (unsigned long long)cb.shared_errors, (unsigned long long)cb.shared_requests);
+  /* A caller of 1.4 passes a smaller counters struct: only its fields are written. */
+  kvx_store_counters old_c;
+  memset(&old_c, 0x77, sizeof old_c);
+  old_c.struct_size = offsetof(kvx_store_counters, shared_hits);
+  OK(kvx_store_stats(b, &old_c));
+  EXPECT(old_c.struct_size == offsetof(kvx_store_counters, shared_hits) && old_c.hits == 4 &&
+             old_c.shared_hits == 0x7777777777777777ULL,
+         "a 1.4-sized kvx_store_counters: size %u, hits %llu", old_c.struct_size, (unsigned long long)old_c.hits);
+
+  /* A 1.4-sized config: `shared` lies past its struct_size, so it is not read (here it
+   * points nowhere) and the store has no shared tier: the keys are misses. */
+  kvx_store_config old = sc;
+  old.struct_size = offsetof(kvx_store_config, shared);
+  old.shared = (const kvx_shared_config *)(uintptr_t)0x1;
+  kvx_store *c = NULL;
+  OK(kvx_store_open(e, cdir, &old, &c));
+  OK(kvx_store_get(c, keys, 4, dst, dst_ids, NULL, &r));
+  expect_fail(kvx_store_request_wait(r, UINT64_MAX), KVX_ERR_NOT_FOUND, "get from a store opened without a shared tier");
+  kvx_store_request_release(r);
+  EXPECT(store_counters(c).shared_requests == 0, "a store without a shared tier made shared-tier calls");
+  kvx_store_close(c);
+
+  /* Bad shared configs: each refused with its reason, nothing opened. */
+  struct {
+    const char *what, *says;
+    kvx_status want;
+    uint32_t kind, flags, struct_size, store_flags;
+    const char *path;
+  } bad[] = {
+      {"kind not set", "KVX_SHARED_DIR", KVX_ERR_INVALID_ARG, 0, 0, sizeof sh, 0, shared},
+      {"unknown kind", "kind is 9", KVX_ERR_INVALID_ARG, 9, 0, sizeof sh, 0, shared},
+      {"unknown flag", "KVX_SHARED_WRITE_THROUGH|NO_ADMIT", KVX_ERR_INVALID_ARG, KVX_SHARED_DIR, 8, sizeof sh, 0, shared},
+      {"no path", "path is empty", KVX_ERR_INVALID_ARG, KVX_SHARED_DIR, 0, sizeof sh, 0, NULL},
+      {"empty path", "path is empty", KVX_ERR_INVALID_ARG, KVX_SHARED_DIR, 0, sizeof sh, 0, ""},
+      {"small struct_size", "kvx_shared_config_init", KVX_ERR_INVALID_ARG, KVX_SHARED_DIR, 0, 8, 0, shared},
+      {"no bucket", "bucket is empty", KVX_ERR_INVALID_ARG, KVX_SHARED_S3, 0, sizeof sh, 0, NULL},
+      {"with DATA_ONLY", "DATA_ONLY", KVX_ERR_INVALID_ARG, KVX_SHARED_DIR, 0, sizeof sh, KVX_STORE_DATA_ONLY, shared},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    kvx_shared_config x = sh;
+    x.kind = bad[i].kind, x.flags = bad[i].flags, x.struct_size = bad[i].struct_size, x.path = bad[i].path;
+    kvx_store_config y = sc;
+    y.shared = &x;
+    y.flags |= bad[i].store_flags;
+    kvx_store *st = (kvx_store *)(uintptr_t)0x1;
+    expect_fail(kvx_store_open(e, cdir, &y, &st), bad[i].want, bad[i].what);
+    EXPECT(strstr(kvx_last_error(), bad[i].says) != NULL, "%s: the message lacks \"%s\": %s", bad[i].what, bad[i].says,
+           kvx_last_error());
+    EXPECT(st == (kvx_store *)(uintptr_t)0x1, "%s: a failed open wrote its output", bad[i].what);
+  }
+
+  kvx_store_close(a);
+  kvx_store_close(b);
+  kvx_layout_destroy(dst);
+  kvx_layout_destroy(src);
+  remove_store_dir(adir);
+  remove_store_dir(bdir);
+  remove_store_dir(cdir);
+  remove_tree(shared);
+}
+
 static void store_slots(kvx_engine *e, const char *dir) {
   char sdir[512];
   snprintf(sdir, sizeof sdir, "%s/kvx-c-store-slots-%d", dir, (int)getpid());
@@ -829,7 +996,7 @@ static void remote_calls(kvx_engine *e) {
   lc.num_blocks = 4; lc.num_layers = 2; lc.outer_dim = 2; lc.page_size = 4; lc.inner_dim = 16; lc.dtype_bytes = 2;
   kvx_layout *host = NULL;
   OK(kvx_layout_create_host(e, &lc, 1, &host));
-  kvx_layout *got[4] = {NULL, NULL, NULL, NULL};
+  kvx_layout *got[4] = {NULL, NULL, NULL};
   size_t n = 77;
   const uint8_t garbage[] = "KVXBLOB not really";
   expect_fail(kvx_engine_import(e, garbage, sizeof garbage, 0, got, 4, &n), KVX_ERR_INVALID_ARG, "import garbage");
@@ -946,6 +1113,7 @@ int main(void) {
   store_round_trip(e, dir);
   store_bad_calls(e, dir);
   store_slots(e, dir);
+  store_shared_tier(e, dir);
   kvx_engine_destroy(e);
   completion_fd();
   store_outlives_engine(dir);

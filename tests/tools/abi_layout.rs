@@ -33,10 +33,13 @@ fn main() {
         store_request_key_status, store_request_key_error, store_request_error, store_request_release,
         engine_completion_fd,
         store_lease_slots, store_reserve_slots, store_commit_slots, store_abort_slots, store_read_slots, store_write_slots,
-        store_lease, store_release);
+        store_lease, store_release, shared_config_init);
     layout!(kvx_key; bytes, len);
-    layout!(kvx_store_config; struct_size, flags, block, capacity_blocks, namespace_bytes, namespace_len, shards);
+    layout!(kvx_store_config; struct_size, flags, block, capacity_blocks, namespace_bytes, namespace_len, shards, shared);
     layout!(kvx_store_counters; struct_size, entries, capacity, hits, misses, evictions, integrity_failures, puts, dedups,
-        removes, bytes);
+        removes, bytes, shared_hits, shared_misses, shared_integrity_failures, shared_timeouts, shared_errors, shared_puts,
+        shared_puts_dropped, shared_requests);
+    layout!(kvx_shared_config; struct_size, kind, path, capacity_bytes, endpoint, region, bucket, prefix, threads, timeout_ms,
+        flags, pending_puts);
     layout!(kvx_slot_handle; key_digest, generation, seal, epoch, slot, key_len);
 }
