@@ -62,6 +62,7 @@ struct Pending {
       "                  of 1,000 keys in one call (p50/p99/p99.9 us), open of a store holding --num-blocks\n"
       "                  entries; --buffered (both), --checksum (the plain files; the store's always are)\n"
       "  --shards N (1)  the store's data files, and the plain files it is measured against\n"
+      "  --shared        with --store: also gets from a shared tier (a directory under --dir) against the local store's gets\n"
       "  --mix           one submitter onboards --onboard-sizes blocks at a time from a hot buffered file, --onboards\n"
       "                  of each, alone and while offloads of --background-blocks blocks to a second file (O_DIRECT\n"
       "                  unless --buffered) run open-loop at each of --background-shares of the rate they reach alone\n"
@@ -191,6 +192,7 @@ Options parse(int argc, char **argv) {
     if (a == "--layerwise") { o.layerwise = true; continue; }
     if (a == "--remote") { o.remote = true; continue; }
     if (a == "--store") { o.store = true; continue; }
+    if (a == "--shared") { o.shared = true; continue; }
     if (a == "--mix") { o.mix = true; continue; }
     if (a == "--critical") { o.critical = true; continue; }
     if (a == "--no-background") { no_background = true; continue; }

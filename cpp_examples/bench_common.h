@@ -28,6 +28,9 @@ struct Options {
   bool buffered = false, verify = true, random_blocks = false, json = false, cold = false, checksum = false, mapped = false;
   bool latency = false, layerwise = false, remote = false, store = false;
   uint32_t shards = 1;  // --store's data files (and the plain files beside them)
+  // --store --shared: gets through a shared tier in a directory under --dir, beside the
+  // local store's gets of the same blocks on the same disk.
+  bool shared = false;
   unsigned submitters = 0;
   uint64_t requests = 0;  // --remote's one-at-a-time requests (0: 100 per iteration)
   std::string trace;

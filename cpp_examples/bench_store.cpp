@@ -86,6 +86,7 @@ class StoreRun {
   void transfer_row(const char *op, const char *direction, const Timed &st, const Timed &pl, bool durable) const;
   void lookup_row(kvx::Store &s, uint64_t gen);
   void open_row();
+  int shared_rows();
   void measure(const char *op, const char *direction, bool durable, const std::function<Timed()> &store_pass,
                const std::function<Timed()> &plain);
 
@@ -313,6 +314,47 @@ void StoreRun::open_row() {
                 (unsigned long long)entries, o_.shards, p50, plain_p50, plain_p50 > 0 ? p50 / plain_p50 : 0.0, cpu_ms, plain_cpu_ms);
 }
 
+// --shared: a store puts every block through to a shared directory beside its own; a
+// second store, its local store empty and admitting nothing, gets them from the shared
+// tier each pass. Against: the first store's own gets of the same blocks, on the same disk.
+int StoreRun::shared_rows() {
+  const std::string shared_dir = dir_ + "-shared", pub_dir = dir_ + "-pub", rd_dir = dir_ + "-rd";
+  kvx_shared_config sh;
+  kvx_shared_config_init(&sh);
+  sh.kind = KVX_SHARED_DIR;
+  sh.path = shared_dir.c_str();
+  sh.flags = KVX_SHARED_WRITE_THROUGH | KVX_SHARED_NO_ADMIT;
+  kvx_store_config c = store_config(false);
+  c.shared = &sh;
+  uint64_t gen = 0;
+  int rc = 0;
+  {
+    kvx::Store pub(e_, pub_dir, c);
+    put_pass(pub, host_, gen);
+    kvx::Store rd(e_, rd_dir, c);
+    measure("shared get", "shared-to-device", false, [&] { return get_pass(rd, device_, gen); },
+            [&] { return get_pass(pub, device_, gen); });
+    measure("shared get", "shared-to-host", false, [&] { return get_pass(rd, check_host_, gen); },
+            [&] { return get_pass(pub, check_host_, gen); });
+    get_pass(rd, check_host_, gen);
+    const uint32_t nbases = hc_.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o_.num_layers;
+    const uint64_t base_bytes = block_bytes_ * o_.num_blocks / nbases;
+    for (uint32_t l = 0; l < nbases; l++)
+      if (std::memcmp(reinterpret_cast<void *>(host_.base(l)), reinterpret_cast<void *>(check_host_.base(l)), base_bytes) != 0) {
+        std::fprintf(stderr, "bench: VERIFY FAILED: bytes got from the shared tier differ from those put (base %u)\n", l);
+        rc = 1;
+      }
+    const kvx_store_counters k = rd.stats();
+    std::printf("shared get: / plain = over the local store's gets of the same blocks; the reader's shared tier: %llu hits, "
+                "%llu misses, %llu failed checks, %llu requests\n",
+                (unsigned long long)k.shared_hits, (unsigned long long)k.shared_misses,
+                (unsigned long long)k.shared_integrity_failures, (unsigned long long)k.shared_requests);
+  }
+  std::error_code ec;
+  for (const std::string &d : {shared_dir, pub_dir, rd_dir}) std::filesystem::remove_all(d, ec);
+  return rc;
+}
+
 int StoreRun::run() {
   const uint32_t nbases = hc_.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o_.num_layers;
   const uint64_t base_bytes = block_bytes_ * o_.num_blocks / nbases;
@@ -347,6 +389,7 @@ int StoreRun::run() {
     measure("durable put", "device-to-store", true, [&] { return put_pass(durable, device_, dgen); },
             [&] { return plain_pass(device_, true, sync_files_); });
   }
+  if (o_.shared && shared_rows() != 0) return 1;
   std::printf("GB/s = 1e9 B/s of payload; / plain = the store's GB/s over the plain transfers'; plain s/GB = their CPU s/GB\n");
 
   // Every byte the store gave back must be what was put: the last get was of host_'s
