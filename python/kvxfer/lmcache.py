@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from .engine import Engine, Layout
 from .errors import Busy, Error, InvalidArgument, NotFound, Shutdown
 from .store import Store, StoreRequest
-from .tier import check_room, check_version, chunk_layout, engine_settings, log_failures, make_root, namespace_of, open_or_remake, store_key
+from .tier import check_room, check_version, chunk_layout, engine_settings, log_failures, make_root, namespace_of, open_or_remake, shared_tier, store_key
 
 log = logging.getLogger("kvxfer.lmcache")
 
@@ -43,7 +43,7 @@ SUPPORTED_LMCACHE = ("0.5.6",)
 _FORMAT = "kvxfer.lmcache 2"
 
 #: The connector's settings (`adapter_params`).
-_SETTINGS = ("root_dir", "capacity_bytes", "capacity_gb", "model", "dtype", "world_size", "chunk_size", "namespace", "durable", "buffered", "verify_on_open", "shards", "engine")
+_SETTINGS = ("root_dir", "capacity_bytes", "capacity_gb", "model", "dtype", "world_size", "chunk_size", "namespace", "durable", "buffered", "verify_on_open", "shards", "engine", "shared")
 
 #: Host layouts kept registered over LMCache's objects (by address and size); the least
 #: recently used one goes past this many.
@@ -169,6 +169,7 @@ class KvxferConnector:
         verify_on_open: bool = False,
         shards: int = 1,
         engine: Optional[Dict[str, Any]] = None,
+        shared: Optional[Dict[str, Any]] = None,
         **unknown: Any,
     ):
         check_lmcache_version()
@@ -190,7 +191,13 @@ class KvxferConnector:
             "chunk_size": chunk_size,
             "extra": namespace,
         }
-        self._options = {"durable": durable, "buffered": buffered, "verify_on_open": verify_on_open, "shards": shards}
+        self._options = {
+            "durable": durable,
+            "buffered": buffered,
+            "verify_on_open": verify_on_open,
+            "shards": shards,
+            "shared": shared_tier("the kvxfer L2 adapter", shared),
+        }
         self.root_dir = os.fspath(root_dir)
         self.namespace = namespace_of("lmcache", self._fields)
         #: The store's directory: a configuration of its own gets a store of its own.

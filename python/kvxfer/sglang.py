@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, log_failures, make_root, namespace_of, open_or_remake, region_bytes, store_key
+from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, log_failures, make_root, namespace_of, open_or_remake, region_bytes, shared_tier, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
 from .store import Store
@@ -40,7 +40,7 @@ _FORMAT = "kvxfer.sglang storage 1"
 
 #: SGLang's own keys in the extra config, beside the backend's settings.
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
-_SETTINGS = ("root_dir", "capacity_bytes", "capacity_pages", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "replicas")
+_SETTINGS = ("root_dir", "capacity_bytes", "capacity_pages", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "replicas", "shared")
 
 #: kvxfer's default bounce slot and ring (docs/configuration.md); a region must fit in a
 #: slot with room for two direct-I/O alignments, so larger regions get larger slots.
@@ -215,6 +215,7 @@ def _make_backend_class() -> type:
             make_root(str(extra["root_dir"]), "kvxfer.sglang")
             self.storage_config = storage_config
             self._settings = {k: extra[k] for k in _SETTINGS if k in extra}
+            self._shared = shared_tier("kvxfer.sglang", self._settings.get("shared"))
             self._engine: Optional[Engine] = None
             self._layout: Optional[Layout] = None
             self._store: Optional[Store] = None
@@ -288,6 +289,7 @@ def _make_backend_class() -> type:
                             buffered=bool(s.get("buffered", False)),
                             verify_on_open=bool(s.get("verify_on_open", False)),
                             shards=s.get("shards", 4),
+                            shared=self._shared,
                         ),
                         directory,
                         "kvxfer.sglang",

@@ -166,6 +166,39 @@ def open_or_remake(open_store: Callable[[], T], directory: str, plugin: str) -> 
     return open_store()
 
 
+#: The keys of a plug-in's "shared" setting.
+SHARED_KEYS = ("dir", "capacity_bytes", "s3_bucket", "s3_prefix", "s3_endpoint", "s3_region", "write", "timeout", "admit", "threads", "pending_puts")
+
+
+def shared_tier(plugin: str, value: Any) -> Any:
+    """The shared tier a plug-in's "shared" setting names (a `kvxfer.SharedTier`), or None
+    where it names none. The setting is a mapping: {"dir": PATH} for a directory many
+    instances (and hosts, over NFS, Lustre, CephFS) share, with "capacity_bytes"; or
+    {"s3_bucket": NAME} for an S3-compatible bucket, with "s3_prefix", "s3_endpoint" and
+    "s3_region" (credentials from the standard AWS variables and files); either with
+    "write" ("behind" or "through"), "timeout" (seconds), "admit", "threads" and
+    "pending_puts". A wrong setting is refused at the runtime's start, naming the valid keys."""
+    if value is None:
+        return None
+    from .store import SharedTier
+
+    if not isinstance(value, dict):
+        raise InvalidArgument(f'{plugin}: "shared" is {value!r}; give a mapping, e.g. {{"dir": "/mnt/nfs/kv"}} or {{"s3_bucket": "kv"}}')
+    unknown = sorted(k for k in value if k not in SHARED_KEYS)
+    if unknown:
+        raise InvalidArgument(f'{plugin}: unknown "shared" key(s) {", ".join(unknown)}; known: {", ".join(SHARED_KEYS)}')
+    if ("dir" in value) == ("s3_bucket" in value):
+        raise InvalidArgument(f'{plugin}: "shared" names one place: "dir" (a shared directory) or "s3_bucket" (an S3-compatible bucket)')
+    tuning = {k: value[k] for k in ("write", "timeout", "admit", "threads", "pending_puts") if k in value}
+    if "dir" in value:
+        return SharedTier.dir(value["dir"], capacity_bytes=value.get("capacity_bytes", 0), **tuning)
+    if "capacity_bytes" in value:
+        raise InvalidArgument(f'{plugin}: "shared" capacity_bytes bounds a directory; a bucket is bounded by its lifecycle rules')
+    return SharedTier.s3(
+        value["s3_bucket"], prefix=value.get("s3_prefix", ""), endpoint=value.get("s3_endpoint", ""), region=value.get("s3_region", ""), **tuning
+    )
+
+
 def check_version(plugin: str, package: str, name: str, supported: Sequence[str], interface: str) -> str:
     """The installed `package`'s version; raises `Unsupported` naming the `supported` ones
     when it is another (or when `package` is not installed). `plugin` and `name` name the

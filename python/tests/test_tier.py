@@ -6,7 +6,7 @@ import zlib
 import pytest
 
 import kvxfer
-from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, store_key
+from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, shared_tier, store_key
 
 
 def test_a_namespace_is_the_kind_and_a_digest_of_every_field():
@@ -96,3 +96,20 @@ def test_a_root_dir_that_cannot_be_made_or_written_is_refused(tmp_path):
         make_root(str(tmp_path / "file" / "kv"), "test tier")
     assert make_root(str(tmp_path / "new" / "kv"), "test tier") == str(tmp_path / "new" / "kv")
     assert (tmp_path / "new" / "kv").is_dir()
+
+
+def test_a_plugins_shared_setting_names_one_place_and_is_refused_otherwise():
+    assert shared_tier("p", None) is None
+    d = shared_tier("p", {"dir": "/mnt/kv", "capacity_bytes": 1 << 40, "write": "through", "timeout": 2.5})
+    assert (d.kind, d.path, d.capacity_bytes, d.write, d.timeout) == ("dir", "/mnt/kv", 1 << 40, "through", 2.5)
+    b = shared_tier("p", {"s3_bucket": "kv", "s3_prefix": "m/", "s3_endpoint": "http://127.0.0.1:9000", "admit": False})
+    assert (b.kind, b.bucket, b.prefix, b.endpoint, b.admit) == ("s3", "kv", "m/", "http://127.0.0.1:9000", False)
+    for bad, says in [
+        ("/mnt/kv", "give a mapping"),
+        ({"dir": "/a", "s3_bucket": "b"}, "names one place"),
+        ({"write": "through"}, "names one place"),
+        ({"dir": "/a", "bucket": "b"}, "unknown"),
+        ({"s3_bucket": "b", "capacity_bytes": 5}, "lifecycle"),
+    ]:
+        with pytest.raises(kvxfer.InvalidArgument, match=says):
+            shared_tier("the plug-in", bad)

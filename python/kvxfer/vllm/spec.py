@@ -140,6 +140,13 @@ class _Settings:
     def __init__(self, offloading_spec: Any):
         x = offloading_spec.extra_config
         c = offloading_spec.config
+        if "shared" in x:
+            # Its workers move blocks through slot handles of a store the scheduler owns,
+            # and a shared tier's reads run in the store's owner.
+            raise InvalidArgument(
+                'KvxferOffloadingSpec has no "shared" tier: its GPU workers move blocks through slots its scheduler hands out; '
+                'put kvxfer\'s tier (kvxfer.vllm.KvxferTier) under vLLM\'s CPU tier to share KV across instances'
+            )
         unknown = sorted(k for k in x if k not in SPEC_SETTINGS and k not in VLLM_SETTINGS)
         if unknown:
             raise InvalidArgument(f"KvxferOffloadingSpec: unknown kv_connector_extra_config key(s) {', '.join(unknown)}; its keys are {', '.join(SPEC_SETTINGS)}")

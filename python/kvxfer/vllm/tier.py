@@ -27,7 +27,7 @@ from ..errors import Error, InvalidArgument, NotFound, Unsupported
 from ..holdings import Holdings
 from ..store import Store, StoreRequest
 from ..tier import capacity_blocks as capacity_blocks_of
-from ..tier import chunk_layout, engine_settings, log_failures, make_root, open_or_remake, store_key
+from ..tier import chunk_layout, engine_settings, log_failures, make_root, open_or_remake, shared_tier, store_key
 from .events import offloading_events
 from .namespace import fingerprint, namespace_of, store_directory
 from .version import check_vllm_version
@@ -37,7 +37,7 @@ log = logging.getLogger("kvxfer.vllm")
 
 #: The tier's keys of its tier config (beside vLLM's `type`, `module_path` and
 #: `backpressure`, which vLLM takes out first).
-TIER_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "locality", "enable_kv_events")
+TIER_SETTINGS = ("root_dir", "capacity_bytes", "capacity_blocks", "shards", "durable", "buffered", "verify_on_open", "namespace", "engine", "locality", "enable_kv_events", "shared")
 
 
 @dataclass
@@ -89,6 +89,7 @@ def make_tier_class() -> type:
             engine: Optional[Dict[str, Any]] = None,
             locality: Optional[str] = None,
             enable_kv_events: bool = True,
+            shared: Optional[Dict[str, Any]] = None,
             backpressure_detector: Any = None,
             **unknown: Any,
         ) -> None:
@@ -101,6 +102,7 @@ def make_tier_class() -> type:
                 raise InvalidArgument(f"vLLM's CPU tier view has shape {rows.shape} of {rows.dtype}; the kvxfer tier expects (num_chunks, chunk_bytes) bytes")
             num_chunks, chunk_bytes = rows.shape
             make_root(root_dir, "kvxfer tier")
+            shared_cfg = shared_tier("kvxfer tier", shared)
             self._fields = fingerprint(offloading_spec, chunk_bytes, namespace)
             self.namespace = namespace_of(self._fields)
             self.directory = store_directory(root_dir, self._fields, self.namespace, offloading_spec.config.parallel.data_parallel_index)
@@ -122,6 +124,7 @@ def make_tier_class() -> type:
                         buffered=buffered,
                         verify_on_open=verify_on_open,
                         shards=shards,
+                        shared=shared_cfg,
                     ),
                     self.directory,
                     f"kvxfer tier {tier_type}",
