@@ -336,6 +336,85 @@ def test_a_changed_configuration_does_not_find_what_another_stored(tmp_path, mem
         adapter.close()
 
 
+def serving(root, mem, shared, **params):
+    """A connector over `shared` that has served objects of its own already, a full
+    chunk first and then a partial one: its store is made, with a full chunk's slot, and
+    holds both sizes."""
+    adapter = make_adapter(root, shared=shared, **params)
+    try:
+        assert int(store(adapter, [key(50), key(51)], [mem.make(50), mem.make(51, PARTIAL)])) >= 0
+    except BaseException:
+        adapter.close()
+        raise
+    return adapter
+
+
+@pytest.mark.parametrize("write", ["through", "behind"])
+def test_a_second_server_loads_what_the_first_stored_through_a_shared_tier(tmp_path, mem, write):
+    """Two LMCache servers of one model, each with a root_dir of its own, over one shared
+    directory: a prompt the first stores (full chunks and a partial last one; written
+    through: published when its store task completes; behind: published by its close at
+    the latest), the second, serving objects of both sizes already, finds whole and
+    loads byte for byte into its own objects; an object never stored is a miss, and a
+    server of another configuration finds none of it."""
+    shared = {"dir": str(tmp_path / "shared"), "write": write}
+    keys = [key(1), key(2), key(3)]
+    objs = [mem.make(1), mem.make(2), mem.make(3, PARTIAL)]
+    a = make_adapter(tmp_path / "a", shared=shared)
+    running = [a]
+    try:
+        assert int(store(a, keys, objs)) >= 0, "the store task failed"
+        if write == "behind":
+            running.pop().close()  # what is still behind is published here
+        b = serving(tmp_path / "b", mem, shared)
+        running.append(b)
+        assert lookup(b, keys + [key(9)]) == [True, True, True, False]
+        back = [mem.make(), mem.make(), mem.make(shape=PARTIAL), mem.make()]
+        assert load(b, keys + [key(9)], back) == [True, True, True, False]
+        assert [payload(o) for o in back[:3]] == [payload(o) for o in objs]
+    finally:
+        for adapter in running:
+            adapter.close()
+    for n, other in enumerate(({"model": "kvxfer/other-model"}, {"namespace": "weights v2"})):
+        c = serving(tmp_path / f"c{n}", mem, shared, **other)
+        try:
+            assert lookup(c, keys) == [False] * 3, other
+            assert load(c, keys, [mem.make(), mem.make(), mem.make(shape=PARTIAL)]) == [False] * 3, other
+        finally:
+            c.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a connector makes its store on the first object it stores, with that object's size as its slot, and "
+    "looks keys up only at the sizes its own store holds: one that has stored nothing finds nothing in the shared tier",
+)
+def test_a_server_that_stored_nothing_yet_finds_what_another_stored_through_a_shared_tier(tmp_path, mem):
+    shared = {"dir": str(tmp_path / "shared"), "write": "through"}
+    keys = [key(1), key(2)]
+    objs = [mem.make(1), mem.make(2)]
+    a = make_adapter(tmp_path / "a", shared=shared)
+    try:
+        assert int(store(a, keys, objs)) >= 0, "the store task failed"
+        b = make_adapter(tmp_path / "b", shared=shared)
+        try:
+            assert lookup(b, keys) == [True, True]
+            back = [mem.make(), mem.make()]
+            assert load(b, keys, back) == [True, True]
+            assert [payload(o) for o in back] == [payload(o) for o in objs]
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
+@pytest.mark.parametrize("bad", [{"bucket": "kv"}, "/mnt/nfs/kv"], ids=["unknown-key", "not-a-mapping"])
+def test_a_bad_shared_setting_is_refused_at_the_start(tmp_path, bad):
+    says = r'unknown "shared" key\(s\) bucket; known: dir, capacity_bytes, s3_bucket' if isinstance(bad, dict) else "give a mapping"
+    with pytest.raises(kvxfer.InvalidArgument, match=says):
+        make_adapter(tmp_path, shared=bad)
+
+
 def test_another_lmcache_version_is_refused_naming_the_supported_one(tmp_path, monkeypatch):
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.5" if name == "lmcache" else real(name))

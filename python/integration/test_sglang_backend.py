@@ -339,6 +339,55 @@ def test_a_changed_configuration_does_not_find_them(tmp_path, change):
         b.close()
 
 
+@pytest.mark.parametrize("write", ["through", "behind"])
+def test_a_second_server_loads_what_the_first_stored_through_a_shared_tier(tmp_path, write):
+    """Two SGLang servers of one model, each with a root_dir of its own, over one shared
+    directory: what the first sets (written through: published when the set returns;
+    behind: published by its close at the latest), the second finds (the leading run
+    SGLang prefetches) and loads byte for byte into its own host pages; a page never set
+    is a miss, and a server of another model or namespace finds none of it."""
+    shared = {"dir": str(tmp_path / "shared"), "write": write}
+    keys = page_hashes(3, seed=20)
+    absent = page_hashes(1, seed=21)
+    pools = [host_pool(), host_pool()]
+    a = attach(pools[0], storage_config(tmp_path / "a", shared=shared))
+    running = [a]
+    try:
+        fill_pages(pools[0], [1, 2, 3], seed=20)
+        want = [page_bytes(pools[0], p) for p in (1, 2, 3)]
+        assert a.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+        if write == "behind":
+            running.pop().close()  # what is still behind is published here
+        b = attach(pools[1], storage_config(tmp_path / "b", shared=shared))
+        running.append(b)
+        assert b._store.stats().entries == 0
+        assert b.batch_exists(keys + absent) == 3
+        assert not b.exists(absent[0])
+        fill_pages(pools[1], [4, 5, 6, 7], seed=22)  # stale bytes in the pages loaded into
+        assert b.batch_get_v1(keys + absent, token_indices([6, 4, 5, 7])) == [True, True, True, False]
+        for p, w in zip((6, 4, 5), want):
+            assert torch.equal(page_bytes(pools[1], p), w), f"host page {p} differs"
+        assert b._store.stats().shared_hits == 3
+    finally:
+        for backend in running:
+            backend.close()
+    for n, other in enumerate(({"model": "kvxfer/other-model"}, {"namespace": "weights-rev-2"})):
+        pool = host_pool()
+        c = attach(pool, storage_config(tmp_path / f"c{n}", shared=shared, **other))
+        try:
+            assert c.batch_exists(keys) == 0, other
+            assert c.batch_get_v1(keys, token_indices([1, 2, 3])) == [False] * 3, other
+        finally:
+            c.close()
+
+
+@pytest.mark.parametrize("bad", [{"bucket": "kv"}, "/mnt/nfs/kv"], ids=["unknown-key", "not-a-mapping"])
+def test_a_bad_shared_setting_is_refused_at_the_start(tmp_path, pool, bad):
+    says = r'unknown "shared" key\(s\) bucket; known: dir, capacity_bytes, s3_bucket' if isinstance(bad, dict) else "give a mapping"
+    with pytest.raises(kvxfer.InvalidArgument, match=says):
+        StorageBackendFactory.create_backend("dynamic", storage_config(tmp_path, shared=bad), pool)
+
+
 def test_a_second_process_of_the_same_rank_takes_a_store_of_its_own(tmp_path):
     """Data-parallel replicas of a rank: a store has one owner, so the second opens the
     next directory and both serve pages."""

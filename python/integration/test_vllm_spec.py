@@ -595,6 +595,12 @@ def test_a_misspelt_setting_is_refused_naming_the_settings(tmp_path):
         OffloadingSpecFactory.create_spec(make_config(tmp_path, capacity_block=8))
 
 
+def test_a_shared_tier_is_refused_pointing_at_the_tier(tmp_path):
+    config = make_config(tmp_path, shared={"dir": str(tmp_path / "shared")})
+    with pytest.raises(kvxfer.InvalidArgument, match=r'KvxferOffloadingSpec has no "shared" tier: .*put kvxfer\'s tier \(kvxfer\.vllm\.KvxferTier\) under vLLM\'s CPU tier'):
+        OffloadingSpecFactory.create_spec(config)
+
+
 def test_another_shard_count_makes_the_stores_afresh_with_a_warning(tmp_path, caplog):
     keys = keys_of(1, 2)
     e = Engine(tmp_path, shards=1)

@@ -307,6 +307,52 @@ def test_a_restart_of_the_same_configuration_finds_its_chunks(tmp_path):
             other.shutdown()
 
 
+@pytest.mark.parametrize("write", ["through", "behind"])
+def test_a_second_instance_loads_what_the_first_stored_through_a_shared_tier(tmp_path, write):
+    """Two vLLM instances of one model, each with a root_dir of its own, over one shared
+    directory: what the first stores (written through: published when its store job ends;
+    behind: published by its shutdown at the latest), the second finds and loads byte for
+    byte into its CPU tier; a chunk never stored is a miss, and an instance of another
+    model or tier namespace finds none of it."""
+    shared = {"dir": str(tmp_path / "shared"), "write": write}
+    keys = keys_of(1, 2, 3)
+    (absent,) = keys_of(9)
+    a = make_manager(tmp_path / "a", shared=shared)
+    running = [a]
+    try:
+        offload(a, keys)
+        if write == "behind":
+            running.pop().shutdown()  # what is still behind is published here
+        b = make_manager(tmp_path / "b", shared=shared)
+        try:
+            assert tier_of(b).directory != tier_of(a).directory and tier_of(b)._store.stats().entries == 0
+            results, got = onboard(b, keys + [absent])
+            assert results[absent] is LookupResult.MISS
+            assert all(results[k] is LookupResult.HIT for k in keys), results
+            for k in keys:
+                assert np.array_equal(got[k], payload(k, BLOCK_BYTES)), f"chunk of {k.hex()} differs"
+            assert tier_of(b)._store.stats().shared_hits == len(keys)
+        finally:
+            b.shutdown()
+    finally:
+        for m in running:
+            m.shutdown()
+    for n, other in enumerate(({"model": "kvxfer/other-model"}, {"namespace": "weights-rev-2"})):
+        c = make_manager(tmp_path / f"c{n}", shared=shared, **other)
+        try:
+            results, _ = onboard(c, keys)
+            assert all(results[k] is LookupResult.MISS for k in keys), other
+        finally:
+            c.shutdown()
+
+
+@pytest.mark.parametrize("bad", [{"bucket": "kv"}, "/mnt/nfs/kv"], ids=["unknown-key", "not-a-mapping"])
+def test_a_bad_shared_setting_is_refused_at_the_start(tmp_path, bad):
+    says = r'unknown "shared" key\(s\) bucket; known: dir, capacity_bytes, s3_bucket' if isinstance(bad, dict) else "give a mapping"
+    with pytest.raises(kvxfer.InvalidArgument, match=says):
+        make_manager(tmp_path, shared=bad)
+
+
 def held_blocks(m, keys):
     """The blocks of `keys` the tier's store holds."""
     return {block_of(k) for k in keys if tier_of(m)._store.lookup([k])[0][0]}

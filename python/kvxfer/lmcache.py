@@ -313,9 +313,34 @@ class KvxferConnector:
         held = [False] * len(keys)
         if store is not None and sizes and keys:
             raw = [self._raw(k) for k in keys]
-            present, _ = store.lookup([part_keys(k, n, self._slot)[0] for k in raw for n in sizes])
-            held = [any(present[i * len(sizes) : (i + 1) * len(sizes)]) for i in range(len(keys))]
+            if self._options["shared"] is None:
+                present, _ = store.lookup([part_keys(k, n, self._slot)[0] for k in raw for n in sizes])
+                held = [any(present[i * len(sizes) : (i + 1) * len(sizes)]) for i in range(len(keys))]
+            else:
+                held = self._leading_held(store, raw, sizes)
         return self._finished(_Batch([_answered(h) for h in held], query=True))
+
+    def _leading_held(self, store: Store, raw: List[bytes], sizes: List[int]) -> List[bool]:
+        """Which of a prefix's keys a store over a shared tier holds. The shared tier
+        answers for the leading keys of a lookup only (a block is held only if those
+        before it are), and each size has keys of its own, so each size is looked up
+        alone, from the first key not found yet, until no size finds more: full chunks
+        then a partial last one are all found. The local store's hits past that are
+        exact."""
+        held = [False] * len(raw)
+        first, grew = 0, True
+        while grew and first < len(raw):
+            grew = False
+            for n in sizes:
+                if first == len(raw):
+                    break
+                present, _ = store.lookup([part_keys(k, n, self._slot)[0] for k in raw[first:]])
+                held[first:] = [h or p for h, p in zip(held[first:], present)]
+                start = first
+                while first < len(raw) and held[first]:
+                    first += 1
+                grew = grew or first > start
+        return held
 
     def submit_batch_delete(self, keys: Sequence[str]) -> int:
         """Removes each key's parts, at every object size; True where one was held."""
