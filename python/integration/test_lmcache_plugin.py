@@ -34,6 +34,8 @@ DEADLINE_S = 60.0
 #: One object: K and V of 4 layers × 16 tokens × 64 elements in bf16 (16 KiB).
 SHAPE = torch.Size([2, 4, 16, 64])
 PARTIAL = torch.Size([2, 4, 5, 64])  # a partial chunk: another object size
+#: A full chunk's object size, the `object_bytes` every server over a shared tier is given.
+OBJECT_BYTES = SHAPE.numel() * 2
 MODEL = "kvxfer/test-model"
 
 
@@ -340,7 +342,7 @@ def serving(root, mem, shared, **params):
     """A connector over `shared` that has served objects of its own already, a full
     chunk first and then a partial one: its store is made, with a full chunk's slot, and
     holds both sizes."""
-    adapter = make_adapter(root, shared=shared, **params)
+    adapter = make_adapter(root, shared=shared, object_bytes=OBJECT_BYTES, **params)
     try:
         assert int(store(adapter, [key(50), key(51)], [mem.make(50), mem.make(51, PARTIAL)])) >= 0
     except BaseException:
@@ -360,7 +362,7 @@ def test_a_second_server_loads_what_the_first_stored_through_a_shared_tier(tmp_p
     shared = {"dir": str(tmp_path / "shared"), "write": write}
     keys = [key(1), key(2), key(3)]
     objs = [mem.make(1), mem.make(2), mem.make(3, PARTIAL)]
-    a = make_adapter(tmp_path / "a", shared=shared)
+    a = make_adapter(tmp_path / "a", shared=shared, object_bytes=OBJECT_BYTES)
     running = [a]
     try:
         assert int(store(a, keys, objs)) >= 0, "the store task failed"
@@ -384,19 +386,17 @@ def test_a_second_server_loads_what_the_first_stored_through_a_shared_tier(tmp_p
             c.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a connector makes its store on the first object it stores, with that object's size as its slot, and "
-    "looks keys up only at the sizes its own store holds: one that has stored nothing finds nothing in the shared tier",
-)
 def test_a_server_that_stored_nothing_yet_finds_what_another_stored_through_a_shared_tier(tmp_path, mem):
+    """Servers over one shared tier open their stores at the start with `object_bytes`
+    as the slot: one that has stored nothing yet finds and loads another's full chunks,
+    and so does one whose first object was a partial chunk."""
     shared = {"dir": str(tmp_path / "shared"), "write": "through"}
     keys = [key(1), key(2)]
     objs = [mem.make(1), mem.make(2)]
-    a = make_adapter(tmp_path / "a", shared=shared)
+    a = make_adapter(tmp_path / "a", shared=shared, object_bytes=OBJECT_BYTES)
     try:
         assert int(store(a, keys, objs)) >= 0, "the store task failed"
-        b = make_adapter(tmp_path / "b", shared=shared)
+        b = make_adapter(tmp_path / "b", shared=shared, object_bytes=OBJECT_BYTES)
         try:
             assert lookup(b, keys) == [True, True]
             back = [mem.make(), mem.make()]
@@ -404,8 +404,25 @@ def test_a_server_that_stored_nothing_yet_finds_what_another_stored_through_a_sh
             assert [payload(o) for o in back] == [payload(o) for o in objs]
         finally:
             b.close()
+        c = make_adapter(tmp_path / "c", shared=shared, object_bytes=OBJECT_BYTES)
+        try:
+            assert int(store(c, [key(60)], [mem.make(60, PARTIAL)])) >= 0, "the store task failed"
+            assert lookup(c, keys) == [True, True]
+            back = [mem.make(), mem.make()]
+            assert load(c, keys, back) == [True, True]
+            assert [payload(o) for o in back] == [payload(o) for o in objs]
+        finally:
+            c.close()
     finally:
         a.close()
+
+
+@pytest.mark.parametrize("bad", [None, 0, True, "16384"], ids=["missing", "zero", "bool", "text"])
+def test_a_shared_tier_without_a_valid_object_bytes_is_refused_at_the_start(tmp_path, bad):
+    params = {} if bad is None else {"object_bytes": bad}
+    with pytest.raises(kvxfer.InvalidArgument, match="object_bytes"):
+        make_adapter(tmp_path / "root", shared={"dir": str(tmp_path / "shared")}, **params)
+    assert not (tmp_path / "root").exists(), "nothing made before the refusal"
 
 
 @pytest.mark.parametrize("bad", [{"bucket": "kv"}, "/mnt/nfs/kv"], ids=["unknown-key", "not-a-mapping"])

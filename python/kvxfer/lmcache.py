@@ -9,9 +9,10 @@ disk or tmpfs. LMCache loads it by module path, without a fork::
 LMCache wraps it in its `NativeConnectorL2Adapter`, which hands it batches of keys
 (strings naming model, KV rank, object group and chunk hash) with one memoryview per
 object of its L1 memory, and waits on `event_fd()` for `drain_completions()`. A
-configuration has one store, whose slot is the size of the first object it stored (a full
-chunk, as a rule): an object moves in whole slots straight from or into its memoryview
-(registered as a kvxfer host layout, cached by address), and a part shorter than a slot
+configuration has one store, whose slot is `object_bytes` (a full chunk's object size)
+where that is given, which it must be over a shared tier, else the size of the first
+object it stored (a full chunk, as a rule): an object moves in whole slots straight from
+or into its memoryview (registered as a kvxfer host layout, cached by address), and a part shorter than a slot
 (a partial chunk) through a slot-sized buffer; the object's length is in each part's key.
 `import kvxfer.lmcache` needs no LMCache; the connector checks the installed version
 (`SUPPORTED_LMCACHE`) when LMCache makes it. See docs/lmcache.md."""
@@ -43,7 +44,7 @@ SUPPORTED_LMCACHE = ("0.5.6",)
 _FORMAT = "kvxfer.lmcache 2"
 
 #: The connector's settings (`adapter_params`).
-_SETTINGS = ("root_dir", "capacity_bytes", "capacity_gb", "model", "dtype", "world_size", "chunk_size", "namespace", "durable", "buffered", "verify_on_open", "shards", "engine", "shared")
+_SETTINGS = ("root_dir", "capacity_bytes", "capacity_gb", "model", "dtype", "world_size", "chunk_size", "namespace", "durable", "buffered", "verify_on_open", "shards", "engine", "shared", "object_bytes")
 
 #: Host layouts kept registered over LMCache's objects (by address and size); the least
 #: recently used one goes past this many.
@@ -145,12 +146,18 @@ class KvxferConnector:
     the store's namespace (the keys carry the model name and KV rank); `durable`,
     `buffered` (tmpfs or page-cache I/O), `verify_on_open`, `shards`; `engine`: kvxfer
     engine settings (`io_backend`, `io_threads`, …; the device defaults to the emulated
-    one, since the objects are in host memory). Any other key is refused, naming these.
+    one, since the objects are in host memory); `shared`: a shared tier under the store
+    (`kvxfer.tier.shared_tier`); `object_bytes`: the size of a full chunk's object (as
+    LMCache's L1 holds it), needed with `shared`. Any other key is refused, naming these.
 
     A configuration has one store, `<root_dir>/<fingerprint>`, and one connector owns
     it: a second one on the same `root_dir` is refused at its start, naming the first's
-    pid. The store is made on the first object stored, with a slot of that object's
-    size, and opened at the start when it exists (so a restart finds what was stored).
+    pid. With `object_bytes`, the store is opened (or made) at the start with slots of
+    that size, and an exists asks for that size whatever the store has held: every
+    server over a shared tier has one slot, so the part keys agree, and one that has
+    stored nothing yet finds the others' full chunks. Without it, the store is made on
+    the first object stored, with a slot of that object's size, and opened at the start
+    when it exists (so a restart finds what was stored).
     Its capacity is preallocated whole when it is made. A key is a miss alone: not held,
     or failing a check (its entry is dropped)."""
 
@@ -170,6 +177,7 @@ class KvxferConnector:
         shards: int = 1,
         engine: Optional[Dict[str, Any]] = None,
         shared: Optional[Dict[str, Any]] = None,
+        object_bytes: Optional[int] = None,
         **unknown: Any,
     ):
         check_lmcache_version()
@@ -183,6 +191,8 @@ class KvxferConnector:
             raise InvalidArgument(f"the kvxfer L2 adapter's capacity is {self._capacity} bytes; give a positive capacity_bytes")
         if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
             raise InvalidArgument(f"the kvxfer L2 adapter's shards is {shards!r}; give a whole number of data files, at least 1")
+        if object_bytes is not None and (not isinstance(object_bytes, int) or isinstance(object_bytes, bool) or object_bytes <= 0):
+            raise InvalidArgument(f"the kvxfer L2 adapter's object_bytes is {object_bytes!r}; give the bytes of one full chunk's object, a positive whole number")
         self._fields = {
             "format": _FORMAT,
             "model": model,
@@ -191,6 +201,10 @@ class KvxferConnector:
             "chunk_size": chunk_size,
             "extra": namespace,
         }
+        if object_bytes is not None:
+            # The slot, which cuts objects into parts: servers that share agree on it.
+            self._fields["object_bytes"] = object_bytes
+        self._object_bytes = object_bytes or 0
         self._options = {
             "durable": durable,
             "buffered": buffered,
@@ -198,6 +212,13 @@ class KvxferConnector:
             "shards": shards,
             "shared": shared_tier("the kvxfer L2 adapter", shared),
         }
+        if object_bytes is None and self._options["shared"] is not None:
+            raise InvalidArgument(
+                'the kvxfer L2 adapter over a "shared" tier needs object_bytes in its adapter_params: the bytes of one full '
+                "chunk's object (chunk_size × a token's KV bytes on this server's rank: 2 × layers × KV heads × head size × "
+                "dtype bytes for most models), the same on every server that shares, so that they cut objects into the same "
+                "parts and a fresh server knows what to ask for"
+            )
         self.root_dir = os.fspath(root_dir)
         self.namespace = namespace_of("lmcache", self._fields)
         #: The store's directory: a configuration of its own gets a store of its own.
@@ -223,8 +244,8 @@ class KvxferConnector:
             self._engine = Engine(device=settings.pop("device", "emulated"), **settings)
             self._fd = self._engine.completion_fd()
             config = self._read_config()
-            if config is not None:
-                self._open(config["slot_bytes"], config["sizes"])
+            if config is not None or self._object_bytes:
+                self._open(self._object_bytes or config["slot_bytes"], config["sizes"] if config else [])  # type: ignore[index]
         except BaseException:
             self.close()
             raise
@@ -288,8 +309,8 @@ class KvxferConnector:
             "kvxfer L2 adapter",
         )
         self._slot = slot
-        # A store made afresh holds no size yet.
-        self._sizes = set(sizes) if store.stats().entries else set()
+        # A store made afresh holds no size yet; a full chunk's size is always asked for.
+        self._sizes = (set(sizes) if store.stats().entries else set()) | ({self._object_bytes} if self._object_bytes else set())
         self._store = store
         self._write_config(self._sizes)
 
@@ -308,7 +329,8 @@ class KvxferConnector:
         return self._submit(keys, memoryviews, load=True)
 
     def submit_batch_exists(self, keys: Sequence[str]) -> int:
-        """Whether each key is held, at any object size the store holds."""
+        """Whether each key is held, at any object size the store holds (and at
+        `object_bytes`, where given)."""
         store, sizes = self._store, sorted(self._sizes)
         held = [False] * len(keys)
         if store is not None and sizes and keys:
@@ -492,8 +514,9 @@ class KvxferConnector:
         return layout
 
     def _store_for(self, size: int, load: bool) -> Optional[Store]:
-        """The store, made on the first object stored with a slot of its size (None
-        before that for a get); `size` recorded as a size it holds."""
+        """The store: opened at the start where `object_bytes` is given, else made on
+        the first object stored with a slot of its size (None before that for a get);
+        `size` recorded as a size it holds."""
         store = self._store
         if store is None or (not load and size not in self._sizes):
             with self._open_lock:
