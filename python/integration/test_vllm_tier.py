@@ -398,6 +398,41 @@ def test_the_kv_events_report_what_the_tier_holds(tmp_path):
         m.shutdown()
 
 
+def held_locally(m, keys):
+    """The blocks of `keys` the tier's store itself holds: a lease covers its own hits
+    only (a lookup answers for its shared tier too)."""
+    st = tier_of(m)._store
+    leases, _ = st.lease(keys)
+    st.release(leases)
+    return {block_of(k) for k, lease in zip(keys, leases) if lease is not None}
+
+
+def test_the_kv_events_report_the_chunks_admitted_from_a_shared_tier(tmp_path):
+    """A second instance loads from the shared tier what the first stored, and admits it
+    into its own store after the loads: its events report those chunks once its store
+    holds them, and never a chunk its store does not hold."""
+    shared = {"dir": str(tmp_path / "shared"), "write": "through"}
+    keys = keys_of(1, 2, 3)
+    a = make_manager(tmp_path / "a", shared=shared)
+    try:
+        offload(a, keys)
+    finally:
+        a.shutdown()
+    b = make_manager(tmp_path / "b", shared=shared, events=True)
+    seen = Published()
+    try:
+        results, _ = onboard(b, keys)
+        assert all(results[k] is LookupResult.HIT for k in keys), results
+        assert seen.take(b) <= held_locally(b, keys)  # the admissions run on after the loads
+        deadline = time.monotonic() + DEADLINE_S
+        while tier_of(b)._store.stats().entries < len(keys):
+            assert time.monotonic() < deadline, "the loaded chunks were not admitted"
+            time.sleep(0.001)
+        assert seen.take(b) == held_locally(b, keys) == {block_of(k) for k in keys}
+    finally:
+        b.shutdown()
+
+
 def test_no_kv_events_where_vllm_publishes_none(manager):
     offload(manager, keys_of(1, 2))
     with manager.lock:

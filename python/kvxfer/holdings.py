@@ -11,6 +11,14 @@ after each call that may have done either, `reconcile` reads the store's counter
 looks up the known keys from the least recently used on (a lookup touches nothing) until
 it has found as many gone as the counters say.
 
+A store over a shared tier answers a lookup for the shared tier too (for the keys past its
+local leading hits), so there a key is looked for in the store itself by leasing it and
+giving the lease back at once (leases cover local hits only; a lease makes the entry the
+most recently used, which `Holdings` follows). A get of a key the store misses loads it
+from the shared tier and, where the tier admits, puts it into the store on a background
+thread after the get has ended: the plug-in names such keys (`loading`), and `admitted`
+reports each once the store holds it.
+
 A store reopened after a restart holds entries no call of this process has met. Such an
 entry is reported once a call meets it (a hit, a put or a reservation of its key). Every
 call that touches an entry meets it first, so the entries not met are older than every
@@ -27,6 +35,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import _native as n
 from .store import Store
+
+#: At most this many keys wait to be found admitted (a key whose admission failed, say
+#: for want of room, would wait for ever): past it the oldest are given up, unreported.
+PENDING_ADMISSIONS = 1024
 
 #: One event: (removed, the runtime's key, the context it came with or None).
 Event = Tuple[bool, Any, Any]
@@ -56,6 +68,9 @@ class Holdings:
         #: Each store's entries that no call of this process has met (held at its open).
         self._unmet = [c.entries for c in counters]
         self._events: List[Event] = []
+        #: (rank, store key) -> (the runtime's key, context): keys loaded from the shared
+        #: tier, not yet found admitted into the store; the oldest first.
+        self._admitting: "OrderedDict[Tuple[int, bytes], Tuple[Any, Any]]" = OrderedDict()
 
     def holds(self, skey: bytes) -> bool:
         """Whether the block of `skey` is reported held (every store holds it)."""
@@ -90,6 +105,47 @@ class Holdings:
         leases, _ = st.lease([skey for skey, _ in new])
         st.release(leases)
         self.met(rank, [p for p, lease in zip(new, leases) if lease is not None], context)
+
+    def held(self, rank: int, skeys: Sequence[bytes]) -> List[bool]:
+        """Which of `skeys` store `rank` itself holds (not its shared tier). Over a shared
+        tier, a key held is leased and given back, which makes it the most recently used,
+        as the caller is to record (`touched`)."""
+        st = self._stores[rank]
+        if not skeys:
+            return []
+        if st.shared is None:
+            return st.lookup(skeys)[0]
+        leases, _ = st.lease(skeys)
+        st.release(leases)
+        return [lease is not None for lease in leases]
+
+    def loading(self, rank: int, pairs: Iterable[Tuple[bytes, Any]], context: Any = None) -> None:
+        """A get of store `rank` loaded these keys from its shared tier (the store did not
+        hold them at its submit), which admits them into the store after the get: each
+        is reported once `admitted` finds it there."""
+        for skey, key in pairs:
+            self._admitting[(rank, skey)] = (key, context)
+            self._admitting.move_to_end((rank, skey))
+        while len(self._admitting) > PENDING_ADMISSIONS:
+            self._admitting.popitem(last=False)
+
+    def admitted(self) -> None:
+        """Reports the keys of `loading` each store now holds (admitted, the newest
+        entries), after accounting for what the admissions evicted (`reconcile`). A key
+        not held yet is looked for again at the next call."""
+        if not self._admitting:
+            return
+        self.reconcile()
+        for rank in range(len(self._stores)):
+            waiting = [(skey, v) for (r, skey), v in self._admitting.items() if r == rank]
+            if not waiting:
+                continue
+            present = self.held(rank, [skey for skey, _ in waiting])
+            for (skey, (key, context)), p in zip(waiting, present):
+                if p or self.knows(rank, skey):
+                    del self._admitting[(rank, skey)]
+                if p:
+                    self._add(rank, skey, key, context)
 
     def touched(self, skeys: Iterable[bytes]) -> None:
         """The stores made these keys their most recently used (a get, a lease)."""
@@ -168,13 +224,17 @@ class Holdings:
         first = {k: None for k in suspects if self.knows(rank, k)}
         candidates = chain(first, (k for k, mask in self._known.items() if mask & bit and k not in first))
         gone: List[bytes] = []
+        kept: List[bytes] = []
         batch = count + 8
         while len(gone) < count:
             keys = list(islice(candidates, batch))
             if not keys:
                 break
-            present, _ = self._stores[rank].lookup(keys)
+            present = self.held(rank, keys)
             gone += [k for k, p in zip(keys, present) if not p]
+            kept += [k for k, p in zip(keys, present) if p]
             batch *= 2
         for skey in gone:
             self._drop(rank, skey)
+        if self._stores[rank].shared is not None:
+            self.touched(kept)  # leased by `held`: now the most recently used

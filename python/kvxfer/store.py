@@ -262,6 +262,9 @@ class Store:
         self.engine = engine
         self.config = config
         self.namespace = bytes(namespace)
+        #: The shared tier under the store, or None: where there is one, `lookup` also
+        #: answers for the shared tier, and `lease` alone tells the local entries.
+        self.shared = shared
         block = config._c()
         c = n.StoreConfigC()
         n.lib.kvx_store_config_init(ctypes.byref(c))

@@ -3,6 +3,7 @@ its events report held are the ones the stores hold, through puts that evict, lo
 gets, removals and a restart, without vLLM."""
 
 import random
+import time
 
 import numpy as np
 
@@ -78,4 +79,53 @@ def test_the_events_report_what_the_stores_hold(tmp_path):
             finally:
                 for st in stores:
                     st.close()
+        src.close()
+
+
+def held_locally(st, keys):
+    """The keys `st` itself holds: a lease covers its own hits only (a lookup answers for
+    its shared tier too)."""
+    leases, _ = st.lease(keys)
+    st.release(leases)
+    return {k.decode() for k, lease in zip(keys, leases) if lease is not None}
+
+
+def test_over_a_shared_tier_the_events_report_what_the_store_itself_holds(tmp_path):
+    """Over a shared tier holding every block: a store of two blocks evicts blocks the
+    shared tier still holds, and they are reported removed; another store that loads
+    blocks from the shared tier reports them once it has admitted them, and no sooner."""
+    pool = [f"key-{i}".encode() for i in range(4)]
+    cfg = geometry(blocks=4)
+    shared = kvxfer.SharedTier.dir(tmp_path / "shared", write="through")
+    with kvxfer.Engine(device=DEVICE, io_threads=2, bounce_bytes=1 << 20, slot_bytes=64 << 10) as engine:
+        data = np.zeros(cfg.num_blocks * cfg.block_bytes // 2, dtype=np.uint16)
+        src = engine.register(data, cfg)
+        a = kvxfer.Store(engine, tmp_path / "a", cfg, 2, shared=shared)
+        b = kvxfer.Store(engine, tmp_path / "b", cfg, 4, shared=shared)
+        try:
+            h, reported = Holdings([a]), set()
+            for i, k in enumerate(pool):
+                assert a.put(src, [i], [k]).results() == [None]
+                h.reconcile()
+                h.committed(0, [(k, k.decode())])
+                replay(h.take(), reported)
+                assert reported == held_locally(a, pool), f"after putting {k}"
+            assert a.lookup(pool)[0] == [True] * len(pool)  # the shared tier answers for the rest
+            h, reported = Holdings([b]), set()
+            assert h.held(0, pool) == [False] * len(pool)
+            assert b.get(pool, src, list(range(len(pool)))).results() == [None] * len(pool)
+            h.loading(0, [(k, k.decode()) for k in pool])
+            h.admitted()
+            replay(h.take(), reported)
+            assert reported <= held_locally(b, pool)  # admitted after the get, on a thread
+            deadline = time.monotonic() + 60
+            while b.stats().entries < len(pool):
+                assert time.monotonic() < deadline, "the loaded blocks were not admitted"
+                time.sleep(0.001)
+            h.admitted()
+            replay(h.take(), reported)
+            assert reported == held_locally(b, pool) == {k.decode() for k in pool}
+        finally:
+            a.close()
+            b.close()
         src.close()

@@ -19,8 +19,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set
 
 from ..engine import Engine
 from ..errors import Error, InvalidArgument, NotFound, Unsupported
@@ -49,6 +49,9 @@ class _Job:
     request: StoreRequest
     is_load: bool
     submitted: float
+    #: A load's store keys the store did not hold at its submit: those it loads come from
+    #: the shared tier (reported once admitted), where KV events are on.
+    remote: Set[bytes] = field(default_factory=set)
 
 
 def make_tier_class() -> type:
@@ -132,6 +135,8 @@ def make_tier_class() -> type:
                 #: What the tier has reported held, where vLLM publishes KV events; None
                 #: where it does not (vLLM then never takes them).
                 self._holdings = Holdings([self._store]) if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None
+                #: Whether a load from the shared tier is admitted into the store.
+                self._admits = shared_cfg is not None and shared_cfg.admit
             except BaseException:
                 self._engine.close()
                 raise
@@ -154,10 +159,12 @@ def make_tier_class() -> type:
 
         def take_events(self) -> List[Any]:
             """The chunks stored into and removed from the store since the last call
-            (a commit; an eviction, a removal, a failed check), medium STORAGE, named
-            by this tier's type; none where vLLM publishes no KV events."""
+            (a commit, a chunk loaded from the shared tier found admitted; an eviction, a
+            removal, a failed check), medium STORAGE, named by this tier's type; none
+            where vLLM publishes no KV events."""
             if self._holdings is None:
                 return []
+            self._holdings.admitted()
             return offloading_events(
                 OffloadingEvent, self._holdings.take(), medium=self.medium, locality=self.locality or Locality.LOCAL, ownership=self.tier_type, removal_expected=True
             )
@@ -179,14 +186,19 @@ def make_tier_class() -> type:
             keys = list(job.keys)
             skeys = [store_key(k) for k in keys]
             holdings = self._holdings
+            remote: Set[bytes] = set()
             try:
                 if is_load:
+                    if holdings is not None and self._admits:
+                        # What the store misses comes from the shared tier, admitted after.
+                        unknown = [s for s in skeys if not holdings.knows(0, s)]
+                        remote = {s for s, p in zip(unknown, holdings.held(0, unknown)) if not p}
                     r = self._store.get(skeys, self._primary, job.chunk_ids, critical=True)
                 else:
                     if holdings is not None:
                         # The put touches the keys held already: those from before this
                         # process are met here (the put then only dedups them).
-                        present, _ = self._store.lookup(skeys)
+                        present = holdings.held(0, skeys)
                         holdings.met(0, [(s, k) for s, k, p in zip(skeys, keys, present) if p and s not in self._putting], job.req_context)
                     r = self._store.put(self._primary, job.chunk_ids, skeys)
             except Error as e:
@@ -200,7 +212,7 @@ def make_tier_class() -> type:
                     holdings.reconcile()  # the put's evictions
                     for s in skeys:
                         self._putting[s] = self._putting.get(s, 0) + 1
-            self._jobs.append(_Job(job, keys, r, is_load, time.monotonic()))
+            self._jobs.append(_Job(job, keys, r, is_load, time.monotonic(), remote))
 
         def get_finished_jobs(self) -> List[Any]:
             running = []
@@ -243,13 +255,14 @@ def make_tier_class() -> type:
                 # others as the newest.
                 holdings.reconcile(suspects=[store_key(k) for k, e in zip(j.keys, results) if e is not None])
                 holdings.touched(map(store_key, j.keys))
+                holdings.loading(0, [(s, k) for s, k in zip(map(store_key, ok), ok) if s in j.remote], j.job.req_context)
                 return
             for s in map(store_key, j.keys):
                 left = self._putting.pop(s) - 1
                 if left:
                     self._putting[s] = left
             skeys = [store_key(k) for k in ok]
-            present, _ = self._store.lookup(skeys) if skeys else ([], 0)
+            present = holdings.held(0, skeys)
             holdings.committed(0, [(s, k) for s, k, p in zip(skeys, ok, present) if p], j.job.req_context)
 
         def has_pending_work(self) -> bool:
