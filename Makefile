@@ -153,8 +153,8 @@ store-crash: $(TEST_DIR)
 
 # The shared tier's torture at its full length: 8 processes over one shared directory,
 # killed at random for a minute (make test runs it for 20 seconds).
-shared-torture: $(TEST_DIR)
-	KVX_SHARED_TORTURE_SECS=$${KVX_SHARED_TORTURE_SECS:-60} KVX_TEST_DIR=$(TEST_DIR) $(CARGO) test --release --test shared processes_killed -- --nocapture
+shared-torture: $(TEST_DIR) s3-server-venv
+	KVX_SHARED_TORTURE_SECS=$${KVX_SHARED_TORTURE_SECS:-60} KVX_TEST_DIR=$(TEST_DIR) $(CARGO) test --release --test shared --test shared_s3 processes_killed -- --nocapture
 
 # The long soak (not part of make test).
 soak: stress-test

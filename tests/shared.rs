@@ -3,22 +3,14 @@
 //! another namespace are misses; a backend that never answers costs a bounded wait.
 
 mod common;
+use common::shared_tier::{block, get_exact, keys, put, torture, torture_child, NS};
 use common::*;
 use kvxfer::shared::{object, Location, SharedConfig, WriteMode};
-use kvxfer::store::{Store, StoreConfig, StoreRequest};
-use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind};
+use kvxfer::store::{Store, StoreConfig};
+use kvxfer::{Engine, Status};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const FC: LayoutKind = LayoutKind::FullyContiguous;
-/// vLLM's per-layer layout: `[2, num_blocks, …]` per layer.
-const VLLM: LayoutKind = LayoutKind::LayerSeparate { block_first: false };
-const NS: &[u8] = b"model-a tp0";
-
-fn block(num_blocks: u64) -> LayoutConfig {
-    cfg(num_blocks, 2, 2, 4, 64, 2)
-}
 
 fn shared(dir: &Path, write: WriteMode) -> SharedConfig {
     SharedConfig { write, ..SharedConfig::new(Location::Dir { path: dir.to_path_buf(), capacity_bytes: 0 }) }
@@ -26,40 +18,6 @@ fn shared(dir: &Path, write: WriteMode) -> SharedConfig {
 
 fn open(e: &Arc<Engine>, local: &Path, ns: &[u8], sh: SharedConfig) -> Store {
     Store::open(e, local, &StoreConfig { shards: 2, shared: Some(sh), ..StoreConfig::new(block(0), 64, ns) }).unwrap()
-}
-
-fn keys(n: usize) -> Vec<Vec<u8>> {
-    (0..n).map(|i| format!("prefix-block-{i}").into_bytes()).collect()
-}
-
-fn wait(r: &StoreRequest) -> Vec<Status> {
-    r.wait(Some(Duration::from_secs(60)));
-    assert_ne!(r.poll(), Status::Pending, "a store request did not end");
-    (0..r.len()).map(|i| r.key_status(i).unwrap()).collect()
-}
-
-fn put(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
-    let src = e.create_layout(&block(keys.len() as u64), FC, StorageKind::Host).unwrap();
-    for (i, k) in keys.iter().enumerate() {
-        fill_block_for_key(&src, i as u64, k);
-    }
-    let ids: Vec<u64> = (0..keys.len() as u64).collect();
-    wait(&s.put(&src, &ids, keys, &Default::default()).unwrap())
-}
-
-/// Gets `keys` into a vLLM-shaped host layout; each key's status, after checking that every
-/// hit holds exactly its key's bytes.
-fn get_exact(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
-    let dst = e.create_layout(&block(keys.len() as u64), VLLM, StorageKind::Host).unwrap();
-    fill(&dst, 99);
-    let ids: Vec<u64> = (0..keys.len() as u64).rev().collect();
-    let st = wait(&s.get(keys, &dst, &ids, &Default::default()).unwrap());
-    for (i, k) in keys.iter().enumerate() {
-        if st[i] == Status::Ok {
-            assert!(holds_key(&dst, ids[i], k), "key {} loaded with bytes that are not its own", String::from_utf8_lossy(k));
-        }
-    }
-    st
 }
 
 fn object_path(dir: &Path, ns: &[u8], key: &[u8]) -> PathBuf {
@@ -208,121 +166,22 @@ fn an_unwritable_shared_directory_is_refused_at_open() {
     assert!(err.message.contains("/proc/kvxfer-shared"), "{}", err.message);
 }
 
-/// Keys the torture's processes share.
-const TORTURE_KEYS: u64 = 120;
-
-fn torture_key(i: u64) -> Vec<u8> {
-    format!("torture-{i}").into_bytes()
-}
-
-/// A child of the torture: puts (through) and gets random batches of the shared keys over
-/// a small local store, so most gets read the shared tier, until it is killed. It logs
-/// each acknowledged put (`acked <i>`) and stops at the first wrong byte or failed check.
+/// A child of the torture (tests/common/shared_tier.rs) over the shared directory.
 #[test]
 #[ignore = "run by its parent test"]
 fn shared_torture_child() {
-    let (Some(sh), Some(local), Some(log), Some(seed)) = (
-        std::env::var_os("KVX_SHARED_DIR"),
-        std::env::var_os("KVX_SHARED_LOCAL"),
-        std::env::var_os("KVX_SHARED_LOG"),
-        std::env::var("KVX_SHARED_SEED").ok(),
-    ) else {
-        return;
-    };
-    use std::io::Write;
-    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let e = Arc::new(engine());
-    let cfg = StoreConfig { shared: Some(shared(Path::new(&sh), WriteMode::Through)), ..StoreConfig::new(block(0), 8, NS) };
-    let s = Store::open(&e, Path::new(&local), &cfg).unwrap();
-    let mut x = seed.parse::<u64>().unwrap() | 1;
-    let mut next = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
-    loop {
-        let mut ids: Vec<u64> = (0..1 + next(6)).map(|_| next(TORTURE_KEYS)).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let ks: Vec<Vec<u8>> = ids.iter().map(|&i| torture_key(i)).collect();
-        if next(2) == 0 {
-            for (i, st) in ids.iter().zip(put(&e, &s, &ks)) {
-                if st == Status::Ok {
-                    writeln!(log, "acked {i}").unwrap();
-                }
-            }
-        } else {
-            // get_exact panics on a wrong byte: the child then exits with a failure.
-            get_exact(&e, &s, &ks);
-            let failures = s.stats().shared.integrity_failures;
-            if failures > 0 {
-                writeln!(log, "integrity failures {failures}").unwrap();
-                std::process::exit(3);
-            }
-        }
-    }
+    let Some(sh) = std::env::var_os("KVX_SHARED_DIR") else { return };
+    torture_child(shared(Path::new(&sh), WriteMode::Through));
 }
 
 #[test]
 fn processes_killed_at_random_never_serve_wrong_bytes_and_keep_acknowledged_puts() {
-    let secs: u64 = std::env::var("KVX_SHARED_TORTURE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
     let sh = temp_dir("shared-torture");
-    let children = 8;
-    let spawn = |k: usize, round: u64| {
-        let log = sh.with_extension(format!("log-{k}"));
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "shared_torture_child", "--test-threads", "1"])
-            .env("KVX_SHARED_DIR", &sh)
-            .env("KVX_SHARED_LOCAL", sh.with_extension(format!("local-{k}")))
-            .env("KVX_SHARED_LOG", log)
-            .env("KVX_SHARED_SEED", (round * 1000 + k as u64 + 1).to_string())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
+    let child = || {
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+        c.args(["--ignored", "--exact", "shared_torture_child", "--test-threads", "1"]).env("KVX_SHARED_DIR", &sh);
+        c
     };
-    let mut procs: Vec<std::process::Child> = (0..children).map(|k| spawn(k, 0)).collect();
-    let (start, mut kills, mut round) = (Instant::now(), 0u64, 1u64);
-    while start.elapsed() < Duration::from_secs(secs) || kills < 50 {
-        std::thread::sleep(Duration::from_millis(40 + (round * 37) % 200));
-        let k = (round as usize * 5) % children;
-        if let Some(status) = procs[k].try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut procs[k].stderr.take().unwrap(), &mut err).unwrap();
-            panic!("torture child {k} stopped by itself ({status}):\n{err}");
-        }
-        procs[k].kill().unwrap();
-        procs[k].wait().unwrap();
-        kills += 1;
-        procs[k] = spawn(k, round);
-        round += 1;
-    }
-    for p in &mut procs {
-        if let Some(status) = p.try_wait().unwrap() {
-            panic!("a torture child stopped by itself ({status})");
-        }
-        p.kill().unwrap();
-        p.wait().unwrap();
-    }
-    let mut acked = std::collections::BTreeSet::new();
-    for k in 0..children {
-        let log = std::fs::read_to_string(sh.with_extension(format!("log-{k}"))).unwrap_or_default();
-        acked.extend(log.lines().filter_map(|l| l.strip_prefix("acked ")).filter_map(|i| i.parse::<u64>().ok()));
-    }
-    let e = Arc::new(engine());
-    let s = open(&e, &temp_dir("local-check"), NS, shared(&sh, WriteMode::Through));
-    let ks: Vec<Vec<u8>> = (0..TORTURE_KEYS).map(torture_key).collect();
-    let st = get_exact(&e, &s, &ks);
-    for &i in &acked {
-        assert_eq!(st[i as usize], Status::Ok, "key {i}'s put was acknowledged, yet it is not readable");
-    }
-    assert_eq!(s.stats().shared.integrity_failures, 0, "a reader saw a partial or damaged object");
-    assert!(acked.len() > 10, "the children acknowledged only {} keys", acked.len());
-    eprintln!("shared torture: {kills} kills in {:?}, {} keys acknowledged", start.elapsed(), acked.len());
-    for k in 0..children {
-        let _ = std::fs::remove_file(sh.with_extension(format!("log-{k}")));
-        let _ = std::fs::remove_dir_all(sh.with_extension(format!("local-{k}")));
-    }
+    torture(child, shared(&sh, WriteMode::Through));
     let _ = std::fs::remove_dir_all(sh);
 }

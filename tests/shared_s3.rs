@@ -5,10 +5,11 @@
 mod common;
 use common::cases::{case, run};
 use common::s3::{free_port, why_no_server, S3Server};
+use common::shared_tier::{block, get_exact, keys, put, torture, torture_child, NS};
 use common::*;
-use kvxfer::shared::{Backend, Location, S3Backend, S3Location, SharedConfig, WriteMode};
-use kvxfer::store::{Store, StoreConfig, StoreRequest};
-use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind};
+use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, WriteMode};
+use kvxfer::store::{Store, StoreConfig};
+use kvxfer::{Engine, Status};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,10 @@ fn main() {
     std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET);
     for v in ["AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION"] {
         std::env::remove_var(v);
+    }
+    // A child of the torture: it runs the child's loop, never the cases.
+    if let Some(endpoint) = std::env::var_os(TORTURE_ENDPOINT) {
+        torture_child(torture_shared(endpoint.to_str().unwrap()));
     }
     let why_not = why_no_server();
     let cases = vec![
@@ -42,6 +47,14 @@ fn main() {
         case(
             "a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves",
             a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves,
+        ),
+        case(
+            "objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3",
+            objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3,
+        ),
+        case(
+            "processes_killed_at_random_never_serve_wrong_bytes_and_keep_acknowledged_puts_over_s3",
+            processes_killed_at_random_never_serve_wrong_bytes_and_keep_acknowledged_puts_over_s3,
         ),
     ];
     run(cases.into_iter().map(|c| c.unless(why_not.clone())).collect())
@@ -181,62 +194,24 @@ fn a_stopped_server_times_calls_out_and_serves_once_resumed() {
     assert!(!b.exists("ij/five").unwrap());
 }
 
-/// One block: 2 layers × K/V × 4 tokens × 64 elements × 2 bytes.
-fn block(num_blocks: u64) -> LayoutConfig {
-    cfg(num_blocks, 2, 2, 4, 64, 2)
-}
-
-/// A store in a fresh local directory over the bucket.
-fn store_over(e: &Arc<Engine>, s: &S3Server, bucket: &str, write: WriteMode) -> Store {
+/// A store in a fresh local directory over the bucket, under namespace `ns`.
+fn store_over(e: &Arc<Engine>, s: &S3Server, bucket: &str, ns: &[u8], write: WriteMode) -> Store {
     let shared = SharedConfig { write, timeout: TIMEOUT, ..SharedConfig::new(Location::S3(location(s, bucket, "kv/"))) };
-    let cfg = StoreConfig { shared: Some(shared), ..StoreConfig::new(block(0), 64, b"model-a tp0") };
+    let cfg = StoreConfig { shared: Some(shared), ..StoreConfig::new(block(0), 64, ns) };
     Store::open(e, &temp_dir("s3-local"), &cfg).expect("opening a store over the bucket")
-}
-
-fn statuses(r: &StoreRequest) -> Vec<Status> {
-    r.wait(Some(Duration::from_secs(60)));
-    assert_ne!(r.poll(), Status::Pending, "a store request did not end");
-    (0..r.len()).map(|i| r.key_status(i).unwrap()).collect()
-}
-
-fn prefix_keys(n: usize) -> Vec<Vec<u8>> {
-    (0..n).map(|i| format!("prefix-block-{i}").into_bytes()).collect()
-}
-
-fn put_keys(e: &Engine, st: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
-    let src = e.create_layout(&block(keys.len() as u64), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
-    for (i, k) in keys.iter().enumerate() {
-        fill_block_for_key(&src, i as u64, k);
-    }
-    let ids: Vec<u64> = (0..keys.len() as u64).collect();
-    statuses(&st.put(&src, &ids, keys, &Default::default()).unwrap())
-}
-
-/// Gets `keys` into a vLLM-shaped layout; each key's status, every hit checked exact.
-fn get_exact(e: &Engine, st: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
-    let dst = e.create_layout(&block(keys.len() as u64), LayoutKind::LayerSeparate { block_first: false }, StorageKind::Host).unwrap();
-    fill(&dst, 99);
-    let ids: Vec<u64> = (0..keys.len() as u64).rev().collect();
-    let out = statuses(&st.get(keys, &dst, &ids, &Default::default()).unwrap());
-    for (i, k) in keys.iter().enumerate() {
-        if out[i] == Status::Ok {
-            assert!(holds_key(&dst, ids[i], k), "key {i} loaded with bytes that are not its own");
-        }
-    }
-    out
 }
 
 fn a_prefix_one_store_puts_another_loads_bit_exact_over_s3() {
     let s = S3Server::start();
     s.create_bucket("kvx-store");
     let e = Arc::new(engine());
-    let keys = prefix_keys(12);
-    let a = store_over(&e, &s, "kvx-store", WriteMode::Behind);
-    assert_eq!(put_keys(&e, &a, &keys), vec![Status::Ok; 12]);
+    let ks = keys(12);
+    let a = store_over(&e, &s, "kvx-store", NS, WriteMode::Behind);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 12]);
     // Closing publishes what is still behind.
     a.close();
-    let b = store_over(&e, &s, "kvx-store", WriteMode::Behind);
-    let mut asked = keys.clone();
+    let b = store_over(&e, &s, "kvx-store", NS, WriteMode::Behind);
+    let mut asked = ks.clone();
     asked.push(b"never-put".to_vec());
     assert_eq!(b.lookup(&asked, false).unwrap().1, 12);
     let got = get_exact(&e, &b, &asked);
@@ -249,17 +224,80 @@ fn a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves() {
     let s = S3Server::start();
     s.create_bucket("kvx-stall");
     let e = Arc::new(engine());
-    let keys = prefix_keys(4);
-    let a = store_over(&e, &s, "kvx-stall", WriteMode::Through);
-    assert_eq!(put_keys(&e, &a, &keys), vec![Status::Ok; 4]);
-    let b = store_over(&e, &s, "kvx-stall", WriteMode::Through);
+    let ks = keys(4);
+    let a = store_over(&e, &s, "kvx-stall", NS, WriteMode::Through);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 4]);
+    let b = store_over(&e, &s, "kvx-stall", NS, WriteMode::Through);
     s.pause(true);
     let (lookup, got) =
-        within_bound("a lookup and a get of a stopped server", || (b.lookup(&keys, false).unwrap().1, get_exact(&e, &b, &keys)));
+        within_bound("a lookup and a get of a stopped server", || (b.lookup(&ks, false).unwrap().1, get_exact(&e, &b, &ks)));
     assert_eq!(lookup, 0);
     assert!(got.iter().all(|&st| st == Status::Timeout), "{got:?}");
-    let put = within_bound("a write-through put to a stopped server", || put_keys(&e, &b, &prefix_keys(6)[4..]));
+    let put = within_bound("a write-through put to a stopped server", || put(&e, &b, &keys(6)[4..]));
     assert!(put.iter().all(|&st| st == Status::Timeout), "{put:?}");
     s.pause(false);
-    assert_eq!(get_exact(&e, &b, &keys), vec![Status::Ok; 4], "service resumes with the server");
+    assert_eq!(get_exact(&e, &b, &ks), vec![Status::Ok; 4], "service resumes with the server");
+}
+
+/// Object `name`'s bytes, whole.
+fn object_bytes(b: &S3Backend, name: &str) -> Vec<u8> {
+    let (len, _) = read(b, name, 0, 0).expect("the object is there");
+    read(b, name, object::HEADER_BYTES, len as usize - object::HEADER_BYTES).unwrap().1
+}
+
+fn objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3() {
+    let s = S3Server::start();
+    s.create_bucket("kvx-damage");
+    let e = Arc::new(engine());
+    let ks = keys(6);
+    let a = store_over(&e, &s, "kvx-damage", NS, WriteMode::Through);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 6]);
+    let other = store_over(&e, &s, "kvx-damage", b"model-b tp0", WriteMode::Through);
+    assert_eq!(put(&e, &other, &ks[4..5]), vec![Status::Ok]);
+    drop((a, other));
+    // The stores' objects rewritten through a backend on their prefix. 0: a payload byte
+    // flipped; 1: cut short; 2: key 3's object under key 2's name; 4: the other
+    // namespace's object of key 4 under this namespace's name; 3 and 5: intact.
+    let b = S3Backend::open(&location(&s, "kvx-damage", "kv/"), TIMEOUT).unwrap();
+    let name = |ns: &[u8], i: usize| object::name(ns, &ks[i]);
+    let h = object::HEADER_BYTES;
+    let mut bytes = object_bytes(&b, &name(NS, 0));
+    let at = bytes.len() - 7;
+    bytes[at] ^= 0x10;
+    b.write(&name(NS, 0), &bytes[..h], &bytes[h..]).unwrap();
+    let bytes = object_bytes(&b, &name(NS, 1));
+    b.write(&name(NS, 1), &bytes[..h], &bytes[h..bytes.len() - 1]).unwrap();
+    let bytes = object_bytes(&b, &name(NS, 3));
+    b.write(&name(NS, 2), &bytes[..h], &bytes[h..]).unwrap();
+    let bytes = object_bytes(&b, &name(b"model-b tp0", 4));
+    b.write(&name(NS, 4), &bytes[..h], &bytes[h..]).unwrap();
+
+    let c = store_over(&e, &s, "kvx-damage", NS, WriteMode::Through);
+    let st = get_exact(&e, &c, &ks);
+    assert_eq!(st, [Status::Integrity, Status::Integrity, Status::Integrity, Status::Ok, Status::Integrity, Status::Ok]);
+    assert_eq!(c.stats().shared.integrity_failures, 4);
+}
+
+/// Set in the torture's children: the endpoint of the server they share.
+const TORTURE_ENDPOINT: &str = "KVX_TORTURE_S3_ENDPOINT";
+const TORTURE_BUCKET: &str = "kvx-torture";
+
+/// The torture's location, written through. Its bound is generous: 8 processes share one
+/// moto, and a call that times out is a miss, not a failure, but an acknowledged put must
+/// still read back at the end.
+fn torture_shared(endpoint: &str) -> SharedConfig {
+    let loc = S3Location { endpoint: endpoint.into(), region: "us-east-1".into(), bucket: TORTURE_BUCKET.into(), prefix: "kv/".into() };
+    SharedConfig { write: WriteMode::Through, timeout: Duration::from_secs(10), ..SharedConfig::new(Location::S3(loc)) }
+}
+
+fn processes_killed_at_random_never_serve_wrong_bytes_and_keep_acknowledged_puts_over_s3() {
+    let s = S3Server::start();
+    s.create_bucket(TORTURE_BUCKET);
+    // The children re-run this binary, whose main runs the child when TORTURE_ENDPOINT is set.
+    let child = || {
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+        c.env(TORTURE_ENDPOINT, s.endpoint());
+        c
+    };
+    torture(child, torture_shared(&s.endpoint()));
 }

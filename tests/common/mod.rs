@@ -5,6 +5,7 @@
 
 pub mod cases;
 pub mod s3;
+pub mod shared_tier;
 
 use kvxfer::layout::Placement;
 use kvxfer::{Device, DiskFlags, Engine, EngineConfig, IoBackend, Layout, LayoutConfig, LayoutKind, Status, StorageKind, TransferOptions};
