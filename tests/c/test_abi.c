@@ -339,6 +339,29 @@ static void make_keys(char bytes[4][16], kvx_key keys[4]) {
   }
 }
 
+/* Two host layouts of `block` (8 blocks), the destination's with `dst_flags`: the source
+ * filled with the bytes i * mul + add, the destination zeroed. */
+struct host_pair {
+  kvx_layout *src, *dst;
+  unsigned char *sp, *dp;
+  uint64_t block_bytes;
+};
+
+static struct host_pair host_pair(kvx_engine *e, const kvx_layout_config *block, uint32_t dst_flags, unsigned mul, unsigned add) {
+  struct host_pair p = {NULL, NULL, NULL, NULL, 0};
+  uint64_t sa = 0, da = 0;
+  OK(kvx_layout_create_host(e, block, 0, &p.src));
+  OK(kvx_layout_create_host(e, block, dst_flags, &p.dst));
+  OK(kvx_layout_block_bytes(p.src, &p.block_bytes));
+  OK(kvx_layout_base(p.src, 0, &sa));
+  OK(kvx_layout_base(p.dst, 0, &da));
+  p.sp = (unsigned char *)(uintptr_t)sa;
+  p.dp = (unsigned char *)(uintptr_t)da;
+  for (uint64_t i = 0; i < 8 * p.block_bytes; i++) p.sp[i] = (unsigned char)(i * mul + add);
+  memset(p.dp, 0, 8 * p.block_bytes);
+  return p;
+}
+
 /* A store made in KVX_TEST_DIR: 4 blocks put from one host layout, looked up, got into
  * another and compared byte for byte, a miss, removed, counted. */
 static void store_round_trip(kvx_engine *e, const char *dir) {
@@ -358,16 +381,10 @@ static void store_round_trip(kvx_engine *e, const char *dir) {
   kvx_store *st = NULL;
   OK(kvx_store_open(e, sdir, &sc, &st));
 
-  kvx_layout *src = NULL, *dst = NULL;
-  OK(kvx_layout_create_host(e, &block, 0, &src));
-  OK(kvx_layout_create_host(e, &block, KVX_HOST_PINNED, &dst));
-  uint64_t block_bytes = 0, sa = 0, da = 0;
-  OK(kvx_layout_block_bytes(src, &block_bytes));
-  OK(kvx_layout_base(src, 0, &sa));
-  OK(kvx_layout_base(dst, 0, &da));
-  unsigned char *sp = (unsigned char *)(uintptr_t)sa, *dp = (unsigned char *)(uintptr_t)da;
-  for (uint64_t i = 0; i < 8 * block_bytes; i++) sp[i] = (unsigned char)(i * 37 + 11);
-  memset(dp, 0, 8 * block_bytes);
+  struct host_pair hp = host_pair(e, &block, KVX_HOST_PINNED, 37, 11);
+  kvx_layout *src = hp.src, *dst = hp.dst;
+  unsigned char *sp = hp.sp, *dp = hp.dp;
+  uint64_t block_bytes = hp.block_bytes;
 
   char kb[4][16];
   kvx_key keys[4];
@@ -664,16 +681,10 @@ static void store_shared_tier(kvx_engine *e, const char *dir) {
   OK(kvx_store_open(e, adir, &sc, &a));
   OK(kvx_store_open(e, bdir, &sc, &b));
 
-  kvx_layout *src = NULL, *dst = NULL;
-  OK(kvx_layout_create_host(e, &block, 0, &src));
-  OK(kvx_layout_create_host(e, &block, 0, &dst));
-  uint64_t block_bytes = 0, sa = 0, da = 0;
-  OK(kvx_layout_block_bytes(src, &block_bytes));
-  OK(kvx_layout_base(src, 0, &sa));
-  OK(kvx_layout_base(dst, 0, &da));
-  unsigned char *sp = (unsigned char *)(uintptr_t)sa, *dp = (unsigned char *)(uintptr_t)da;
-  for (uint64_t i = 0; i < 8 * block_bytes; i++) sp[i] = (unsigned char)(i * 29 + 3);
-  memset(dp, 0, 8 * block_bytes);
+  struct host_pair hp = host_pair(e, &block, 0, 29, 3);
+  kvx_layout *src = hp.src, *dst = hp.dst;
+  unsigned char *sp = hp.sp, *dp = hp.dp;
+  uint64_t block_bytes = hp.block_bytes;
   char kb[4][16];
   kvx_key keys[4];
   make_keys(kb, keys);
@@ -777,16 +788,10 @@ static void store_slots(kvx_engine *e, const char *dir) {
   dc.flags = KVX_STORE_DATA_ONLY;
   OK(kvx_store_open(e, sdir, &dc, &data));
 
-  kvx_layout *src = NULL, *dst = NULL;
-  OK(kvx_layout_create_host(e, &block, 0, &src));
-  OK(kvx_layout_create_host(e, &block, 0, &dst));
-  uint64_t block_bytes = 0, sa = 0, da = 0;
-  OK(kvx_layout_block_bytes(src, &block_bytes));
-  OK(kvx_layout_base(src, 0, &sa));
-  OK(kvx_layout_base(dst, 0, &da));
-  unsigned char *sp = (unsigned char *)(uintptr_t)sa, *dp = (unsigned char *)(uintptr_t)da;
-  for (uint64_t i = 0; i < 8 * block_bytes; i++) sp[i] = (unsigned char)(i * 13 + 5);
-  memset(dp, 0, 8 * block_bytes);
+  struct host_pair hp = host_pair(e, &block, 0, 13, 5);
+  kvx_layout *src = hp.src, *dst = hp.dst;
+  unsigned char *sp = hp.sp, *dp = hp.dp;
+  uint64_t block_bytes = hp.block_bytes;
 
   char kb[4][16];
   kvx_key keys[4];
