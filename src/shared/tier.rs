@@ -107,7 +107,8 @@ impl Ord for Due {
 
 pub struct Tier {
     backend: Arc<dyn Backend>,
-    namespace: Vec<u8>,
+    /// Shared with each call's job, which checks or writes it into the header.
+    namespace: Arc<[u8]>,
     block: LayoutConfig,
     cfg: SharedConfig,
     jobs: Option<Sender<Job>>,
@@ -150,7 +151,7 @@ impl Tier {
         threads.push(std::thread::Builder::new().name("kvx-shared-timer".into()).spawn(move || run_timer(&t)).expect("spawning the timer"));
         Tier {
             backend,
-            namespace: namespace.to_vec(),
+            namespace: namespace.into(),
             block: LayoutConfig { num_blocks: 1, ..block },
             cfg: cfg.clone(),
             jobs: Some(tx),
@@ -167,15 +168,6 @@ impl Tier {
 
     pub fn config(&self) -> &SharedConfig {
         &self.cfg
-    }
-
-    /// Bytes of one block's payload.
-    pub fn block_bytes(&self) -> usize {
-        self.expected(b"").payload_bytes() as usize
-    }
-
-    fn expected<'a>(&'a self, key: &'a [u8]) -> Expected<'a> {
-        Expected { namespace: &self.namespace, key, block: &self.block }
     }
 
     pub fn stats(&self) -> TierStats {
