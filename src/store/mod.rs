@@ -30,6 +30,7 @@ mod recency;
 mod record;
 mod request;
 mod shared;
+mod staging;
 mod worker;
 
 pub use config::{StoreConfig, StoreFlags, MAX_KEY_BYTES, MAX_NAMESPACE_BYTES};
@@ -232,7 +233,7 @@ impl Store {
             );
         }
         let shared = match &cfg.shared {
-            Some(sc) => Some(shared::Shared::new(Tier::open(sc, &cfg.namespace, cfg.block)?)),
+            Some(sc) => Some(shared::Shared::new(Tier::open(sc, &cfg.namespace, cfg.block)?, engine, &cfg.block)?),
             None => None,
         };
         let counters = Counters::default();

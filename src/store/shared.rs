@@ -4,31 +4,27 @@
 //! store and published, behind the put or through it.
 //!
 //! Every wait on the shared tier ends at its bound: a get's keys still unanswered then are
-//! misses (`Timeout`), whatever the backend does after. Staging memory comes in chunks of
-//! `STAGING_BLOCKS`, kept for reuse, and stays with a read until its call ends.
+//! misses (`Timeout`), whatever the backend does after. Staging memory (`staging`) is leased
+//! `LEASE_BLOCKS` blocks at a time, and stays with a read until its call ends.
 
 use super::config::Key;
 use super::request::StoreRequest;
+use super::staging::{Slot, Staging, LEASE_BLOCKS};
 use super::{add, Inner};
-use crate::engine::TransferOptions;
+use crate::engine::{Engine, TransferOptions};
 use crate::error::{Result, Status};
-use crate::layout::LayoutKind;
-use crate::memory::{Layout, StorageKind};
-use crate::shared::tier::{Buf, Miss};
+use crate::layout::LayoutConfig;
+use crate::memory::Layout;
+use crate::shared::tier::Miss;
 use crate::shared::{Tier, WriteMode};
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Blocks in one staging allocation: a get's misses are read in chunks of this many.
-const STAGING_BLOCKS: usize = 16;
-/// Staging allocations kept for reuse.
-const STAGING_KEPT: usize = 8;
-
 /// A store's shared tier and what its store side keeps.
 pub(super) struct Shared {
     pub tier: Arc<Tier>,
-    staging: Mutex<Vec<Arc<Layout>>>,
+    staging: Arc<Staging>,
     /// The publisher's queue (`None` once the store closes).
     publish: Mutex<Option<Sender<Publish>>>,
     /// Blocks queued to be written behind.
@@ -44,8 +40,9 @@ pub(super) struct Publish {
 }
 
 impl Shared {
-    pub fn new(tier: Tier) -> Shared {
-        Shared { tier: Arc::new(tier), staging: Mutex::new(Vec::new()), publish: Mutex::new(None), pending: AtomicUsize::new(0) }
+    pub fn new(tier: Tier, engine: &Engine, block: &LayoutConfig) -> Result<Shared> {
+        let staging = Staging::new(engine, block)?;
+        Ok(Shared { tier: Arc::new(tier), staging, publish: Mutex::new(None), pending: AtomicUsize::new(0) })
     }
 
     pub fn set_publisher(&self, tx: Sender<Publish>) {
@@ -61,14 +58,15 @@ impl Shared {
 /// What one read of the shared tier found.
 type Answer = std::result::Result<(), Miss>;
 
-/// One chunk of a get's keys, read from the shared tier into one staging allocation.
+/// One chunk of a get's keys, read from the shared tier into one lease of staging.
 struct Load {
     inner: Arc<Inner>,
     req: Arc<StoreRequest>,
     dst: Arc<Layout>,
     opts: TransferOptions,
-    staging: Arc<Layout>,
-    /// (index in the request, key, destination block), staging block j for keys[j].
+    /// The lease, once it is granted (slot `j` for `keys[j]`), until the reads are answered.
+    slots: Mutex<Option<Vec<Arc<Slot>>>>,
+    /// (index in the request, key, destination block).
     keys: Vec<(usize, Key, u64)>,
     /// Each read's outcome as it comes; `None` once the chunk moved on (all answered, or
     /// its bound passed).
@@ -78,32 +76,6 @@ struct Load {
 impl Inner {
     fn shared(&self) -> &Shared {
         self.shared.as_ref().expect("called only with a shared tier")
-    }
-
-    /// Staging memory for `n ≤ STAGING_BLOCKS` blocks of the store's geometry: host memory
-    /// the device copies from directly (pinned).
-    fn staging(&self) -> Result<Arc<Layout>> {
-        if let Some(s) = self.shared().staging.lock().unwrap().pop() {
-            return Ok(s);
-        }
-        let cfg = crate::layout::LayoutConfig { num_blocks: STAGING_BLOCKS as u64, ..self.cfg.block };
-        self.engine.create_layout(&cfg, LayoutKind::FullyContiguous, StorageKind::Pinned)
-    }
-
-    fn give_back_staging(&self, s: Arc<Layout>) {
-        let mut kept = self.shared().staging.lock().unwrap();
-        if kept.len() < STAGING_KEPT {
-            kept.push(s);
-        }
-    }
-
-    /// Block `j` of staging memory, for one call of the tier.
-    fn staging_buf(&self, staging: &Arc<Layout>, j: usize) -> Buf {
-        let bytes = staging.geometry().block_bytes as usize;
-        let base = staging.bases().expect("staging is memory")[0] as *mut u8;
-        // SAFETY: block j lies within the staging allocation, which `staging` (kept by the
-        // Buf) owns; each block is given to one call at a time.
-        unsafe { Buf::new(base.add(j * bytes), bytes, staging.clone()) }
     }
 
     /// Loads `misses` (keys the local store does not hold) from the shared tier into their
@@ -116,37 +88,39 @@ impl Inner {
         opts: &TransferOptions,
     ) {
         let tier = self.shared().tier.clone();
-        for chunk in misses.chunks(STAGING_BLOCKS) {
-            let staging = match self.staging() {
-                Ok(s) => s,
-                Err(e) => {
-                    add(&self.counters.misses, chunk.len() as u64);
-                    for &(i, _, _) in chunk {
-                        req.settle(i, e.status, format!("no staging memory for the shared tier: {}", e.message));
-                    }
-                    continue;
-                }
-            };
+        for chunk in misses.chunks(LEASE_BLOCKS) {
             self.begin();
             let load = Arc::new(Load {
                 inner: self.clone(),
                 req: req.clone(),
                 dst: dst.clone(),
                 opts: opts.clone(),
-                staging: staging.clone(),
+                slots: Mutex::new(None),
                 keys: chunk.to_vec(),
                 answers: Mutex::new(Some(vec![None; chunk.len()])),
             });
+            // The bound counts from the call, a wait for staging included.
             let weak = Arc::downgrade(&load);
             tier.at(tier.deadline(), move || {
                 if let Some(l) = weak.upgrade() {
                     l.answer(None);
                 }
             });
-            for (j, (_, key, _)) in chunk.iter().enumerate() {
-                let l = load.clone();
-                tier.read(key.as_bytes().to_vec(), self.staging_buf(&staging, j), move |r| l.answer(Some((j, r))));
-            }
+            let tier = tier.clone();
+            self.shared().staging.lease(chunk.len(), move |slots| {
+                let bufs: Vec<_> = slots.iter().map(|s| s.buf()).collect();
+                {
+                    let answers = load.answers.lock().unwrap();
+                    if answers.is_none() {
+                        return; // past its bound already: the lease goes straight back
+                    }
+                    *load.slots.lock().unwrap() = Some(slots);
+                }
+                for (j, ((_, key, _), buf)) in load.keys.iter().zip(bufs).enumerate() {
+                    let l = load.clone();
+                    tier.read(key.as_bytes().to_vec(), buf, move |r| l.answer(Some((j, r))));
+                }
+            });
         }
     }
 }
@@ -185,21 +159,27 @@ impl Load {
                 }
             }
         }
+        // The blocks read stay leased until moved (and admitted); the rest go back now, but
+        // for those a late call still holds. (No lease yet: its bound passed first.)
+        let all = self.slots.lock().unwrap().take().unwrap_or_default();
         if ok.is_empty() {
             self.inner.end();
             return;
         }
-        let src_ids: Vec<u64> = ok.iter().map(|&j| j as u64).collect();
+        let slots: Vec<Arc<Slot>> = ok.iter().map(|&j| all[j].clone()).collect();
+        drop(all);
+        let src_ids: Vec<u64> = slots.iter().map(|s| s.id()).collect();
         let dst_ids: Vec<u64> = ok.iter().map(|&j| self.keys[j].2).collect();
-        let me = self.clone();
+        let (me, moving) = (self.clone(), ok.clone());
         let done: crate::engine::OnComplete = Arc::new(move |r, status| {
             let msg = r.error_message().to_string_lossy().into_owned();
-            me.moved(&ok, status, msg);
+            me.moved(&moving, &slots, status, msg);
         });
         let opts = TransferOptions { on_complete: Some(done), ..self.opts.clone() };
-        if let Err(e) = self.inner.engine.submit_for_store(&self.staging, &src_ids, &self.dst, &dst_ids, &opts, None) {
-            for &j in &src_ids {
-                self.miss(self.keys[j as usize].0, e.status, e.message.clone());
+        let staging = self.inner.shared().staging.layout();
+        if let Err(e) = self.inner.engine.submit_for_store(staging, &src_ids, &self.dst, &dst_ids, &opts, None) {
+            for &j in &ok {
+                self.miss(self.keys[j].0, e.status, e.message.clone());
             }
             self.inner.end();
         }
@@ -210,10 +190,10 @@ impl Load {
         self.req.settle(i, status, why);
     }
 
-    /// The move of the blocks read (`ok`, staging indices) ended with `status`: settles
-    /// their keys, then admits them into the local store, on a tier thread (that put's
-    /// wait must not run in an engine callback).
-    fn moved(self: &Arc<Self>, ok: &[usize], status: Status, msg: String) {
+    /// The move of the blocks read (`ok`, indices into `keys`, in `slots`) ended with
+    /// `status`: settles their keys, then admits them into the local store, on a tier thread
+    /// (that put's wait must not run in an engine callback).
+    fn moved(self: &Arc<Self>, ok: &[usize], slots: &[Arc<Slot>], status: Status, msg: String) {
         for &j in ok {
             match status {
                 Status::Ok => {
@@ -224,12 +204,12 @@ impl Load {
             }
         }
         let admit = status == Status::Ok && self.inner.shared().tier.config().admit;
-        let (me, ok) = (self.clone(), ok.to_vec());
+        let (me, ok, slots) = (self.clone(), ok.to_vec(), slots.to_vec());
         self.inner.shared().tier.spawn(move || {
             if admit {
-                let ids: Vec<u64> = ok.iter().map(|&j| j as u64).collect();
+                let ids: Vec<u64> = slots.iter().map(|s| s.id()).collect();
                 let keys: Vec<Key> = ok.iter().map(|&j| me.keys[j].1).collect();
-                match me.inner.put_keys(&me.staging, &ids, keys, &TransferOptions::default()) {
+                match me.inner.put_keys(me.inner.shared().staging.layout(), &ids, keys, &TransferOptions::default()) {
                     Ok(r) => {
                         r.wait(None);
                     }
@@ -238,13 +218,6 @@ impl Load {
             }
             me.inner.end();
         });
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        // Every call that wrote into the staging memory has ended (each held this load).
-        self.inner.give_back_staging(self.staging.clone());
     }
 }
 
@@ -303,7 +276,7 @@ impl Inner {
                 .filter(|&&(i, _)| job.local.key_status(i) != Some(Status::Ok))
                 .map(|&(i, _)| (i, job.local.key_status(i).unwrap_or(Status::Internal), job.local.key_message(i)))
                 .collect();
-            for chunk in committed.chunks(STAGING_BLOCKS) {
+            for chunk in committed.chunks(LEASE_BLOCKS) {
                 results.extend(self.publish_chunk(chunk));
             }
             self.published(&job, results);
@@ -312,21 +285,20 @@ impl Inner {
 
     /// Reads `keys` back from the local store and publishes them; each key's outcome.
     fn publish_chunk(self: &Arc<Self>, keys: &[(usize, Key)]) -> Vec<(usize, Status, String)> {
-        let staging = match self.staging() {
-            Ok(s) => s,
-            Err(e) => {
-                self.shared().tier.dropped(keys.len() as u64);
-                return keys.iter().map(|&(i, _)| (i, e.status, format!("no staging memory to publish: {}", e.message))).collect();
-            }
+        let tier = self.shared().tier.clone();
+        let Some(slots) = self.shared().staging.lease_by(keys.len(), tier.deadline()) else {
+            tier.timed_out(keys.len() as u64);
+            let why =
+                format!("no staging memory came free within {:?} to publish; the shared tier's reads hold it", tier.config().timeout());
+            return keys.iter().map(|&(i, _)| (i, Status::Timeout, why.clone())).collect();
         };
-        let ids: Vec<u64> = (0..keys.len() as u64).collect();
+        let ids: Vec<u64> = slots.iter().map(|s| s.id()).collect();
         let local_keys: Vec<Key> = keys.iter().map(|k| k.1).collect();
-        let back = match self.get_keys(local_keys, &staging, &ids, &TransferOptions::default(), false) {
+        let back = match self.get_keys(local_keys, self.shared().staging.layout(), &ids, &TransferOptions::default(), false) {
             Ok(r) => r,
             Err(e) => return keys.iter().map(|&(i, _)| (i, e.status, e.message.clone())).collect(),
         };
         back.wait(None);
-        let tier = self.shared().tier.clone();
         let (tx, rx) = crossbeam_channel::bounded(keys.len());
         let mut out = Vec::new();
         let mut sent = 0;
@@ -338,7 +310,7 @@ impl Inner {
                 continue;
             }
             let tx = tx.clone();
-            tier.write(key.as_bytes().to_vec(), self.staging_buf(&staging, j), move |r| {
+            tier.write(key.as_bytes().to_vec(), slots[j].buf(), move |r| {
                 let _ = tx.send((i, r));
             });
             sent += 1;
@@ -357,10 +329,7 @@ impl Inner {
         for i in late {
             out.push((i, Status::Timeout, format!("{} did not take the object within {:?}", tier.describe(), tier.config().timeout())));
         }
-        // The staging goes back only when no write still reads it: each write holds it.
-        if Arc::strong_count(&staging) == 1 {
-            self.give_back_staging(staging);
-        }
+        // Each block goes back once no write still reads it: each write holds its own.
         out
     }
 
