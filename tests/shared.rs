@@ -3,11 +3,11 @@
 //! another namespace are misses; a backend that never answers costs a bounded wait.
 
 mod common;
-use common::shared_tier::{block, get_exact, keys, put, torture, torture_child, NS};
+use common::shared_tier::{block, get_exact, get_exact_in, keys, put, torture, torture_child, NS};
 use common::*;
 use kvxfer::shared::{object, Location, SharedConfig, WriteMode};
 use kvxfer::store::{Store, StoreConfig};
-use kvxfer::{Engine, Status};
+use kvxfer::{Engine, Status, StorageKind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,6 +79,34 @@ fn a_prefix_one_process_puts_is_loaded_bit_exact_by_another_started_after_it_exi
     for d in [sh, local_a, local_b] {
         let _ = std::fs::remove_dir_all(d);
     }
+}
+
+/// Reads land in host memory straight from the object, under each key's claim; in device
+/// memory through staging and the engine; admitted locally from staging either way.
+#[test]
+fn shared_blocks_load_bit_exact_into_host_and_device_memory_admitted_or_not() {
+    let sh = temp_dir("shared");
+    let e = Arc::new(engine());
+    let a = open(&e, &temp_dir("local-a"), NS, shared(&sh, WriteMode::Through));
+    let ks = keys(40);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 40]);
+    for admit in [false, true] {
+        for storage in [StorageKind::Host, StorageKind::Pinned, StorageKind::Device] {
+            let b = open(&e, &temp_dir("local-b"), NS, SharedConfig { admit, ..shared(&sh, WriteMode::Through) });
+            assert_eq!(get_exact_in(&e, &b, &ks, storage), vec![Status::Ok; 40], "{storage:?}, admit {admit}");
+            assert_eq!(b.stats().shared.hits, 40);
+            // Admitted (after the get reports), blocks load from the local store, bit-exact,
+            // with no shared read.
+            let admitted = Instant::now();
+            while admit && b.stats().entries < 40 && admitted.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(b.stats().entries, if admit { 40 } else { 0 }, "{storage:?}, admit {admit}");
+            assert_eq!(get_exact_in(&e, &b, &ks, storage), vec![Status::Ok; 40]);
+            assert_eq!(b.stats().shared.hits, if admit { 40 } else { 80 }, "{storage:?}, admit {admit}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(sh);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use common::cases::{case, run};
 use common::s3::{free_port, why_no_server, S3Server};
 use common::shared_tier::{block, get_exact, keys, put, torture, torture_child, NS};
 use common::*;
-use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, WriteMode};
+use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, Sink, WriteMode};
 use kvxfer::store::{Store, StoreConfig};
 use kvxfer::{Engine, Status};
 use std::sync::Arc;
@@ -76,10 +76,29 @@ fn bytes(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-/// Reads `name` into buffers of the given sizes: its length and the bytes read.
+/// Keeps the bytes a read hands it.
+#[derive(Default)]
+struct Keep(Vec<u8>);
+
+impl Sink for Keep {
+    fn header(&mut self, h: &[u8]) -> bool {
+        self.0.extend_from_slice(h);
+        true
+    }
+    fn payload(&mut self, piece: &[u8]) -> bool {
+        self.0.extend_from_slice(piece);
+        true
+    }
+}
+
+/// Reads `name` as an object of the given sizes: its length and the bytes read.
 fn read(b: &S3Backend, name: &str, header: usize, payload: usize) -> Option<(u64, Vec<u8>)> {
-    let (mut h, mut p) = (vec![0u8; header], vec![0u8; payload]);
-    b.read(name, &mut h, &mut p).expect("read").map(|n| (n, [h, p].concat()))
+    try_read(b, name, header, payload).expect("read")
+}
+
+fn try_read(b: &S3Backend, name: &str, header: usize, payload: usize) -> kvxfer::Result<Option<(u64, Vec<u8>)>> {
+    let mut k = Keep::default();
+    Ok(b.read(name, header, payload, &mut k)?.map(|n| (n, k.0)))
 }
 
 /// `f`'s result, checked to have come within the bound.
@@ -124,11 +143,10 @@ fn an_object_one_backend_writes_another_reads() {
 fn a_wrong_length_object_reports_its_length() {
     let (_s, b) = server_with("kvx-wrong-length", "");
     b.write("ef/three", &bytes(512, 6), &bytes(1000, 7)).unwrap();
-    // Buffers shorter and longer than the object: its true length, nothing written past them.
-    let (mut h, mut p) = (vec![0u8; 512], vec![0u8; 500]);
-    assert_eq!(b.read("ef/three", &mut h, &mut p).unwrap(), Some(1512));
-    assert_eq!(read(&b, "ef/three", 512, 2000).map(|(n, _)| n), Some(1512));
-    assert_eq!(read(&b, "ef/three", 0, 0).map(|(n, _)| n), Some(1512));
+    // Lengths shorter and longer than the object's: its true length, and no bytes.
+    assert_eq!(read(&b, "ef/three", 512, 500), Some((1512, Vec::new())));
+    assert_eq!(read(&b, "ef/three", 512, 2000), Some((1512, Vec::new())));
+    assert_eq!(read(&b, "ef/three", 0, 0), Some((1512, Vec::new())));
     assert_eq!(read(&b, "ef/three", 512, 1000), Some((1512, [bytes(512, 6), bytes(1000, 7)].concat())));
 }
 
@@ -161,7 +179,7 @@ fn open_refuses_an_endpoint_that_is_down() {
 fn all_calls_fail_in_time(b: &S3Backend, name: &str) {
     let (h, p) = (bytes(512, 8), bytes(2 << 20, 9));
     within_bound("exists", || b.exists(name)).expect_err("exists");
-    within_bound("read", || b.read(name, &mut vec![0; 512], &mut vec![0; 2 << 20])).expect_err("read");
+    within_bound("read", || try_read(b, name, 512, 2 << 20)).expect_err("read");
     within_bound("write", || b.write(name, &h, &p)).expect_err("write");
     within_bound("remove", || b.remove(name)).expect_err("remove");
 }
@@ -184,7 +202,7 @@ fn a_stopped_server_times_calls_out_and_serves_once_resumed() {
     let (h, p) = (bytes(512, 12), bytes(2 << 20, 13));
     b.write("ij/five", &h, &p).unwrap();
     s.pause(true);
-    let e = within_bound("a read from a stopped server", || b.read("ij/five", &mut vec![0; 512], &mut vec![0; 2 << 20])).unwrap_err();
+    let e = within_bound("a read from a stopped server", || try_read(&b, "ij/five", 512, 2 << 20)).unwrap_err();
     assert_eq!(e.status, Status::Timeout, "{e}");
     // Another name: the server may still carry out, once resumed, what it was sent.
     all_calls_fail_in_time(&b, "ij/other");

@@ -16,9 +16,11 @@ pub trait Backend: Send + Sync {
     fn exists(&self, name: &str) -> Result<bool>;
 
     /// Reads object `name`: `None` when it is not there, else its length in bytes. When that
-    /// length is `header.len() + payload.len()`, its bytes are in `header` then `payload`;
-    /// otherwise their contents are unspecified.
-    fn read(&self, name: &str, header: &mut [u8], payload: &mut [u8]) -> Result<Option<u64>>;
+    /// length is `header_len + payload_len`, its first `header_len` bytes go to
+    /// `sink.header`, then the rest to `sink.payload` in order, a piece at a time, until the
+    /// object ends or the sink wants no more (the rest is then not read); otherwise the sink
+    /// is not called.
+    fn read(&self, name: &str, header_len: usize, payload_len: usize, sink: &mut dyn Sink) -> Result<Option<u64>>;
 
     /// Publishes object `name` as `header` then `payload`, whole or not at all: no reader
     /// ever sees a part of it, and a writer killed mid-write leaves nothing readers see. A
@@ -33,4 +35,13 @@ pub trait Backend: Send + Sync {
     fn maintain(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// Where a read's bytes go as they arrive: each piece is checked and placed while it is in
+/// the cache, so an object crosses memory once.
+pub trait Sink {
+    /// The object's header; `false` to read no further.
+    fn header(&mut self, header: &[u8]) -> bool;
+    /// The payload's next piece; `false` to read no further.
+    fn payload(&mut self, piece: &[u8]) -> bool;
 }

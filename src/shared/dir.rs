@@ -12,7 +12,7 @@
 //! minute) until they fit in 90 % of it. Processes decide alone, so the bound is
 //! approximate: a directory may exceed it by what is written between two maintenances.
 
-use super::backend::Backend;
+use super::backend::{Backend, Sink};
 use crate::error::{bail, Error, Result};
 use std::ffi::CString;
 use std::fs;
@@ -115,29 +115,25 @@ fn read_dir(d: &Path) -> Result<Vec<PathBuf>> {
     }
 }
 
-/// Fills `bufs` from `fd` at offset 0, in as few calls as the kernel allows.
-fn read_full(fd: i32, bufs: &mut [&mut [u8]], path: &Path) -> Result<()> {
+/// Bytes a read asks the kernel for at once: a piece stays in the cache while the tier
+/// checks and places it.
+const PIECE: usize = 256 << 10;
+
+thread_local! {
+    /// Each tier thread's piece buffer.
+    static PIECE_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; PIECE]);
+}
+
+/// Fills `buf` from `fd` at offset `at`.
+fn read_exact_at(fd: i32, at: u64, buf: &mut [u8], path: &Path) -> Result<()> {
     let mut done = 0usize;
-    let total: usize = bufs.iter().map(|b| b.len()).sum();
-    while done < total {
-        let mut skip = done;
-        let iov: Vec<libc::iovec> = bufs
-            .iter_mut()
-            .filter_map(|b| {
-                if skip >= b.len() {
-                    skip -= b.len();
-                    return None;
-                }
-                let v = libc::iovec { iov_base: b[skip..].as_mut_ptr() as *mut libc::c_void, iov_len: b.len() - skip };
-                skip = 0;
-                Some(v)
-            })
-            .collect();
-        // SAFETY: each iovec covers the unread tail of a buffer we hold mutably.
-        let n = unsafe { libc::preadv(fd, iov.as_ptr(), iov.len() as i32, done as i64) };
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: the range is a buffer we hold mutably.
+        let n = unsafe { libc::pread(fd, rest.as_mut_ptr() as *mut libc::c_void, rest.len(), (at + done as u64) as i64) };
         match n {
             n if n > 0 => done += n as usize,
-            0 => bail!(Io, "{} ended after {done} of {total} bytes while being read", path.display()),
+            0 => bail!(Io, "{} ended at byte {} while being read", path.display(), at + done as u64),
             _ => {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != ErrorKind::Interrupted {
@@ -147,6 +143,27 @@ fn read_full(fd: i32, bufs: &mut [&mut [u8]], path: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Hands the file's `header_len` bytes, then its `payload_len` bytes piece by piece, to
+/// `sink`, until it wants no more.
+fn stream(fd: i32, header_len: usize, payload_len: usize, sink: &mut dyn Sink, path: &Path) -> Result<()> {
+    PIECE_BUF.with_borrow_mut(|buf| {
+        read_exact_at(fd, 0, &mut buf[..header_len], path)?;
+        if !sink.header(&buf[..header_len]) {
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < payload_len {
+            let n = PIECE.min(payload_len - at);
+            read_exact_at(fd, (header_len + at) as u64, &mut buf[..n], path)?;
+            if !sink.payload(&buf[..n]) {
+                break;
+            }
+            at += n;
+        }
+        Ok(())
+    })
 }
 
 impl Backend for DirBackend {
@@ -162,7 +179,8 @@ impl Backend for DirBackend {
         }
     }
 
-    fn read(&self, name: &str, header: &mut [u8], payload: &mut [u8]) -> Result<Option<u64>> {
+    fn read(&self, name: &str, header_len: usize, payload_len: usize, sink: &mut dyn Sink) -> Result<Option<u64>> {
+        assert!(header_len <= PIECE, "a header fits one piece");
         let path = self.path(name);
         let file = match fs::File::open(&path) {
             Ok(f) => f,
@@ -171,11 +189,11 @@ impl Backend for DirBackend {
         };
         let meta = file.metadata().map_err(|e| Error::io(format_args!("reading the size of {}", path.display()), e))?;
         let len = meta.len();
-        if len != (header.len() + payload.len()) as u64 {
+        if len != (header_len + payload_len) as u64 {
             return Ok(Some(len));
         }
         use std::os::fd::AsRawFd;
-        read_full(file.as_raw_fd(), &mut [header, payload], &path)?;
+        stream(file.as_raw_fd(), header_len, payload_len, sink, &path)?;
         let stale = meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok()).is_some_and(|age| age > TOUCH_AFTER);
         if stale {
             // Recency for eviction; a failure only makes the object look older.
@@ -242,18 +260,56 @@ mod tests {
         d
     }
 
+    /// A sink that keeps what it is given, and wants at most `limit` payload pieces.
+    #[derive(Default)]
+    struct Collect {
+        header: Vec<u8>,
+        payload: Vec<u8>,
+        pieces: usize,
+        limit: Option<usize>,
+    }
+
+    impl Sink for Collect {
+        fn header(&mut self, h: &[u8]) -> bool {
+            self.header.extend_from_slice(h);
+            true
+        }
+        fn payload(&mut self, piece: &[u8]) -> bool {
+            self.payload.extend_from_slice(piece);
+            self.pieces += 1;
+            self.limit.is_none_or(|l| self.pieces < l)
+        }
+    }
+
+    #[test]
+    fn a_large_object_comes_in_pieces_until_the_sink_wants_no_more() {
+        let d = dir("pieces");
+        let b = DirBackend::open(&d, 0).unwrap();
+        let payload: Vec<u8> = (0..PIECE * 2 + 100).map(|i| (i % 251) as u8).collect();
+        b.write("ab/big", &[7u8; 512], &payload).unwrap();
+        let mut all = Collect::default();
+        assert_eq!(b.read("ab/big", 512, payload.len(), &mut all).unwrap(), Some(512 + payload.len() as u64));
+        assert_eq!((all.header, all.pieces), (vec![7u8; 512], 3));
+        assert!(all.payload == payload);
+        let mut first = Collect { limit: Some(1), ..Default::default() };
+        b.read("ab/big", 512, payload.len(), &mut first).unwrap();
+        assert_eq!((first.pieces, first.payload.len()), (1, PIECE), "nothing is read past a sink that stopped");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn an_object_reads_back_whole_and_a_missing_one_is_none() {
         let d = dir("rw");
         let b = DirBackend::open(&d, 0).unwrap();
         b.write("ab/abcdef", b"head", b"payload!").unwrap();
         assert!(b.exists("ab/abcdef").unwrap());
-        let (mut h, mut p) = ([0u8; 4], [0u8; 8]);
-        assert_eq!(b.read("ab/abcdef", &mut h, &mut p).unwrap(), Some(12));
-        assert_eq!((&h, &p), (b"head", b"payload!"));
-        let (mut h2, mut p2) = ([0u8; 4], [0u8; 9]);
-        assert_eq!(b.read("ab/abcdef", &mut h2, &mut p2).unwrap(), Some(12), "a size mismatch reports the size");
-        assert_eq!(b.read("cd/cdef", &mut h, &mut p).unwrap(), None);
+        let mut got = Collect::default();
+        assert_eq!(b.read("ab/abcdef", 4, 8, &mut got).unwrap(), Some(12));
+        assert_eq!((&got.header[..], &got.payload[..]), (&b"head"[..], &b"payload!"[..]));
+        let mut other = Collect::default();
+        assert_eq!(b.read("ab/abcdef", 4, 9, &mut other).unwrap(), Some(12), "a size mismatch reports the size");
+        assert!(other.header.is_empty() && other.payload.is_empty(), "and reads nothing");
+        assert_eq!(b.read("cd/cdef", 4, 8, &mut got).unwrap(), None);
         b.remove("ab/abcdef").unwrap();
         b.remove("ab/abcdef").unwrap();
         assert!(!b.exists("ab/abcdef").unwrap());

@@ -17,10 +17,11 @@
 mod backend;
 mod dir;
 pub mod object;
+pub mod read;
 mod s3;
 pub mod tier;
 
-pub use backend::Backend;
+pub use backend::{Backend, Sink};
 pub use dir::DirBackend;
 pub use s3::S3Backend;
 pub use tier::{Tier, TierStats};

@@ -87,9 +87,10 @@ fn u64_at(h: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(h[at..at + 8].try_into().unwrap())
 }
 
-/// Checks an object read whole: `object_bytes` long, its first `HEADER_BYTES` in `h` and
-/// its payload in `payload`. `Err` says why it is not `want`'s block.
-pub fn check(h: &[u8], payload: &[u8], object_bytes: u64, want: &Expected) -> Result<(), String> {
+/// Checks an object's header, its first `HEADER_BYTES` (`h`), for an object `object_bytes`
+/// long: `Err` says why it is not `want`'s block, else its payload's checksum (xxh3-64),
+/// which the payload read after it must match.
+pub fn check_header(h: &[u8], object_bytes: u64, want: &Expected) -> Result<u64, String> {
     if h.len() != HEADER_BYTES || &h[..8] != MAGIC {
         return Err("not a kvxfer object (its magic is wrong)".into());
     }
@@ -118,21 +119,27 @@ pub fn check(h: &[u8], payload: &[u8], object_bytes: u64, want: &Expected) -> Re
         return Err(format!("its block geometry {geometry:?} is not this tier's {:?}", want.geometry()));
     }
     let len = u64_at(h, 60);
-    if len != want.payload_bytes() || len != payload.len() as u64 {
+    if len != want.payload_bytes() {
         return Err(format!("its payload is {len} bytes; a block is {}", want.payload_bytes()));
     }
     if object_bytes != HEADER_BYTES as u64 + len {
         return Err(format!("it is {object_bytes} bytes; header and payload are {}", HEADER_BYTES as u64 + len));
     }
-    if u64_at(h, 68) != xxh3_64(payload) {
-        return Err("its payload is damaged (checksum mismatch)".into());
-    }
-    Ok(())
+    Ok(u64_at(h, 68))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An object read whole, checked as a read checks it.
+    fn check(h: &[u8], payload: &[u8], object_bytes: u64, want: &Expected) -> Result<(), String> {
+        let sum = check_header(h, object_bytes, want)?;
+        match xxh3_64(payload) == sum && payload.len() as u64 == want.payload_bytes() {
+            true => Ok(()),
+            false => Err("its payload is damaged (checksum mismatch)".into()),
+        }
+    }
 
     fn block() -> LayoutConfig {
         LayoutConfig { num_blocks: 1, num_layers: 2, outer_dim: 2, page_size: 4, inner_dim: 8, dtype_bytes: 2 }

@@ -17,7 +17,7 @@
 //!
 //! Eviction is the bucket's own business (a lifecycle rule), not this backend's.
 
-use super::backend::Backend;
+use super::backend::{Backend, Sink};
 use super::S3Location;
 use crate::error::{bail, Error, Result, Status};
 use futures_util::StreamExt;
@@ -85,20 +85,35 @@ fn profile_keys(text: &str, profile: &str) -> Vec<(String, String)> {
     keys
 }
 
-/// Copies `chunk`, the bytes at `at` of an object, into `header` then `payload`; what
-/// falls past their end is dropped.
-fn place(header: &mut [u8], payload: &mut [u8], at: usize, chunk: &[u8]) {
-    let mut at = at;
-    let mut chunk = chunk;
-    for buf in [header, payload] {
-        if at >= buf.len() {
-            at -= buf.len();
-            continue;
+/// An object's bytes as they arrive, split for a sink: the first `header_len` gathered into
+/// its header, the rest handed on as payload pieces.
+struct Split<'a> {
+    header: Vec<u8>,
+    header_len: usize,
+    sink: &'a mut dyn Sink,
+    /// `false` once the sink wants no more.
+    wanted: bool,
+}
+
+impl<'a> Split<'a> {
+    fn new(header_len: usize, sink: &'a mut dyn Sink) -> Self {
+        Split { header: Vec::with_capacity(header_len), header_len, sink, wanted: true }
+    }
+
+    /// Takes the next chunk of the body; whether the sink wants more.
+    fn feed(&mut self, mut chunk: &[u8]) -> bool {
+        if self.header.len() < self.header_len {
+            let n = chunk.len().min(self.header_len - self.header.len());
+            self.header.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            if self.header.len() == self.header_len {
+                self.wanted = self.sink.header(&self.header);
+            }
         }
-        let n = chunk.len().min(buf.len() - at);
-        buf[at..at + n].copy_from_slice(&chunk[..n]);
-        chunk = &chunk[n..];
-        at = 0;
+        if self.wanted && !chunk.is_empty() {
+            self.wanted = self.sink.payload(chunk);
+        }
+        self.wanted
     }
 }
 
@@ -229,9 +244,9 @@ impl Backend for S3Backend {
         }
     }
 
-    fn read(&self, name: &str, header: &mut [u8], payload: &mut [u8]) -> Result<Option<u64>> {
+    fn read(&self, name: &str, header_len: usize, payload_len: usize, sink: &mut dyn Sink) -> Result<Option<u64>> {
         let path = self.path(name);
-        let want = header.len() + payload.len();
+        let want = header_len + payload_len;
         let got = async {
             let r = match self.store.get(&path).await {
                 Ok(r) => r,
@@ -242,13 +257,13 @@ impl Backend for S3Backend {
                 return Ok(Some(r.meta.size));
             }
             let mut body = r.into_stream();
-            let mut at = 0usize;
+            let mut split = Split::new(header_len, sink);
             while let Some(chunk) = body.next().await {
-                let chunk = chunk?;
-                place(header, payload, at, &chunk);
-                at += chunk.len();
+                if !split.feed(&chunk?) {
+                    break; // the rest of the body is dropped unread
+                }
             }
-            Ok(Some(at as u64))
+            Ok(Some(want as u64))
         };
         self.bounded("GET", &path, got)?.map_err(|e| self.failed("GET", e))
     }
@@ -275,13 +290,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn place_splits_across_header_and_payload_and_drops_the_excess() {
-        let (mut h, mut p) = ([0u8; 4], [0u8; 4]);
-        place(&mut h, &mut p, 0, &[1, 2, 3]);
-        place(&mut h, &mut p, 3, &[4, 5, 6]);
-        place(&mut h, &mut p, 6, &[7, 8, 9, 10]);
-        place(&mut h, &mut p, 10, &[11]);
-        assert_eq!((h, p), ([1, 2, 3, 4], [5, 6, 7, 8]));
+    fn a_body_splits_into_header_and_payload_pieces_until_the_sink_stops() {
+        #[derive(Default)]
+        struct Keep(Vec<u8>, Vec<Vec<u8>>);
+        impl Sink for Keep {
+            fn header(&mut self, h: &[u8]) -> bool {
+                self.0 = h.to_vec();
+                true
+            }
+            fn payload(&mut self, p: &[u8]) -> bool {
+                self.1.push(p.to_vec());
+                self.1.len() < 2
+            }
+        }
+        let mut k = Keep::default();
+        let mut split = Split::new(4, &mut k);
+        assert!(split.feed(&[1, 2, 3]));
+        assert!(split.feed(&[4, 5, 6]));
+        assert!(!split.feed(&[7, 8]), "the sink wanted two pieces");
+        assert!(!split.feed(&[9]));
+        assert_eq!((k.0, k.1), (vec![1, 2, 3, 4], vec![vec![5, 6], vec![7, 8]]));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The tier's machinery: a backend's blocking calls run on threads of the tier's own, each
 //! object checked as it is read, and a timer that ends a caller's wait at its bound
 //! whatever the backend does. A call that outlives its bound still runs to its end on its
-//! thread (nothing can interrupt a blocked system call or socket read); its buffer stays
-//! alive until then (`Buf` keeps it), and its answer is dropped.
+//! thread (nothing can interrupt a blocked system call or socket read); the memory it
+//! reads into stays alive until then, or is the caller's and is no longer written
+//! (`read::Dest`), and its answer is dropped.
 
 use super::backend::Backend;
 use super::object::{self, Expected, HEADER_BYTES};
+use super::read::{Checked, Dest, Outcome};
 use super::SharedConfig;
 use crate::error::{Result, Status};
 use crate::layout::LayoutConfig;
@@ -18,7 +20,7 @@ use std::time::Instant;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Memory a call reads into or writes from, kept alive (by `keep`) until the call ends.
+/// Memory a write publishes from, kept alive (by `keep`) until the call ends.
 pub struct Buf {
     ptr: *mut u8,
     len: usize,
@@ -209,38 +211,47 @@ impl Tier {
         self.counters.timeouts.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Reads `key`'s object into `payload` (one block's bytes), on a tier thread, and hands
-    /// `done` the outcome: `Ok` only when the object is `key`'s block in this namespace and
-    /// geometry and its checksum holds.
-    pub fn read(&self, key: Vec<u8>, mut payload: Buf, done: impl FnOnce(std::result::Result<(), Miss>) + Send + 'static) {
+    /// Reads `key`'s object into `dest` (one block's bytes in each of its targets), on a tier
+    /// thread, and hands `done` the outcome: `Ok` only when the object is `key`'s block in
+    /// this namespace and geometry and its checksum holds. The header is checked before any
+    /// payload is placed; on a miss, what `dest` holds is unspecified.
+    pub fn read(&self, key: Vec<u8>, dest: Dest, done: impl FnOnce(std::result::Result<(), Miss>) + Send + 'static) {
         let (backend, counters, name) = (self.backend.clone(), self.counters.clone(), object::name(&self.namespace, &key));
         let (namespace, block) = (self.namespace.clone(), self.block);
         self.spawn(move || {
             bump(&counters.requests);
-            let mut header = [0u8; HEADER_BYTES];
             let want = Expected { namespace: &namespace, key: &key, block: &block };
-            let outcome = match backend.read(&name, &mut header, payload.slice()) {
+            let payload_bytes = want.payload_bytes() as usize;
+            let object_bytes = (HEADER_BYTES + payload_bytes) as u64;
+            let mut sink = Checked::new(&want, object_bytes, dest);
+            let outcome = match backend.read(&name, HEADER_BYTES, payload_bytes, &mut sink) {
                 Ok(None) => {
                     bump(&counters.misses);
                     Err(Miss { status: Status::NotFound, why: "neither the store nor the shared tier holds this key".into() })
                 }
-                Ok(Some(len)) => match object::check(&header, payload.slice(), len, &want) {
-                    Ok(()) => {
-                        bump(&counters.hits);
-                        Ok(())
+                Ok(Some(len)) => {
+                    let outcome = match len == object_bytes {
+                        true => sink.outcome(),
+                        false => Outcome::Bad(format!("it is {len} bytes; header and payload are {object_bytes}")),
+                    };
+                    match outcome {
+                        Outcome::Good => {
+                            bump(&counters.hits);
+                            Ok(())
+                        }
+                        Outcome::Withdrawn => Err(Miss { status: Status::Timeout, why: "its caller stopped waiting".into() }),
+                        Outcome::Bad(why) => {
+                            bump(&counters.integrity_failures);
+                            log::warn!("{}: object {name} is a miss: {why}", backend.describe());
+                            Err(Miss { status: Status::Integrity, why: format!("the shared tier's object is a miss: {why}") })
+                        }
                     }
-                    Err(why) => {
-                        bump(&counters.integrity_failures);
-                        log::warn!("{}: object {name} is a miss: {why}", backend.describe());
-                        Err(Miss { status: Status::Integrity, why: format!("the shared tier's object is a miss: {why}") })
-                    }
-                },
+                }
                 Err(e) => {
                     bump(&counters.errors);
                     Err(Miss { status: e.status, why: format!("reading the shared tier: {}", e.message) })
                 }
             };
-            drop(payload);
             done(outcome);
         });
     }
@@ -365,6 +376,7 @@ impl Drop for Tier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::backend::Sink;
     use crate::shared::{Location, SharedConfig};
     use std::time::Duration;
 
@@ -384,7 +396,7 @@ mod tests {
             std::thread::sleep(self.delay);
             Ok(self.held.iter().any(|h| h == name))
         }
-        fn read(&self, _: &str, _: &mut [u8], _: &mut [u8]) -> Result<Option<u64>> {
+        fn read(&self, _: &str, _: usize, _: usize, _: &mut dyn Sink) -> Result<Option<u64>> {
             std::thread::sleep(self.delay);
             Ok(None)
         }

@@ -14,7 +14,8 @@ use super::{add, Inner};
 use crate::engine::{Engine, TransferOptions};
 use crate::error::{Result, Status};
 use crate::layout::LayoutConfig;
-use crate::memory::Layout;
+use crate::memory::{Layout, StorageKind};
+use crate::shared::read::{Claim, Dest};
 use crate::shared::tier::Miss;
 use crate::shared::{Tier, WriteMode};
 use crossbeam_channel::Sender;
@@ -58,13 +59,23 @@ impl Shared {
 /// What one read of the shared tier found.
 type Answer = std::result::Result<(), Miss>;
 
-/// One chunk of a get's keys, read from the shared tier into one lease of staging.
+/// One chunk of a get's keys, read from the shared tier.
+///
+/// Into a destination in host memory, each read goes straight into its block, under its
+/// key's claim (withdrawn at the bound, before the key settles, so a late read never
+/// writes memory the caller has back); with `admit`, into a staging block too, from which
+/// the key is admitted after it settles. Into any other destination (the device), reads go
+/// to staging and the engine moves them.
 struct Load {
     inner: Arc<Inner>,
     req: Arc<StoreRequest>,
     dst: Arc<Layout>,
     opts: TransferOptions,
-    /// The lease, once it is granted (slot `j` for `keys[j]`), until the reads are answered.
+    /// Reads land in the destination itself; `claims[j]` guards `keys[j]`'s block.
+    direct: bool,
+    claims: Vec<Arc<Claim>>,
+    /// The lease of staging, once granted (slot `j` for `keys[j]`), until the reads are
+    /// answered; none for direct reads that admit nothing.
     slots: Mutex<Option<Vec<Arc<Slot>>>>,
     /// (index in the request, key, destination block).
     keys: Vec<(usize, Key, u64)>,
@@ -88,6 +99,9 @@ impl Inner {
         opts: &TransferOptions,
     ) {
         let tier = self.shared().tier.clone();
+        let whole = opts.layer_begin == 0 && (opts.layer_end == 0 || opts.layer_end as u64 == dst.geometry().cfg.num_layers);
+        let direct = whole && dst.host_addressable() && matches!(dst.kind(), StorageKind::Pinned | StorageKind::Host);
+        let staged = !direct || tier.config().admit;
         for chunk in misses.chunks(LEASE_BLOCKS) {
             self.begin();
             let load = Arc::new(Load {
@@ -95,6 +109,8 @@ impl Inner {
                 req: req.clone(),
                 dst: dst.clone(),
                 opts: opts.clone(),
+                direct,
+                claims: chunk.iter().filter(|_| direct).map(|_| Claim::new()).collect(),
                 slots: Mutex::new(None),
                 keys: chunk.to_vec(),
                 answers: Mutex::new(Some(vec![None; chunk.len()])),
@@ -106,28 +122,66 @@ impl Inner {
                     l.answer(None);
                 }
             });
-            let tier = tier.clone();
-            self.shared().staging.lease(chunk.len(), move |slots| {
-                let bufs: Vec<_> = slots.iter().map(|s| s.buf()).collect();
-                {
-                    let answers = load.answers.lock().unwrap();
-                    if answers.is_none() {
-                        return; // past its bound already: the lease goes straight back
-                    }
-                    *load.slots.lock().unwrap() = Some(slots);
-                }
-                for (j, ((_, key, _), buf)) in load.keys.iter().zip(bufs).enumerate() {
-                    let l = load.clone();
-                    tier.read(key.as_bytes().to_vec(), buf, move |r| l.answer(Some((j, r))));
-                }
-            });
+            match staged {
+                true => self.shared().staging.lease(chunk.len(), move |slots| load.start(slots)),
+                false => load.start(Vec::new()),
+            }
         }
     }
 }
 
 impl Load {
+    /// Starts the reads, into `slots` (when staged) and the destination (when direct).
+    fn start(self: &Arc<Self>, slots: Vec<Arc<Slot>>) {
+        let mut dests: Vec<Dest> = self.keys.iter().map(|_| Dest::new()).collect();
+        for (j, d) in dests.iter_mut().enumerate() {
+            if self.direct {
+                // SAFETY: the block's spans lie in the destination, which `dst` keeps; the
+                // read writes them only while the key's claim stands, and the claim is
+                // withdrawn before the key settles.
+                unsafe { d.add(self.block_spans(self.keys[j].2), Some(self.claims[j].clone()), self.dst.clone()) };
+            }
+            if let Some(slot) = slots.get(j) {
+                slot.add_to(d);
+            }
+        }
+        {
+            let answers = self.answers.lock().unwrap();
+            if answers.is_none() {
+                return; // past its bound already: the lease goes straight back
+            }
+            *self.slots.lock().unwrap() = Some(slots);
+        }
+        let tier = &self.inner.shared().tier;
+        for (j, ((_, key, _), d)) in self.keys.iter().zip(dests).enumerate() {
+            let l = self.clone();
+            tier.read(key.as_bytes().to_vec(), d, move |r| l.answer(Some((j, r))));
+        }
+    }
+
+    /// Destination block `block`'s bytes in the order an object holds them (layer, then
+    /// outer, each a region), adjacent regions merged.
+    fn block_spans(&self, block: u64) -> Vec<(*mut u8, usize)> {
+        let p = &self.dst.placement;
+        let (c, region) = (p.geom.cfg, p.geom.region_bytes as usize);
+        let bases = self.dst.bases().expect("a direct destination is memory");
+        let mut spans: Vec<(*mut u8, usize)> = Vec::new();
+        for layer in 0..c.num_layers {
+            for outer in 0..c.outer_dim {
+                let loc = p.region(block, layer, outer);
+                let at = (bases[loc.base as usize] + loc.offset) as usize;
+                match spans.last_mut() {
+                    Some((ptr, len)) if *ptr as usize + *len == at => *len += region,
+                    _ => spans.push((at as *mut u8, region)),
+                }
+            }
+        }
+        spans
+    }
+
     /// Takes answer `(j, outcome)`, or, with `None`, the bound: then every key without an
-    /// answer is a `Timeout` miss. The last answer, or the bound, moves what was read.
+    /// answer is a `Timeout` miss. The last answer, or the bound, settles or moves what was
+    /// read.
     fn answer(self: &Arc<Self>, a: Option<(usize, Answer)>) {
         let answers = {
             let mut guard = self.answers.lock().unwrap();
@@ -142,6 +196,8 @@ impl Load {
                 None => {
                     let late = answers.iter().filter(|x| x.is_none()).count();
                     self.inner.shared().tier.timed_out(late as u64);
+                    // Late reads write no more into the destination from here.
+                    self.claims.iter().for_each(|c| c.withdraw());
                 }
             }
             guard.take().unwrap()
@@ -160,14 +216,19 @@ impl Load {
             }
         }
         // The blocks read stay leased until moved (and admitted); the rest go back now, but
-        // for those a late call still holds. (No lease yet: its bound passed first.)
+        // for those a late call still holds. (No lease: direct reads that admit nothing, or
+        // a bound that passed first.)
         let all = self.slots.lock().unwrap().take().unwrap_or_default();
+        let slots: Vec<Arc<Slot>> = ok.iter().filter_map(|&j| all.get(j).cloned()).collect();
+        drop(all);
         if ok.is_empty() {
             self.inner.end();
             return;
         }
-        let slots: Vec<Arc<Slot>> = ok.iter().map(|&j| all[j].clone()).collect();
-        drop(all);
+        if self.direct {
+            self.moved(&ok, &slots, Status::Ok, String::new());
+            return;
+        }
         let src_ids: Vec<u64> = slots.iter().map(|s| s.id()).collect();
         let dst_ids: Vec<u64> = ok.iter().map(|&j| self.keys[j].2).collect();
         let (me, moving) = (self.clone(), ok.clone());
@@ -190,9 +251,10 @@ impl Load {
         self.req.settle(i, status, why);
     }
 
-    /// The move of the blocks read (`ok`, indices into `keys`, in `slots`) ended with
-    /// `status`: settles their keys, then admits them into the local store, on a tier thread
-    /// (that put's wait must not run in an engine callback).
+    /// The blocks read (`ok`, indices into `keys`; `slots`, their staging) are in their
+    /// destination, or their move ended with `status`: settles their keys, then admits them
+    /// into the local store from staging, on a tier thread (that put's wait must not run in
+    /// an engine callback).
     fn moved(self: &Arc<Self>, ok: &[usize], slots: &[Arc<Slot>], status: Status, msg: String) {
         for &j in ok {
             match status {

@@ -6,11 +6,12 @@
 //! free waits its turn, first come first served. The memory a store's shared tier holds is
 //! therefore bounded, and no read allocates.
 
+use crate::engine::Engine;
 use crate::error::Result;
 use crate::layout::{LayoutConfig, LayoutKind};
 use crate::memory::{Layout, StorageKind};
+use crate::shared::read::Dest;
 use crate::shared::tier::Buf;
-use crate::Engine;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -116,15 +117,28 @@ impl Slot {
         self.id
     }
 
-    /// The block as memory for one call of the tier, which holds it until the call ends.
-    pub fn buf(self: &Arc<Self>) -> Buf {
+    fn span(&self) -> (*mut u8, usize) {
         let layout = &self.staging.layout;
         let bytes = layout.geometry().block_bytes as usize;
         let base = layout.bases().expect("staging is memory")[0] as *mut u8;
-        // SAFETY: block `id` lies within the staging allocation, which the slot (kept by the
-        // Buf) keeps alive; a leased block is no one else's until its slot is dropped, and
-        // it is given to one call at a time.
-        unsafe { Buf::new(base.add(self.id as usize * bytes), bytes, self.clone()) }
+        // SAFETY: block `id` lies within the staging allocation.
+        (unsafe { base.add(self.id as usize * bytes) }, bytes)
+    }
+
+    /// The block as memory for one write of the tier, which holds it until the call ends.
+    pub fn buf(self: &Arc<Self>) -> Buf {
+        let (ptr, len) = self.span();
+        // SAFETY: the staging allocation lives as long as the slot (kept by the Buf); a
+        // leased block is no one else's until its slot is dropped, and it is given to one
+        // call at a time.
+        unsafe { Buf::new(ptr, len, self.clone()) }
+    }
+
+    /// Adds the block to `dest` as a target of one read, which holds it until it ends.
+    pub fn add_to(self: &Arc<Self>, dest: &mut Dest) {
+        let (ptr, len) = self.span();
+        // SAFETY: as for `buf`.
+        unsafe { dest.add(vec![(ptr, len)], None, self.clone()) }
     }
 }
 
@@ -137,13 +151,12 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::Device;
-    use crate::EngineConfig;
+    use crate::engine::EngineConfig;
     use std::time::Duration;
 
     /// Staging of `MIN_BLOCKS` blocks (each larger than `STAGING_BYTES / MIN_BLOCKS`).
     fn staging() -> Arc<Staging> {
-        let engine = Engine::new(&EngineConfig { device: Device::Emulated, ..Default::default() }).unwrap();
+        let engine = Engine::new(&EngineConfig::default()).unwrap();
         let block = LayoutConfig { num_blocks: 0, num_layers: 1, outer_dim: 1, page_size: 1, inner_dim: (8 << 20) >> 1, dtype_bytes: 2 };
         Staging::new(&engine, &block).unwrap()
     }
@@ -206,9 +219,11 @@ mod tests {
         let s = staging();
         let lease = take(&s, LEASE_BLOCKS);
         let in_call = lease[3].buf();
+        let mut dest = Dest::new();
+        lease[5].add_to(&mut dest);
         drop(lease);
-        assert_eq!(s.state.lock().unwrap().free.len() as u64, MIN_BLOCKS - 1);
-        drop(in_call);
+        assert_eq!(s.state.lock().unwrap().free.len() as u64, MIN_BLOCKS - 2);
+        drop((in_call, dest));
         assert_eq!(s.state.lock().unwrap().free.len() as u64, MIN_BLOCKS);
     }
 }

@@ -42,7 +42,12 @@ pub fn put(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
 /// Gets `keys` into a vLLM-shaped host layout (`[2, num_blocks, …]` per layer); each key's
 /// status, after checking that every hit holds exactly its key's bytes.
 pub fn get_exact(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
-    let dst = e.create_layout(&block(keys.len() as u64), LayoutKind::LayerSeparate { block_first: false }, StorageKind::Host).unwrap();
+    get_exact_in(e, s, keys, StorageKind::Host)
+}
+
+/// `get_exact` into memory of kind `storage`.
+pub fn get_exact_in(e: &Engine, s: &Store, keys: &[Vec<u8>], storage: StorageKind) -> Vec<Status> {
+    let dst = e.create_layout(&block(keys.len() as u64), LayoutKind::LayerSeparate { block_first: false }, storage).unwrap();
     fill(&dst, 99);
     let ids: Vec<u64> = (0..keys.len() as u64).rev().collect();
     let st = wait(&s.get(keys, &dst, &ids, &Default::default()).unwrap());
