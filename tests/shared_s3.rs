@@ -57,6 +57,10 @@ fn main() {
             server_errors_are_retried_then_misses_in_time_and_service_resumes(Mode::InternalError, "500")
         }),
         case(
+            "answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes",
+            answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes,
+        ),
+        case(
             "objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3",
             objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3,
         ),
@@ -336,6 +340,52 @@ fn server_errors_are_retried_then_misses_in_time_and_service_resumes(mode: Mode,
     assert_eq!(put(&e, &a, &keys(12)[10..]), vec![Status::Ok; 2]);
     assert_eq!(get_exact(&e, &c, &keys(12)[10..]), vec![Status::Ok; 2], "puts land again");
     assert_eq!(c.stats().shared.hits, 6);
+}
+
+/// The proxy answers 403: each call is one request, not retried, and ends at once as a
+/// miss whose message says the bucket refuses the credentials. Forwarding again, gets hit
+/// and puts land.
+fn answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes() {
+    let (_s, p) = proxied("kvx-answers-403");
+    let e = Arc::new(engine());
+    let ks = keys(4);
+    let a = store_at(&e, p.endpoint(), "kvx-answers-403", NS, WriteMode::Through);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 4]);
+    let b = store_at(&e, p.endpoint(), "kvx-answers-403", NS, WriteMode::Behind);
+
+    p.set(Mode::AccessDenied);
+    let before = b.stats().shared;
+    let t0 = Instant::now();
+    let (lookup, got) = (b.lookup(&ks, false).unwrap().1, get_outcomes(&e, &b, &ks));
+    assert!(t0.elapsed() < TIMEOUT, "a 403 is answered at once, yet the calls took {:?}", t0.elapsed());
+    assert_eq!(lookup, 0);
+    for (st, why) in &got {
+        assert_eq!(*st, Status::Io, "{why}");
+        assert!(
+            why.contains("403") && why.contains("refused the credentials") && why.contains("s3:GetObject"),
+            "the miss does not say the credentials are refused: {why}"
+        );
+        assert!(!why.contains(SECRET), "the message shows the secret: {why}");
+    }
+    let calls = calls_since(&b, before.requests);
+    assert_eq!(p.seen(Mode::AccessDenied), calls, "a 403 is not retried: one request a call");
+    assert_eq!(b.stats().shared.errors - before.errors, calls);
+
+    let through = within_bound("a write-through put answered 403", || put_outcomes(&e, &a, &keys(6)[4..]));
+    for (st, why) in &through {
+        assert_eq!(*st, Status::Io, "{why}");
+        assert!(why.contains("refused the credentials") && why.contains("s3:PutObject"), "{why}");
+    }
+    let dropped = b.stats().shared.puts_dropped;
+    assert_eq!(put(&e, &b, &keys(8)[6..]), vec![Status::Ok; 2]);
+    holds_within_bound("write-behind puts dropped and counted", || b.stats().shared.puts_dropped == dropped + 2);
+    within_bound("closing a store", || b.close());
+
+    p.set(Mode::Forward);
+    let c = store_at(&e, p.endpoint(), "kvx-answers-403", NS, WriteMode::Through);
+    assert_eq!(get_exact(&e, &c, &ks), vec![Status::Ok; 4], "service resumes with the server");
+    assert_eq!(put(&e, &a, &keys(10)[8..]), vec![Status::Ok; 2]);
+    assert_eq!(get_exact(&e, &c, &keys(10)[8..]), vec![Status::Ok; 2], "puts land again");
 }
 
 /// Object `name`'s bytes, whole.
