@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 const MAX_CONNECTIONS: usize = 64;
 /// How often a waiting thread looks at the mode and whether the proxy is stopping.
 const POLL: Duration = Duration::from_millis(20);
-/// A client connection that sends nothing for this long is closed.
+/// A client that sends nothing, or a server that answers nothing, for this long: the
+/// connection is closed.
 const IDLE: Duration = Duration::from_secs(60);
 
 /// How the proxy answers.
@@ -109,7 +110,8 @@ impl FaultProxy {
 }
 
 impl Drop for FaultProxy {
-    /// Stops taking connections; those being served end within `POLL`.
+    /// Stops taking connections; those waiting on their client end within `POLL`, those
+    /// waiting on the server within `IDLE`.
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::SeqCst);
         let _ = TcpStream::connect(self.addr);
@@ -292,7 +294,8 @@ fn serve(stream: TcpStream, state: &State) -> std::io::Result<()> {
 /// Sends `req` to the server on a connection of its own and relays its whole answer:
 /// whether the client's connection may carry another request.
 fn forward(req: &Request, client: &mut TcpStream, state: &State) -> std::io::Result<bool> {
-    let mut up = TcpStream::connect_timeout(&state.upstream, Duration::from_secs(10))?;
+    let mut up = TcpStream::connect_timeout(&state.upstream, IDLE)?;
+    up.set_read_timeout(Some(IDLE))?;
     up.write_all(&req.head)?;
     up.write_all(b"Connection: close\r\n\r\n")?;
     up.write_all(&req.body)?;
