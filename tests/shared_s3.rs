@@ -8,10 +8,13 @@ use common::fault_proxy::{FaultProxy, Mode};
 use common::s3::{free_port, why_no_server, S3Server};
 use common::shared_tier::{block, get_exact, get_outcomes, keys, put, put_outcomes, torture, torture_child, NS};
 use common::*;
+use kvxfer::ffi::logger::kvx_set_logger;
+use kvxfer::ffi::KVX_OK;
 use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, WriteMode};
 use kvxfer::store::{Store, StoreConfig};
 use kvxfer::{Engine, Status};
-use std::sync::Arc;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Each call's bound in these tests; a call is checked to return within `SLACK` times it.
@@ -31,6 +34,8 @@ fn main() {
     if let Some(endpoint) = std::env::var_os(TORTURE_ENDPOINT) {
         torture_child(torture_shared(endpoint.to_str().unwrap()));
     }
+    // SAFETY: `on_warning` uses no user data.
+    assert_eq!(unsafe { kvx_set_logger(Some(on_warning), std::ptr::null_mut(), 2) }, KVX_OK);
     let why_not = why_no_server();
     let cases = vec![
         case("objects_round_trip_and_are_removed", objects_round_trip_and_are_removed),
@@ -70,6 +75,21 @@ fn main() {
         ),
     ];
     run(cases.into_iter().map(|c| c.unless(why_not.clone())).collect())
+}
+
+/// What kvxfer logged at warn or error, every case's; each line is also shown on stderr.
+static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn on_warning(_: *mut c_void, _level: u32, _target: *const c_char, msg: *const c_char) {
+    // SAFETY: kvxfer passes a NUL-terminated message, valid during the call.
+    let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+    eprintln!("[kvxfer] {msg}");
+    WARNINGS.lock().unwrap().push(msg);
+}
+
+/// Whether a warning logged so far holds every one of `words`.
+fn warned(words: &[&str]) -> bool {
+    WARNINGS.lock().unwrap().iter().any(|w| words.iter().all(|x| w.contains(x)))
 }
 
 fn location(s: &S3Server, bucket: &str, prefix: &str) -> S3Location {
@@ -313,6 +333,7 @@ fn server_errors_are_retried_then_misses_in_time_and_service_resumes(mode: Mode,
     let before = b.stats().shared;
     let (lookup, got) = within_bound("a lookup and a get answered 5xx", || (b.lookup(&ks, false).unwrap().1, get_outcomes(&e, &b, &ks)));
     assert_eq!(lookup, 0);
+    assert!(warned(&[&bucket, "existence check", answer]), "a lookup's failed checks are not logged with the answer");
     for (st, why) in &got {
         assert!(*st != Status::Ok && *st != Status::Timeout, "{st:?}: {why}");
         assert!(why.contains(answer), "the miss does not name the server's answer {answer}: {why}");
@@ -359,6 +380,10 @@ fn answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes(
     let (lookup, got) = (b.lookup(&ks, false).unwrap().1, get_outcomes(&e, &b, &ks));
     assert!(t0.elapsed() < TIMEOUT, "a 403 is answered at once, yet the calls took {:?}", t0.elapsed());
     assert_eq!(lookup, 0);
+    assert!(
+        warned(&["kvx-answers-403", "existence check", "refused the credentials"]),
+        "a lookup the bucket refused is not logged with the reason"
+    );
     for (st, why) in &got {
         assert_eq!(*st, Status::Io, "{why}");
         assert!(
