@@ -4,13 +4,17 @@
 
 mod common;
 use common::cases::{case, run};
+use common::fault_proxy::{FaultProxy, Mode};
 use common::s3::{free_port, why_no_server, S3Server};
-use common::shared_tier::{block, get_exact, keys, put, torture, torture_child, NS};
+use common::shared_tier::{block, get_exact, get_outcomes, keys, put, put_outcomes, torture, torture_child, NS};
 use common::*;
+use kvxfer::ffi::logger::kvx_set_logger;
+use kvxfer::ffi::KVX_OK;
 use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, Sink, WriteMode};
 use kvxfer::store::{Store, StoreConfig};
 use kvxfer::{Engine, Status};
-use std::sync::Arc;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Each call's bound in these tests; a call is checked to return within `SLACK` times it.
@@ -30,6 +34,8 @@ fn main() {
     if let Some(endpoint) = std::env::var_os(TORTURE_ENDPOINT) {
         torture_child(torture_shared(endpoint.to_str().unwrap()));
     }
+    // SAFETY: `on_warning` uses no user data.
+    assert_eq!(unsafe { kvx_set_logger(Some(on_warning), std::ptr::null_mut(), 2) }, KVX_OK);
     let why_not = why_no_server();
     let cases = vec![
         case("objects_round_trip_and_are_removed", objects_round_trip_and_are_removed),
@@ -48,6 +54,17 @@ fn main() {
             "a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves",
             a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves,
         ),
+        case("a_store_through_a_forwarding_proxy_puts_and_gets_bit_exact", a_store_through_a_forwarding_proxy_puts_and_gets_bit_exact),
+        case("answers_503_are_retried_then_misses_in_time_and_service_resumes", || {
+            server_errors_are_retried_then_misses_in_time_and_service_resumes(Mode::SlowDown, "503")
+        }),
+        case("answers_500_are_retried_then_misses_in_time_and_service_resumes", || {
+            server_errors_are_retried_then_misses_in_time_and_service_resumes(Mode::InternalError, "500")
+        }),
+        case(
+            "answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes",
+            answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes,
+        ),
         case(
             "objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3",
             objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3,
@@ -60,8 +77,27 @@ fn main() {
     run(cases.into_iter().map(|c| c.unless(why_not.clone())).collect())
 }
 
+/// What kvxfer logged at warn or error, every case's; each line is also shown on stderr.
+static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn on_warning(_: *mut c_void, _level: u32, _target: *const c_char, msg: *const c_char) {
+    // SAFETY: kvxfer passes a NUL-terminated message, valid during the call.
+    let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+    eprintln!("[kvxfer] {msg}");
+    WARNINGS.lock().unwrap().push(msg);
+}
+
+/// Whether a warning logged so far holds every one of `words`.
+fn warned(words: &[&str]) -> bool {
+    WARNINGS.lock().unwrap().iter().any(|w| words.iter().all(|x| w.contains(x)))
+}
+
 fn location(s: &S3Server, bucket: &str, prefix: &str) -> S3Location {
-    S3Location { endpoint: s.endpoint(), region: "us-east-1".into(), bucket: bucket.into(), prefix: prefix.into() }
+    location_at(s.endpoint(), bucket, prefix)
+}
+
+fn location_at(endpoint: String, bucket: &str, prefix: &str) -> S3Location {
+    S3Location { endpoint, region: "us-east-1".into(), bucket: bucket.into(), prefix: prefix.into() }
 }
 
 /// A server with bucket `bucket`, and a backend on it.
@@ -214,7 +250,12 @@ fn a_stopped_server_times_calls_out_and_serves_once_resumed() {
 
 /// A store in a fresh local directory over the bucket, under namespace `ns`.
 fn store_over(e: &Arc<Engine>, s: &S3Server, bucket: &str, ns: &[u8], write: WriteMode) -> Store {
-    let shared = SharedConfig { write, timeout: TIMEOUT, ..SharedConfig::new(Location::S3(location(s, bucket, "kv/"))) };
+    store_at(e, s.endpoint(), bucket, ns, write)
+}
+
+/// As `store_over`, over the S3 endpoint `endpoint`.
+fn store_at(e: &Arc<Engine>, endpoint: String, bucket: &str, ns: &[u8], write: WriteMode) -> Store {
+    let shared = SharedConfig { write, timeout: TIMEOUT, ..SharedConfig::new(Location::S3(location_at(endpoint, bucket, "kv/"))) };
     let cfg = StoreConfig { shared: Some(shared), ..StoreConfig::new(block(0), 64, ns) };
     Store::open(e, &temp_dir("s3-local"), &cfg).expect("opening a store over the bucket")
 }
@@ -255,6 +296,139 @@ fn a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves() {
     assert!(put.iter().all(|&st| st == Status::Timeout), "{put:?}");
     s.pause(false);
     assert_eq!(get_exact(&e, &b, &ks), vec![Status::Ok; 4], "service resumes with the server");
+}
+
+/// A server with bucket `bucket`, and a proxy in front of it, forwarding.
+fn proxied(bucket: &str) -> (S3Server, FaultProxy) {
+    let s = S3Server::start();
+    s.create_bucket(bucket);
+    let p = FaultProxy::start(([127, 0, 0, 1], s.port).into());
+    (s, p)
+}
+
+fn a_store_through_a_forwarding_proxy_puts_and_gets_bit_exact() {
+    let (_s, p) = proxied("kvx-proxied");
+    let e = Arc::new(engine());
+    let ks = keys(8);
+    let a = store_at(&e, p.endpoint(), "kvx-proxied", NS, WriteMode::Through);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 8]);
+    let b = store_at(&e, p.endpoint(), "kvx-proxied", NS, WriteMode::Through);
+    assert_eq!(b.lookup(&ks, false).unwrap().1, 8);
+    assert_eq!(get_exact(&e, &b, &ks), vec![Status::Ok; 8]);
+    assert_eq!(b.stats().shared.hits, 8);
+    assert!(p.seen(Mode::Forward) >= a.stats().shared.requests + b.stats().shared.requests, "the calls went through the proxy");
+}
+
+/// The calls `s`'s shared tier made since it had counted `before` requests: one request
+/// a call, before any retry.
+fn calls_since(s: &Store, before: u64) -> u64 {
+    s.stats().shared.requests - before
+}
+
+/// Waits until `f` holds, failing past `SLACK` times the bound.
+fn holds_within_bound(what: &str, f: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < TIMEOUT * SLACK, "{what}: not within {:?}", TIMEOUT * SLACK);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The proxy answers `mode`, a 5xx: each call is retried with backoff, then ends within
+/// the bound with the server's answer; lookups and gets are misses, write-through puts
+/// fail with the answer, write-behind puts are dropped and counted, and closing does not
+/// wait past the bound. Forwarding again, gets hit and puts land.
+fn server_errors_are_retried_then_misses_in_time_and_service_resumes(mode: Mode, answer: &str) {
+    let bucket = format!("kvx-answers-{answer}");
+    let (_s, p) = proxied(&bucket);
+    let e = Arc::new(engine());
+    let ks = keys(4);
+    let a = store_at(&e, p.endpoint(), &bucket, NS, WriteMode::Through);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 4]);
+    let b = store_at(&e, p.endpoint(), &bucket, NS, WriteMode::Behind);
+
+    p.set(mode);
+    let before = b.stats().shared;
+    let (lookup, got) = within_bound("a lookup and a get answered 5xx", || (b.lookup(&ks, false).unwrap().1, get_outcomes(&e, &b, &ks)));
+    assert_eq!(lookup, 0);
+    assert!(warned(&[&bucket, "existence check", answer]), "a lookup's failed checks are not logged with the answer");
+    for (st, why) in &got {
+        assert!(*st != Status::Ok && *st != Status::Timeout, "{st:?}: {why}");
+        assert!(why.contains(answer), "the miss does not name the server's answer {answer}: {why}");
+    }
+    let after = b.stats().shared;
+    assert_eq!((after.timeouts, after.hits), (before.timeouts, before.hits), "{after:?}");
+    assert_eq!(after.errors - before.errors, calls_since(&b, before.requests), "each call failed with the answer: {after:?}");
+    let calls = calls_since(&b, before.requests);
+    assert!(p.seen(mode) >= 2 * calls, "{} requests for {calls} calls: each was retried", p.seen(mode));
+
+    let through = within_bound("a write-through put answered 5xx", || put_outcomes(&e, &a, &keys(6)[4..]));
+    for (st, why) in &through {
+        assert!(*st != Status::Ok && *st != Status::Timeout, "{st:?}: {why}");
+        assert!(why.contains(answer), "the put does not name the server's answer {answer}: {why}");
+    }
+    let dropped = b.stats().shared.puts_dropped;
+    assert_eq!(put(&e, &b, &keys(8)[6..]), vec![Status::Ok; 2], "a write-behind put ends once held locally");
+    holds_within_bound("write-behind puts dropped and counted", || b.stats().shared.puts_dropped == dropped + 2);
+    assert_eq!(put(&e, &b, &keys(10)[8..]), vec![Status::Ok; 2]);
+    within_bound("closing a store with puts behind", || b.close());
+
+    p.set(Mode::Forward);
+    let c = store_at(&e, p.endpoint(), &bucket, NS, WriteMode::Through);
+    assert_eq!(get_exact(&e, &c, &ks), vec![Status::Ok; 4], "service resumes with the server");
+    assert_eq!(put(&e, &a, &keys(12)[10..]), vec![Status::Ok; 2]);
+    assert_eq!(get_exact(&e, &c, &keys(12)[10..]), vec![Status::Ok; 2], "puts land again");
+    assert_eq!(c.stats().shared.hits, 6);
+}
+
+/// The proxy answers 403: each call is one request, not retried, and ends at once as a
+/// miss whose message says the bucket refuses the credentials. Forwarding again, gets hit
+/// and puts land.
+fn answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes() {
+    let (_s, p) = proxied("kvx-answers-403");
+    let e = Arc::new(engine());
+    let ks = keys(4);
+    let a = store_at(&e, p.endpoint(), "kvx-answers-403", NS, WriteMode::Through);
+    assert_eq!(put(&e, &a, &ks), vec![Status::Ok; 4]);
+    let b = store_at(&e, p.endpoint(), "kvx-answers-403", NS, WriteMode::Behind);
+
+    p.set(Mode::AccessDenied);
+    let before = b.stats().shared;
+    let t0 = Instant::now();
+    let (lookup, got) = (b.lookup(&ks, false).unwrap().1, get_outcomes(&e, &b, &ks));
+    assert!(t0.elapsed() < TIMEOUT, "a 403 is answered at once, yet the calls took {:?}", t0.elapsed());
+    assert_eq!(lookup, 0);
+    assert!(
+        warned(&["kvx-answers-403", "existence check", "refused the credentials"]),
+        "a lookup the bucket refused is not logged with the reason"
+    );
+    for (st, why) in &got {
+        assert_eq!(*st, Status::Io, "{why}");
+        assert!(
+            why.contains("403") && why.contains("refused the credentials") && why.contains("s3:GetObject"),
+            "the miss does not say the credentials are refused: {why}"
+        );
+        assert!(!why.contains(SECRET), "the message shows the secret: {why}");
+    }
+    let calls = calls_since(&b, before.requests);
+    assert_eq!(p.seen(Mode::AccessDenied), calls, "a 403 is not retried: one request a call");
+    assert_eq!(b.stats().shared.errors - before.errors, calls);
+
+    let through = within_bound("a write-through put answered 403", || put_outcomes(&e, &a, &keys(6)[4..]));
+    for (st, why) in &through {
+        assert_eq!(*st, Status::Io, "{why}");
+        assert!(why.contains("refused the credentials") && why.contains("s3:PutObject"), "{why}");
+    }
+    let dropped = b.stats().shared.puts_dropped;
+    assert_eq!(put(&e, &b, &keys(8)[6..]), vec![Status::Ok; 2]);
+    holds_within_bound("write-behind puts dropped and counted", || b.stats().shared.puts_dropped == dropped + 2);
+    within_bound("closing a store", || b.close());
+
+    p.set(Mode::Forward);
+    let c = store_at(&e, p.endpoint(), "kvx-answers-403", NS, WriteMode::Through);
+    assert_eq!(get_exact(&e, &c, &ks), vec![Status::Ok; 4], "service resumes with the server");
+    assert_eq!(put(&e, &a, &keys(10)[8..]), vec![Status::Ok; 2]);
+    assert_eq!(get_exact(&e, &c, &keys(10)[8..]), vec![Status::Ok; 2], "puts land again");
 }
 
 /// Object `name`'s bytes, whole.

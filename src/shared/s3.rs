@@ -41,6 +41,8 @@ pub struct S3Backend {
     /// The endpoint's URL, or AWS's for the region: for messages.
     endpoint: String,
     what: String,
+    /// Where the credentials came from, for messages: never the credentials themselves.
+    credentials: String,
     /// Dropped last: the client's connections belong to it.
     runtime: tokio::runtime::Runtime,
 }
@@ -83,6 +85,11 @@ fn profile_keys(text: &str, profile: &str) -> Vec<(String, String)> {
         }
     }
     keys
+}
+
+/// Whether the server refused the request's credentials (403 or 401).
+fn refused(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. })
 }
 
 /// An object's bytes as they arrive, split for a sink: the first `header_len` gathered into
@@ -153,7 +160,7 @@ impl S3Backend {
             // add a SHA-256 pass over every byte put.
             .with_unsigned_payload(true);
         b = if endpoint.is_empty() { b.with_virtual_hosted_style_request(true) } else { b.with_endpoint(&endpoint) };
-        let (b, source) = credentials(b);
+        let (b, credentials) = credentials(b);
         let store = b.build().map_err(|e| Error::new(Status::InvalidArg, format!("the shared tier's S3 bucket {what}: {e}")))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(RUNTIME_THREADS)
@@ -161,7 +168,7 @@ impl S3Backend {
             .enable_all()
             .build()
             .map_err(|e| Error::io(format_args!("starting the threads of the S3 backend for {what}"), e))?;
-        let s3 = S3Backend { store, prefix, timeout, endpoint: shown, what, runtime };
+        let s3 = S3Backend { store, prefix, timeout, endpoint: shown, what, credentials, runtime };
 
         let probe = s3.path(".kvxfer-probe");
         match s3.bounded("opening", &probe, s3.store.get(&probe)) {
@@ -173,26 +180,20 @@ impl S3Backend {
                 s3.endpoint
             ),
             Ok(Err(object_store::Error::NotFound { .. })) => {}
-            Ok(Err(e @ (object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }))) => bail!(
-                InvalidArg,
-                "the shared tier's S3 bucket {} refused the credentials of {source} ({e}); kvxfer reads \
-                 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else profile AWS_PROFILE \
-                 (default) of AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials): set credentials the bucket \
-                 grants s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket",
-                s3.what
-            ),
+            Ok(Err(e)) if refused(&e) => return Err(Error::new(Status::InvalidArg, s3.refused("opening", &e))),
             Ok(Err(e)) => {
                 bail!(
                     Io,
-                    "the shared tier's S3 endpoint {} cannot be reached with credentials from {source} ({e}); check \
+                    "the shared tier's S3 endpoint {} cannot be reached with credentials from {} ({e}); check \
                      that it is up and its URL, and that credentials are set (AWS_ACCESS_KEY_ID and \
                      AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials) where the host has no role",
-                    s3.endpoint
+                    s3.endpoint,
+                    s3.credentials
                 )
             }
             Err(e) => return Err(e),
         }
-        log::debug!("shared tier: {} opened, credentials from {source}", s3.what);
+        log::debug!("shared tier: {} opened, credentials from {}", s3.what, s3.credentials);
         Ok(s3)
     }
 
@@ -225,8 +226,26 @@ impl S3Backend {
         }
     }
 
+    /// What to tell the caller when the bucket refused these credentials (403, 401) for
+    /// `op`: such an answer comes again on every try until the credentials or the bucket's
+    /// policy change, so it is never retried.
+    fn refused(&self, op: &str, e: &object_store::Error) -> String {
+        format!(
+            "the shared tier's S3 bucket {} refused the credentials of {} for {op} ({e}); kvxfer reads \
+             AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else profile AWS_PROFILE \
+             (default) of AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials): set credentials the bucket \
+             grants s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket",
+            self.what, self.credentials
+        )
+    }
+
+    /// A call that failed with `e` within its bound (a 5xx after its retries, a refusal,
+    /// a connection that could not be made or was dropped).
     fn failed(&self, op: &str, e: object_store::Error) -> Error {
-        Error::new(Status::Io, format!("S3 {}: {op}: {e}", self.what))
+        if refused(&e) {
+            return Error::new(Status::Io, self.refused(op, &e));
+        }
+        Error::new(Status::Io, format!("S3 {}: {op} failed: {e}; check that the endpoint is up and not overloaded", self.what))
     }
 }
 

@@ -9,7 +9,7 @@ use super::backend::Backend;
 use super::object::{self, Expected, HEADER_BYTES};
 use super::read::{Checked, Dest, Outcome};
 use super::SharedConfig;
-use crate::error::{Result, Status};
+use crate::error::{Error, Result, Status};
 use crate::layout::LayoutConfig;
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::BinaryHeap;
@@ -19,6 +19,10 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// A failed existence check is logged at warn at most once in this long, the others at
+/// debug: a faulty backend fails every lookup's checks, and one line says what happened.
+const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Memory a write publishes from, kept alive (by `keep`) until the call ends.
 pub struct Buf {
@@ -118,6 +122,8 @@ pub struct Tier {
     next_due: AtomicU64,
     counters: Arc<Counters>,
     threads: Vec<JoinHandle<()>>,
+    /// When a failed existence check was last logged at warn (`WARN_EVERY`).
+    warned: Mutex<Option<Instant>>,
 }
 
 /// Why a read served nothing.
@@ -161,6 +167,7 @@ impl Tier {
             next_due: AtomicU64::new(0),
             counters: Arc::default(),
             threads,
+            warned: Mutex::new(None),
         }
     }
 
@@ -312,8 +319,7 @@ impl Tier {
                     Ok((p, r)) => {
                         let at = probes.iter().position(|&q| q == p).unwrap();
                         found[at] = Some(r.unwrap_or_else(|e| {
-                            bump(&self.counters.errors);
-                            log::debug!("{}: an existence check failed: {}", self.backend.describe(), e.message);
+                            self.check_failed(&e);
                             false
                         }));
                     }
@@ -339,6 +345,31 @@ impl Tier {
             (lo, hi) = next;
         }
         lo
+    }
+
+    /// Counts and logs an existence check that failed. A lookup has no message of its
+    /// own, and a runtime gets only what a lookup found, so the log is where a lookup's
+    /// misses say why.
+    fn check_failed(&self, e: &Error) {
+        bump(&self.counters.errors);
+        let due = {
+            let mut warned = self.warned.lock().unwrap();
+            let due = warned.is_none_or(|at| at.elapsed() >= WARN_EVERY);
+            if due {
+                *warned = Some(Instant::now());
+            }
+            due
+        };
+        let what = format!(
+            "{}: an existence check failed, so lookups count its key and those after it as misses: {}",
+            self.backend.describe(),
+            e.message
+        );
+        if due {
+            log::warn!("{what} (logged at most once every {WARN_EVERY:?}; shared_errors counts them)");
+        } else {
+            log::debug!("{what}");
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod fault_proxy;
 pub mod s3;
 pub mod shared_tier;
 

@@ -24,35 +24,55 @@ pub fn keys(n: usize) -> Vec<Vec<u8>> {
 
 /// Each key's status once the request ends.
 pub fn wait(r: &StoreRequest) -> Vec<Status> {
+    outcomes(r).into_iter().map(|(st, _)| st).collect()
+}
+
+/// Each key's status and message once the request ends.
+pub fn outcomes(r: &StoreRequest) -> Vec<(Status, String)> {
     r.wait(Some(Duration::from_secs(60)));
     assert_ne!(r.poll(), Status::Pending, "a store request did not end");
-    (0..r.len()).map(|i| r.key_status(i).unwrap()).collect()
+    (0..r.len()).map(|i| (r.key_status(i).unwrap(), r.key_message(i))).collect()
 }
 
 /// Puts each key's own bytes (`fill_block_for_key`) under it.
 pub fn put(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
+    put_outcomes(e, s, keys).into_iter().map(|(st, _)| st).collect()
+}
+
+/// As `put`: each key's status and message.
+pub fn put_outcomes(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<(Status, String)> {
     let src = e.create_layout(&block(keys.len() as u64), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
     for (i, k) in keys.iter().enumerate() {
         fill_block_for_key(&src, i as u64, k);
     }
     let ids: Vec<u64> = (0..keys.len() as u64).collect();
-    wait(&s.put(&src, &ids, keys, &Default::default()).unwrap())
+    outcomes(&s.put(&src, &ids, keys, &Default::default()).unwrap())
 }
 
 /// Gets `keys` into a vLLM-shaped host layout (`[2, num_blocks, …]` per layer); each key's
 /// status, after checking that every hit holds exactly its key's bytes.
 pub fn get_exact(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<Status> {
-    get_exact_in(e, s, keys, StorageKind::Host)
+    get_outcomes(e, s, keys).into_iter().map(|(st, _)| st).collect()
 }
 
 /// `get_exact` into memory of kind `storage`.
 pub fn get_exact_in(e: &Engine, s: &Store, keys: &[Vec<u8>], storage: StorageKind) -> Vec<Status> {
+    get_outcomes_in(e, s, keys, storage).into_iter().map(|(st, _)| st).collect()
+}
+
+/// As `get_exact`: each key's status and message.
+pub fn get_outcomes(e: &Engine, s: &Store, keys: &[Vec<u8>]) -> Vec<(Status, String)> {
+    get_outcomes_in(e, s, keys, StorageKind::Host)
+}
+
+/// As `get_exact_in`: each key's status and message.
+pub fn get_outcomes_in(e: &Engine, s: &Store, keys: &[Vec<u8>], storage: StorageKind) -> Vec<(Status, String)> {
     let dst = e.create_layout(&block(keys.len() as u64), LayoutKind::LayerSeparate { block_first: false }, storage).unwrap();
     fill(&dst, 99);
     let ids: Vec<u64> = (0..keys.len() as u64).rev().collect();
-    let st = wait(&s.get(keys, &dst, &ids, &Default::default()).unwrap());
+    let st = outcomes(&s.get(keys, &dst, &ids, &Default::default()).unwrap());
     for (i, k) in keys.iter().enumerate() {
-        if st[i] == Status::Ok {
+        if st[i].0 == Status::Ok {
             assert!(holds_key(&dst, ids[i], k), "key {} loaded with bytes that are not its own", String::from_utf8_lossy(k));
         }
     }
