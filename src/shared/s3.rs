@@ -181,6 +181,12 @@ impl S3Backend {
         Ok(s3)
     }
 
+    /// The client this backend makes its calls with, settings and credentials included:
+    /// for measuring the client alone against the same bucket (the bench's limit).
+    pub fn client(&self) -> AmazonS3 {
+        self.store.clone()
+    }
+
     fn path(&self, name: &str) -> Path {
         if self.prefix.is_empty() {
             Path::from(name)
