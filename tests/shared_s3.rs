@@ -5,11 +5,11 @@
 mod common;
 use common::cases::{case, run};
 use common::s3::{free_port, why_no_server, S3Server};
-use common::shared_tier::{block, get_exact, keys, put, torture, torture_child, NS};
+use common::shared_tier::{block, get_exact, keys, put, torture, torture_child, wait, NS};
 use common::*;
 use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, WriteMode};
 use kvxfer::store::{Store, StoreConfig};
-use kvxfer::{Engine, Status};
+use kvxfer::{Engine, LayoutKind, Status, StorageKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,7 @@ fn main() {
             "a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves",
             a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves,
         ),
+        case("write_through_puts_made_together_are_published_together", write_through_puts_made_together_are_published_together),
         case(
             "objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3",
             objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3,
@@ -237,6 +238,25 @@ fn a_stopped_server_makes_a_stores_loads_misses_in_time_then_serves() {
     assert!(put.iter().all(|&st| st == Status::Timeout), "{put:?}");
     s.pause(false);
     assert_eq!(get_exact(&e, &b, &ks), vec![Status::Ok; 4], "service resumes with the server");
+}
+
+/// Puts of one block each, made together, have their objects written together, not one
+/// put's after another's: with the server stopped, eight such write-through puts all end
+/// `Timeout` within the bound's slack, where one write at a time would take eight bounds.
+fn write_through_puts_made_together_are_published_together() {
+    let s = S3Server::start();
+    s.create_bucket("kvx-together");
+    let e = Arc::new(engine());
+    let a = store_over(&e, &s, "kvx-together", NS, WriteMode::Through);
+    let ks = keys(8);
+    let src = e.create_layout(&block(ks.len() as u64), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    s.pause(true);
+    let got = within_bound("eight write-through puts to a stopped server", || {
+        let reqs: Vec<_> = ks.iter().enumerate().map(|(i, k)| a.put(&src, &[i as u64], &[k], &Default::default()).unwrap()).collect();
+        reqs.iter().flat_map(|r| wait(r)).collect::<Vec<_>>()
+    });
+    assert!(got.iter().all(|&st| st == Status::Timeout), "{got:?}");
+    s.pause(false);
 }
 
 /// Object `name`'s bytes, whole.
