@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -446,6 +447,7 @@ static bool start_s3_server(const std::string &bin, const std::string &root, con
   std::fflush(stdout);
   s.pid = ::fork();
   if (s.pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the server goes with the bench, however it ends
     ::execl(bin.c_str(), bin.c_str(), "--host", "127.0.0.1", "--port", port_s.c_str(), "--access-key",
             std::getenv("AWS_ACCESS_KEY_ID"), "--secret-key", std::getenv("AWS_SECRET_ACCESS_KEY"), root.c_str(), nullptr);
     std::fprintf(stderr, "bench: starting the S3 server %s: %s\n", bin.c_str(), std::strerror(errno));
