@@ -268,6 +268,10 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
 	  LD_LIBRARY_PATH=$(NIXL_LIBS) ./cpp_examples/bench --remote --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4; \
 	else echo "bench-smoke: --remote skipped: NIXL's libraries could not be fetched (see nixl-libs)"; fi
+	@if [ -x $(S3S_ROOT)/bin/s3s-fs ]; then \
+	  $(CARGO) build --release --example s3_limit && \
+	  ./cpp_examples/bench --store --s3-server $(S3S_ROOT)/bin/s3s-fs --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR); \
+	else echo "bench-smoke: --s3-server skipped: no s3s-fs (make s3-bench-server)"; fi
 
 # The Python package's distributions, as PyPI takes them (docs/python.md#wheels), in
 # $(WHEELS): the sdist (the package, and the crate under rust/ as `cargo package` makes
