@@ -543,7 +543,7 @@ int StoreRun::s3_rows() {
     rows.push_back({"get", "s3-to-host", passes([&] { return get_pass(get, check_host_, gen); })});
     rc = verify_get(get, device_, gen, "the S3 tier") | verify_get(get, check_host_, gen, "the S3 tier");
     k = get.stats();
-    threads = sh.threads ? sh.threads : 16;
+    threads = sh.threads ? sh.threads : 16;  // 0: the tier's default, 16 (kvx_shared_config.threads)
   }
   std::error_code ec;
   for (const std::string &d : {pub_dir, rd_dir}) std::filesystem::remove_all(d, ec);
