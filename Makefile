@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs s3-server-venv c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs s3-server-venv s3-bench-server c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-test integration-bench
 
 all: build
 
@@ -89,6 +89,16 @@ s3-server-venv:
 	@python3 -m venv --help >/dev/null 2>&1 || { echo "s3-server-venv: python3's venv module is missing; run: apt-get install -y python3-venv"; exit 1; }
 	@[ -f $(S3_VENV)/.moto-$(MOTO_VERSION) ] || { rm -rf $(S3_VENV) && python3 -m venv $(S3_VENV) && \
 	  $(S3_VENV)/bin/pip install -q 'moto[server]==$(MOTO_VERSION)' && touch $(S3_VENV)/.moto-$(MOTO_VERSION); }
+
+# s3s-fs (crates.io): a server of the S3 API over a directory, in Rust, that
+# `bench --store --s3-server target/s3s/bin/s3s-fs` starts for its S3 rows (moto's Python
+# server is slower than either client, so it would be the limit of both). Not part of make
+# test; about 18 minutes to build on 2 cores. 0.14.1: the newest that builds with Rust 1.95.
+S3S_VERSION := 0.14.1
+S3S_ROOT := target/s3s
+s3-bench-server:
+	@$(S3S_ROOT)/bin/s3s-fs --version 2>/dev/null | grep -q ' $(S3S_VERSION)$$' || \
+	  $(CARGO) install --locked --features binary --root $(S3S_ROOT) s3s-fs@$(S3S_VERSION)
 
 $(TEST_DIR):
 	mkdir -p $@
@@ -258,6 +268,10 @@ bench-smoke: build $(TEST_DIR) nixl-libs
 	@if [ -f $(NIXL_LIBS)/libnixl_capi.so ]; then \
 	  LD_LIBRARY_PATH=$(NIXL_LIBS) ./cpp_examples/bench --remote --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4; \
 	else echo "bench-smoke: --remote skipped: NIXL's libraries could not be fetched (see nixl-libs)"; fi
+	@if [ -x $(S3S_ROOT)/bin/s3s-fs ]; then \
+	  $(CARGO) build --release --example s3_limit && \
+	  ./cpp_examples/bench --store --s3-server $(S3S_ROOT)/bin/s3s-fs --num-blocks 4 --blocks-per-batch 2 --iterations 1 --warmup 0 --num-layers 4 --dir $(TEST_DIR); \
+	else echo "bench-smoke: --s3-server skipped: no s3s-fs (make s3-bench-server)"; fi
 
 # The Python package's distributions, as PyPI takes them (docs/python.md#wheels), in
 # $(WHEELS): the sdist (the package, and the crate under rust/ as `cargo package` makes

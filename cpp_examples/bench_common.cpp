@@ -63,6 +63,13 @@ struct Pending {
       "                  entries; --buffered (both), --checksum (the plain files; the store's always are)\n"
       "  --shards N (1)  the store's data files, and the plain files it is measured against\n"
       "  --shared        with --store: also gets from a shared tier (a directory under --dir) against the local store's gets\n"
+      "  --shared-s3 URL with --store: also puts through and gets from a shared tier in an S3 bucket at URL (it must\n"
+      "                  exist: --s3-bucket B, default kvx-bench), to and from the device and pinned host, beside the S3\n"
+      "                  client driven alone (--s3-limit PATH, default s3_limit beside the bench or in\n"
+      "                  target/release/examples) on the same server and object size, the best of its concurrency\n"
+      "                  sweep: GB/s, p50/p99/p99.9 and CPU s/GB of each, and the ratio\n"
+      "  --s3-server PATH  instead of --shared-s3: start PATH (s3s-fs) on a free loopback port, its data under --dir\n"
+      "  --s3-threads N  the shared tier's threads (default: its own default, 16)\n"
       "  --mix           one submitter onboards --onboard-sizes blocks at a time from a hot buffered file, --onboards\n"
       "                  of each, alone and while offloads of --background-blocks blocks to a second file (O_DIRECT\n"
       "                  unless --buffered) run open-loop at each of --background-shares of the rate they reach alone\n"
@@ -171,6 +178,11 @@ Options parse(int argc, char **argv) {
       {"--trace", [&](const char *v) { o.trace = v; }},
       {"--requests", [&](const char *v) { o.requests = std::strtoull(v, nullptr, 0); }},
       {"--shards", [&](const char *v) { o.shards = (uint32_t)std::strtoul(v, nullptr, 0); }},
+      {"--shared-s3", [&](const char *v) { o.shared_s3 = v; }},
+      {"--s3-bucket", [&](const char *v) { o.s3_bucket = v; }},
+      {"--s3-server", [&](const char *v) { o.s3_server = v; }},
+      {"--s3-limit", [&](const char *v) { o.s3_limit = v; }},
+      {"--s3-threads", [&](const char *v) { o.s3_threads = (uint32_t)std::strtoul(v, nullptr, 0); }},
       {"--onboard-sizes", [&](const char *v) { o.onboard_sizes = list_of<uint64_t>("--onboard-sizes", v); }},
       {"--background-shares", [&](const char *v) { o.background_shares = list_of<double>("--background-shares", v); }},
       {"--onboards", [&](const char *v) { o.onboards = std::strtoull(v, nullptr, 0); }},

@@ -31,6 +31,12 @@ struct Options {
   // --store --shared: gets through a shared tier in a directory under --dir, beside the
   // local store's gets of the same blocks on the same disk.
   bool shared = false;
+  // --store --shared-s3 URL (or --s3-server PATH, a server the bench starts): the shared
+  // rows over bucket --s3-bucket of an S3 server instead, put through it and got from it,
+  // beside the S3 client alone (the --s3-limit binary, cpp_examples/s3_limit.rs) on the same
+  // server and object size. --s3-threads: the tier's threads (0: its default).
+  std::string shared_s3, s3_bucket = "kvx-bench", s3_server, s3_limit;
+  uint32_t s3_threads = 0;
   unsigned submitters = 0;
   uint64_t requests = 0;  // --remote's one-at-a-time requests (0: 100 per iteration)
   std::string trace;

@@ -5,10 +5,17 @@
 // keys, records, checksums, its thread.
 #include "bench_store.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -87,6 +94,8 @@ class StoreRun {
   void lookup_row(kvx::Store &s, uint64_t gen);
   void open_row();
   int shared_rows();
+  int s3_rows();
+  int verify_get(kvx::Store &s, const kvx::Layout &dst, uint64_t gen, const char *from);
   void measure(const char *op, const char *direction, bool durable, const std::function<Timed()> &store_pass,
                const std::function<Timed()> &plain);
 
@@ -230,19 +239,20 @@ void StoreRun::transfer_row(const char *op, const char *direction, const Timed &
                 o_.buffered ? "true" : "false", io_backend_name(e_.io_backend()));
 }
 
+static void add_to(Timed &into, const Timed &t) {
+  into.seconds += t.seconds, into.cpu_s += t.cpu_s;
+  into.batch_ms.insert(into.batch_ms.end(), t.batch_ms.begin(), t.batch_ms.end());
+}
+
 // --warmup untimed passes of each, then --iterations timed ones, store and plain taking
 // turns, and the row.
 void StoreRun::measure(const char *op, const char *direction, bool durable, const std::function<Timed()> &store_pass,
                        const std::function<Timed()> &plain) {
   for (int i = 0; i < o_.warmup; i++) store_pass(), plain();
   Timed st, pl;
-  auto add = [](Timed &into, const Timed &t) {
-    into.seconds += t.seconds, into.cpu_s += t.cpu_s;
-    into.batch_ms.insert(into.batch_ms.end(), t.batch_ms.begin(), t.batch_ms.end());
-  };
   for (int i = 0; i < o_.iterations; i++) {
-    add(st, store_pass());
-    add(pl, plain());
+    add_to(st, store_pass());
+    add_to(pl, plain());
   }
   transfer_row(op, direction, st, pl, durable);
 }
@@ -355,6 +365,254 @@ int StoreRun::shared_rows() {
   return rc;
 }
 
+// Every block of generation `gen` got from `s` into `dst`, which held zeros before, then
+// compared with what was put (host_'s bytes): 0, or 1 having said which base differs.
+int StoreRun::verify_get(kvx::Store &s, const kvx::Layout &dst, uint64_t gen, const char *from) {
+  const uint32_t nbases = hc_.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o_.num_layers;
+  const uint64_t base_bytes = block_bytes_ * o_.num_blocks / nbases;
+  for (uint32_t l = 0; l < nbases; l++) std::memset(reinterpret_cast<void *>(check_host_.base(l)), 0, base_bytes);
+  if (&dst != &check_host_) run_pass(e_, check_host_, dst, o_);
+  get_pass(s, dst, gen);
+  if (&dst != &check_host_) run_pass(e_, dst, check_host_, o_);
+  for (uint32_t l = 0; l < nbases; l++)
+    if (std::memcmp(reinterpret_cast<void *>(host_.base(l)), reinterpret_cast<void *>(check_host_.base(l)), base_bytes) != 0) {
+      std::fprintf(stderr, "bench: VERIFY FAILED: bytes got from %s into the %s layout differ from those put (base %u)\n", from,
+                   &dst == &device_ ? "device" : "host", l);
+      return 1;
+    }
+  return 0;
+}
+
+// A server of the S3 API the bench starts (s3s-fs, whose buckets are the folders of its
+// root) on a free loopback port; stopped, and its root removed, at the end.
+struct S3Server {
+  pid_t pid = -1;
+  std::string endpoint, root;
+  S3Server() = default;
+  S3Server(const S3Server &) = delete;
+  S3Server &operator=(const S3Server &) = delete;
+  ~S3Server() {
+    if (pid > 0) {
+      int st = 0;
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, &st, 0);
+    }
+    std::error_code ec;
+    if (!root.empty()) std::filesystem::remove_all(root, ec);
+  }
+};
+
+// A loopback port nothing listens on, as the kernel hands them out; 0 if none.
+static uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  uint16_t port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &n) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+static bool answers(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
+// Starts `bin` (s3s-fs) with bucket `bucket` made in `root`, taking the credentials of
+// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (set to a pair of its own where unset, for
+// the tier and the limit too), and waits up to 30 s for it to answer.
+static bool start_s3_server(const std::string &bin, const std::string &root, const std::string &bucket, S3Server &s) {
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
+  std::filesystem::create_directories(root + "/" + bucket, ec);
+  s.root = root;
+  if (ec) {
+    std::fprintf(stderr, "bench: making the S3 server's folder %s: %s\n", root.c_str(), ec.message().c_str());
+    return false;
+  }
+  ::setenv("AWS_ACCESS_KEY_ID", "kvx-bench", 0);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "kvx-bench", 0);
+  const uint16_t port = free_port();
+  const std::string port_s = std::to_string(port);
+  std::fflush(stdout);
+  s.pid = ::fork();
+  if (s.pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the server goes with the bench, however it ends
+    ::execl(bin.c_str(), bin.c_str(), "--host", "127.0.0.1", "--port", port_s.c_str(), "--access-key",
+            std::getenv("AWS_ACCESS_KEY_ID"), "--secret-key", std::getenv("AWS_SECRET_ACCESS_KEY"), root.c_str(), nullptr);
+    std::fprintf(stderr, "bench: starting the S3 server %s: %s\n", bin.c_str(), std::strerror(errno));
+    std::_Exit(127);
+  }
+  for (int i = 0; s.pid > 0 && i < 300; i++) {
+    if (answers(port)) {
+      s.endpoint = "http://127.0.0.1:" + port_s;
+      return true;
+    }
+    int st = 0;
+    if (::waitpid(s.pid, &st, WNOHANG) == s.pid) {
+      s.pid = -1;
+      break;
+    }
+    ::usleep(100000);
+  }
+  std::fprintf(stderr, "bench: the S3 server %s did not answer on port %u (its message is above); build it with make s3-bench-server\n",
+               bin.c_str(), (unsigned)port);
+  return false;
+}
+
+// `s` as one word of a POSIX shell command line.
+static std::string shell_word(const std::string &s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The S3 limit's binary: --s3-limit, else s3_limit beside the bench, else where cargo
+// builds it from the bench's folder in the repository.
+static std::string s3_limit_path(const Options &o) {
+  if (!o.s3_limit.empty()) return o.s3_limit;
+  std::error_code ec;
+  const std::filesystem::path here = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  for (const auto &p : {here / "s3_limit", here / "../target/release/examples/s3_limit"})
+    if (std::filesystem::exists(p, ec)) return p.string();
+  return (here / "s3_limit").string();
+}
+
+// The best point of the S3 client alone, for one op.
+struct S3Limit {
+  double gbps = 0, p50 = 0, p99 = 0, p999 = 0, cpu = 0, inflight = 0;
+};
+
+// The number after "key": in one of the limit's JSON lines; 0 if absent.
+static double json_number(const std::string &line, const std::string &key) {
+  const size_t at = line.find("\"" + key + "\": ");
+  return at == std::string::npos ? 0 : std::strtod(line.c_str() + at + key.size() + 4, nullptr);
+}
+
+// --shared-s3 / --s3-server: a store puts every block through to an S3 bucket (a put ends
+// once its objects are published), from the device then the pinned host; a second store,
+// its local store empty and admitting nothing, gets them from the bucket each pass, into
+// the device then the host, every byte checked after. Then the S3 client alone
+// (cpp_examples/s3_limit.rs: the tier's own client, no kvxfer request path) PUTs and GETs
+// --num-blocks objects of the same size on the same server at each concurrency of its
+// sweep; each row is read against its best.
+int StoreRun::s3_rows() {
+  S3Server server;
+  std::string endpoint = o_.shared_s3;
+  if (!o_.s3_server.empty()) {
+    if (!start_s3_server(o_.s3_server, dir_ + "-s3", o_.s3_bucket, server)) return 1;
+    endpoint = server.endpoint;
+  }
+  const std::string prefix = "kvx-bench-" + std::to_string(::getpid());
+  kvx::shared_config sh = kvx::shared_config::s3(o_.s3_bucket.c_str(), prefix.c_str(), endpoint.c_str());
+  sh.set_threads(o_.s3_threads).set_flags(KVX_SHARED_WRITE_THROUGH | KVX_SHARED_NO_ADMIT);
+  kvx_store_config c = store_config(false);
+  c.shared = &sh;
+  const std::string pub_dir = dir_ + "-s3put", rd_dir = dir_ + "-s3get";
+  struct Row {
+    const char *op, *direction;
+    Timed t;
+  };
+  std::vector<Row> rows;
+  auto passes = [&](const std::function<Timed()> &pass) {
+    for (int i = 0; i < o_.warmup; i++) pass();
+    Timed t;
+    for (int i = 0; i < o_.iterations; i++) add_to(t, pass());
+    return t;
+  };
+  int rc = 0;
+  uint32_t threads = 0;
+  kvx_store_counters k{};
+  {
+    kvx::Store put(e_, pub_dir, c);
+    uint64_t gen = 0;
+    rows.push_back({"put", "device-to-s3", passes([&] { return put_pass(put, device_, gen); })});
+    rows.push_back({"put", "host-to-s3", passes([&] { return put_pass(put, host_, gen); })});
+    kvx::Store get(e_, rd_dir, c);
+    rows.push_back({"get", "s3-to-device", passes([&] { return get_pass(get, device_, gen); })});
+    rows.push_back({"get", "s3-to-host", passes([&] { return get_pass(get, check_host_, gen); })});
+    rc = verify_get(get, device_, gen, "the S3 tier") | verify_get(get, check_host_, gen, "the S3 tier");
+    k = get.stats();
+    threads = sh.threads ? sh.threads : 16;  // 0: the tier's default, 16 (kvx_shared_config.threads)
+  }
+  std::error_code ec;
+  for (const std::string &d : {pub_dir, rd_dir}) std::filesystem::remove_all(d, ec);
+  if (rc != 0) return rc;
+
+  const std::string limit = s3_limit_path(o_);
+  const std::string cmd = shell_word(limit) + " --endpoint " + shell_word(endpoint) + " --bucket " + shell_word(o_.s3_bucket) +
+                          " --prefix " + shell_word(prefix + "-limit") + " --block-bytes " + std::to_string(block_bytes_) +
+                          " --objects " + std::to_string(o_.num_blocks) + " --iterations " + std::to_string(o_.iterations) +
+                          " --warmup " + std::to_string(o_.warmup) + " --json";
+  std::fflush(stdout);
+  FILE *p = ::popen(cmd.c_str(), "r");
+  S3Limit best[2];  // put, get
+  bool got[2] = {false, false};
+  if (p) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p)) {
+      const std::string line = buf;
+      if (line[0] != '{') {
+        std::printf("  %s", line.c_str());
+        continue;
+      }
+      if (o_.json) std::printf("%s", line.c_str());
+      if (line.find("\"best\": true") == std::string::npos) continue;
+      const int i = line.find("\"op\": \"put\"") != std::string::npos ? 0 : 1;
+      best[i] = {json_number(line, "gbps"), json_number(line, "req_p50_ms"), json_number(line, "req_p99_ms"),
+                 json_number(line, "req_p999_ms"), json_number(line, "cpu_s_per_gb"), json_number(line, "inflight")};
+      got[i] = true;
+    }
+  }
+  const int limit_rc = p ? ::pclose(p) : -1;
+  if (!got[0] || !got[1] || limit_rc != 0) {
+    std::fprintf(stderr, "bench: the S3 limit %s gave no result (its message is above); build it with cargo build --release "
+                         "--example s3_limit, or name it with --s3-limit\n", limit.c_str());
+    return 1;
+  }
+
+  std::printf("shared tier over S3: s3://%s/%s at %s, %u tier threads, write-through puts, gets not admitted; the limit: "
+              "the tier's S3 client alone on %llu objects of the same size, its best concurrency\n",
+              o_.s3_bucket.c_str(), prefix.c_str(), endpoint.c_str(), threads, (unsigned long long)o_.num_blocks);
+  std::printf("%-5s %-13s %8s %8s %8s %9s %11s %8s %8s %9s %10s\n", "op", "direction", "GB/s", "p50 ms", "p99 ms", "p99.9 ms",
+              "limit GB/s", "inflight", "/ limit", "CPU s/GB", "limit s/GB");
+  const uint64_t bytes = block_bytes_ * o_.num_blocks * o_.iterations;
+  for (const Row &r : rows) {
+    const S3Limit &l = best[r.op[0] == 'p' ? 0 : 1];
+    const double g = gbps(bytes, r.t.seconds), cpu = r.t.cpu_s / (bytes / 1e9);
+    const double p50 = percentile(r.t.batch_ms, 0.5), p99 = percentile(r.t.batch_ms, 0.99), p999 = percentile(r.t.batch_ms, 0.999);
+    std::printf("%-5s %-13s %8.3f %8.2f %8.2f %9.2f %11.3f %8.0f %8.2f %9.3f %10.3f\n", r.op, r.direction, g, p50, p99, p999,
+                l.gbps, l.inflight, l.gbps > 0 ? g / l.gbps : 0.0, cpu, l.cpu);
+    if (o_.json)
+      std::printf("{\"system\": \"kvxfer\", \"mode\": \"store\", \"op\": \"shared %s\", \"direction\": \"%s\", \"shared\": \"s3\", "
+                  "\"num_blocks\": %llu, \"block_bytes\": %llu, \"blocks_per_batch\": %llu, \"tier_threads\": %u, \"gbps\": %.4f, "
+                  "\"p50_ms\": %.3f, \"p99_ms\": %.3f, \"p999_ms\": %.3f, \"cpu_s_per_gb\": %.4f, \"limit_gbps\": %.4f, "
+                  "\"limit_inflight\": %.0f, \"limit_req_p50_ms\": %.3f, \"limit_req_p99_ms\": %.3f, \"limit_req_p999_ms\": %.3f, "
+                  "\"limit_cpu_s_per_gb\": %.4f, \"ratio\": %.4f}\n",
+                  r.op, r.direction, (unsigned long long)o_.num_blocks, (unsigned long long)block_bytes_,
+                  (unsigned long long)o_.blocks_per_batch, threads, g, p50, p99, p999, cpu, l.gbps, l.inflight, l.p50, l.p99,
+                  l.p999, l.cpu, l.gbps > 0 ? g / l.gbps : 0.0);
+  }
+  std::printf("p50/p99/p99.9 ms: ours per batch of %llu block(s) (%zu batches in flight at most), the limit's per request at "
+              "its best concurrency (put: p50 %.2f, p99 %.2f, p99.9 %.2f; get: p50 %.2f, p99 %.2f, p99.9 %.2f); CPU s/GB: each "
+              "process's own (the server's is neither's). The reader's tier: %llu hits, %llu misses, %llu failed checks, %llu "
+              "requests\n",
+              (unsigned long long)o_.blocks_per_batch, kWindow, best[0].p50, best[0].p99, best[0].p999, best[1].p50, best[1].p99,
+              best[1].p999, (unsigned long long)k.shared_hits, (unsigned long long)k.shared_misses,
+              (unsigned long long)k.shared_integrity_failures, (unsigned long long)k.shared_requests);
+  return 0;
+}
+
 int StoreRun::run() {
   const uint32_t nbases = hc_.kind == KVX_LAYOUT_FULLY_CONTIGUOUS ? 1 : (uint32_t)o_.num_layers;
   const uint64_t base_bytes = block_bytes_ * o_.num_blocks / nbases;
@@ -390,6 +648,7 @@ int StoreRun::run() {
             [&] { return plain_pass(device_, true, sync_files_); });
   }
   if (o_.shared && shared_rows() != 0) return 1;
+  if ((!o_.shared_s3.empty() || !o_.s3_server.empty()) && s3_rows() != 0) return 1;
   std::printf("GB/s = 1e9 B/s of payload; / plain = the store's GB/s over the plain transfers'; plain s/GB = their CPU s/GB\n");
 
   // Every byte the store gave back must be what was put: the last get was of host_'s

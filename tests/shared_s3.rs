@@ -6,13 +6,13 @@ mod common;
 use common::cases::{case, run};
 use common::fault_proxy::{FaultProxy, Mode};
 use common::s3::{free_port, why_no_server, S3Server};
-use common::shared_tier::{block, get_exact, get_outcomes, keys, put, put_outcomes, torture, torture_child, NS};
+use common::shared_tier::{block, get_exact, get_outcomes, keys, put, put_outcomes, torture, torture_child, wait, NS};
 use common::*;
 use kvxfer::ffi::logger::kvx_set_logger;
 use kvxfer::ffi::KVX_OK;
 use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, Sink, WriteMode};
 use kvxfer::store::{Store, StoreConfig};
-use kvxfer::{Engine, Status};
+use kvxfer::{Engine, LayoutKind, Status, StorageKind};
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -65,6 +65,7 @@ fn main() {
             "answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes",
             answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes,
         ),
+        case("write_through_puts_made_together_are_published_together", write_through_puts_made_together_are_published_together),
         case(
             "objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3",
             objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3,
@@ -429,6 +430,25 @@ fn answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes(
     assert_eq!(get_exact(&e, &c, &ks), vec![Status::Ok; 4], "service resumes with the server");
     assert_eq!(put(&e, &a, &keys(10)[8..]), vec![Status::Ok; 2]);
     assert_eq!(get_exact(&e, &c, &keys(10)[8..]), vec![Status::Ok; 2], "puts land again");
+}
+
+/// Puts of one block each, made together, have their objects written together, not one
+/// put's after another's: with the server stopped, eight such write-through puts all end
+/// `Timeout` within the bound's slack, where one write at a time would take eight bounds.
+fn write_through_puts_made_together_are_published_together() {
+    let s = S3Server::start();
+    s.create_bucket("kvx-together");
+    let e = Arc::new(engine());
+    let a = store_over(&e, &s, "kvx-together", NS, WriteMode::Through);
+    let ks = keys(8);
+    let src = e.create_layout(&block(ks.len() as u64), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    s.pause(true);
+    let got = within_bound("eight write-through puts to a stopped server", || {
+        let reqs: Vec<_> = ks.iter().enumerate().map(|(i, k)| a.put(&src, &[i as u64], &[k], &Default::default()).unwrap()).collect();
+        reqs.iter().flat_map(|r| wait(r)).collect::<Vec<_>>()
+    });
+    assert!(got.iter().all(|&st| st == Status::Timeout), "{got:?}");
+    s.pause(false);
 }
 
 /// Object `name`'s bytes, whole.

@@ -325,23 +325,49 @@ impl Inner {
         self.end();
     }
 
-    /// The publisher (`kvx-store-publish`): for each put in order, waits for its local
-    /// request, reads back the keys it committed and writes their objects.
+    /// The publisher (`kvx-store-publish`): takes a put, and those queued behind it up to a
+    /// chunk's worth of keys, waits for their local requests, reads back the keys they
+    /// committed and writes their objects at once. Puts of a block or two each (a runtime's
+    /// usual) would otherwise have one write in flight at a time, whatever the tier's threads.
     pub(super) fn run_publisher(self: Arc<Self>, rx: crossbeam_channel::Receiver<Publish>) {
-        for job in rx {
-            job.local.wait(None);
-            let committed: Vec<(usize, Key)> =
-                job.keys.iter().copied().filter(|&(i, _)| job.local.key_status(i) == Some(Status::Ok)).collect();
-            let mut results: Vec<(usize, Status, String)> = job
-                .keys
-                .iter()
-                .filter(|&&(i, _)| job.local.key_status(i) != Some(Status::Ok))
-                .map(|&(i, _)| (i, job.local.key_status(i).unwrap_or(Status::Internal), job.local.key_message(i)))
-                .collect();
-            for chunk in committed.chunks(LEASE_BLOCKS) {
-                results.extend(self.publish_chunk(chunk));
+        while let Ok(first) = rx.recv() {
+            let mut keys = first.keys.len();
+            let mut jobs = vec![first];
+            while keys < LEASE_BLOCKS {
+                let Ok(job) = rx.try_recv() else { break };
+                keys += job.keys.len();
+                jobs.push(job);
             }
-            self.published(&job, results);
+            self.publish_jobs(&jobs);
+        }
+    }
+
+    /// Publishes what `jobs` committed locally, in chunks, and ends each job.
+    fn publish_jobs(self: &Arc<Self>, jobs: &[Publish]) {
+        let mut results: Vec<Vec<(usize, Status, String)>> = jobs.iter().map(|_| Vec::new()).collect();
+        // The (job, index in its put) of each committed key, in the order they are published.
+        let mut owners = Vec::new();
+        let mut committed = Vec::new();
+        for (n, job) in jobs.iter().enumerate() {
+            job.local.wait(None);
+            for &(i, key) in &job.keys {
+                match job.local.key_status(i) {
+                    Some(Status::Ok) => {
+                        committed.push((owners.len(), key));
+                        owners.push((n, i));
+                    }
+                    st => results[n].push((i, st.unwrap_or(Status::Internal), job.local.key_message(i))),
+                }
+            }
+        }
+        for chunk in committed.chunks(LEASE_BLOCKS) {
+            for (at, st, why) in self.publish_chunk(chunk) {
+                let (n, i) = owners[at];
+                results[n].push((i, st, why));
+            }
+        }
+        for (job, r) in jobs.iter().zip(results) {
+            self.published(job, r);
         }
     }
 
