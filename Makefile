@@ -330,7 +330,7 @@ publish-check: tools
 # how a release is added).
 VLLM_VERSIONS := 0.33.0 0.34.0
 SGLANG_VERSIONS := 0.5.22 0.5.23
-LMCACHE_VERSIONS := 0.5.6
+LMCACHE_VERSIONS := 0.5.5 0.5.6
 
 # A runtime release's dependencies that the package registry does not have, left out of
 # its venv (RUNTIME_LEFT_OUT_<runtime>-<version>): none is imported by the plug-ins or
