@@ -1,7 +1,7 @@
-"""kvxfer.tier: namespaces, store keys and chunk layouts, shared by the runtime plug-ins."""
+"""kvxfer.tier: namespaces, store keys, chunk layouts and the runtime version check, shared
+by the runtime plug-ins."""
 
 import hashlib
-import importlib.metadata
 import zlib
 
 import pytest
@@ -116,27 +116,13 @@ def test_a_plugins_shared_setting_names_one_place_and_is_refused_otherwise():
             shared_tier("the plug-in", bad)
 
 
-def installed_runtime(monkeypatch, version):
-    """`importlib.metadata` reports `runtimex` at `version` (None: not installed)."""
-    real = importlib.metadata.version
-
-    def fake(name):
-        if name != "runtimex":
-            return real(name)
-        if version is None:
-            raise importlib.metadata.PackageNotFoundError(name)
-        return version
-
-    monkeypatch.setattr(importlib.metadata, "version", fake)
-
-
 def check_runtimex():
     return check_version("kvxfer.runtimex", "runtimex", "RuntimeX", ("1.4.0", "1.5.0"), "storage interface")
 
 
 @pytest.mark.parametrize("opt_in", [None, "0", "yes"])
-def test_a_runtime_release_outside_the_tested_ones_is_refused_naming_them_and_the_opt_in(monkeypatch, opt_in):
-    installed_runtime(monkeypatch, "1.6.0")
+def test_a_runtime_release_outside_the_tested_ones_is_refused_naming_them_and_the_opt_in(monkeypatch, installed, opt_in):
+    installed("runtimex", "1.6.0")
     if opt_in is None:
         monkeypatch.delenv("KVX_RUNTIMEX_ANY_VERSION", raising=False)
     else:
@@ -148,16 +134,16 @@ def test_a_runtime_release_outside_the_tested_ones_is_refused_naming_them_and_th
     assert "install runtimex==1.5.0" in says and "set KVX_RUNTIMEX_ANY_VERSION=1 to run it untested" in says
 
 
-def test_a_tested_runtime_release_passes_without_a_word(monkeypatch, caplog):
-    installed_runtime(monkeypatch, "1.4.0")
+def test_a_tested_runtime_release_passes_without_a_word(monkeypatch, installed, caplog):
+    installed("runtimex", "1.4.0")
     monkeypatch.delenv("KVX_RUNTIMEX_ANY_VERSION", raising=False)
     with caplog.at_level("WARNING", logger="kvxfer.tier"):
         assert check_runtimex() == "1.4.0"
     assert not caplog.records
 
 
-def test_the_opt_in_runs_an_untested_release_with_a_warning_naming_the_tested_ones(monkeypatch, caplog):
-    installed_runtime(monkeypatch, "1.6.0")
+def test_the_opt_in_runs_an_untested_release_with_a_warning_naming_the_tested_ones(monkeypatch, installed, caplog):
+    installed("runtimex", "1.6.0")
     monkeypatch.setenv("KVX_RUNTIMEX_ANY_VERSION", "1")
     with caplog.at_level("WARNING", logger="kvxfer.tier"):
         assert check_runtimex() == "1.6.0"
@@ -165,8 +151,8 @@ def test_the_opt_in_runs_an_untested_release_with_a_warning_naming_the_tested_on
     assert "RuntimeX 1.4.0 or 1.5.0" in line and "RuntimeX 1.6.0 is installed and runs untested (KVX_RUNTIMEX_ANY_VERSION=1)" in line
 
 
-def test_the_opt_in_does_not_stand_for_a_runtime_not_installed(monkeypatch):
-    installed_runtime(monkeypatch, None)
+def test_the_opt_in_does_not_stand_for_a_runtime_not_installed(monkeypatch, installed):
+    installed("runtimex", None)
     monkeypatch.setenv("KVX_RUNTIMEX_ANY_VERSION", "1")
     with pytest.raises(kvxfer.Unsupported, match=r"needs RuntimeX 1\.4\.0 or 1\.5\.0; RuntimeX is not installed \(pip install runtimex==1\.5\.0\)"):
         check_runtimex()
