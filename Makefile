@@ -320,7 +320,7 @@ publish-check: tools
 # runtime release, since their pinned dependencies (PyTorch, grpcio, numpy among them)
 # differ and cannot share one: vllm==V for each V of $(VLLM_VERSIONS) (about 9.5 GB and
 # five minutes to install each), sglang==V for each V of $(SGLANG_VERSIONS) (about 11 GB
-# each) and lmcache==V for each V of $(LMCACHE_VERSIONS) (about 6.5 GB each), in
+# each) and lmcache==V for each V of $(LMCACHE_VERSIONS) (about 6.3 GB each), in
 # target/<runtime>-V-venv, each made once and kept (a stamp file names the release), then
 # the package's wheel (make wheel) installed into each and that runtime's tests
 # (python/integration/test_<runtime>_*.py) run there. integration-test-<runtime> runs one
