@@ -15,7 +15,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ABI_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
 ABI_MINOR := $(word 2,$(subst ., ,$(VERSION)))
 
-.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs s3-server-venv s3-bench-server c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-test integration-bench
+.PHONY: all build bench test lint examples-test python-venv python-test rust-test nixl-libs s3-server-venv s3-bench-server c-test valgrind-test asan-test stress-test soak store-crash shared-torture tsan rust-asan miri abi-layout-test dlopen-test install install-test header-test exports-test bench-smoke header tools clean docs-test wheel-venv wheel wheel-test publish-check integration-test integration-test-vllm integration-test-sglang integration-test-lmcache integration-bench
 
 all: build
 
@@ -331,23 +331,29 @@ publish-check: tools
 	$(CARGO) publish --dry-run --allow-dirty
 
 # The runtime plug-ins against the runtimes themselves (python/integration): a venv per
-# runtime version, since their pinned dependencies (PyTorch, grpcio, numpy among them)
+# runtime release, since their pinned dependencies (PyTorch, grpcio, numpy among them)
 # differ and cannot share one: vllm==V for each V of $(VLLM_VERSIONS) (about 9.5 GB and
-# five minutes to install each, in target/vllm-V-venv), sglang==$(SGLANG_VERSION) (about
-# 11 GB) and lmcache==$(LMCACHE_VERSION), each made once and kept (a stamp file names the
-# version), then the package's wheel (make wheel) installed into each and that runtime's
-# tests (python/integration/test_<runtime>_*.py) run there. Not part of `make test`: see
-# CONTRIBUTING.md. VLLM_VERSIONS is kvxfer.vllm's SUPPORTED_VLLM (docs/vllm.md says how a
-# vLLM release is added).
+# five minutes to install each), sglang==V for each V of $(SGLANG_VERSIONS) (about 11 GB
+# each) and lmcache==V for each V of $(LMCACHE_VERSIONS) (about 6.3 GB each), in
+# target/<runtime>-V-venv, each made once and kept (a stamp file names the release), then
+# the package's wheel (make wheel) installed into each and that runtime's tests
+# (python/integration/test_<runtime>_*.py) run there. integration-test-<runtime> runs one
+# runtime's. Not part of `make test`: see CONTRIBUTING.md. Each list is the plug-in's
+# supported set (kvxfer.vllm's SUPPORTED_VLLM, kvxfer.sglang's SUPPORTED_SGLANG,
+# kvxfer.lmcache's SUPPORTED_LMCACHE; docs/vllm.md, docs/sglang.md and docs/lmcache.md say
+# how a release is added).
 VLLM_VERSIONS := 0.33.0 0.34.0
-SGLANG_VERSION := 0.5.23
-LMCACHE_VERSION := 0.5.6
+SGLANG_VERSIONS := 0.5.22 0.5.23
+LMCACHE_VERSIONS := 0.5.5 0.5.6
 
 # A runtime release's dependencies that the package registry does not have, left out of
 # its venv (RUNTIME_LEFT_OUT_<runtime>-<version>): none is imported by the plug-ins or
 # their tests. vLLM 0.34.0 pins flashinfer-python==0.7.3 (GPU attention kernels), which
-# PyPI does not carry.
+# PyPI does not carry; SGLang 0.5.22 pins cuda-tile==1.6.0rc5 (NVIDIA's cuTile kernels),
+# which PyPI carries only as a stub that fetches the wheel from NVIDIA's own index (its
+# other dependencies still bring in cuda-tile 1.7.0, which PyPI carries).
 RUNTIME_LEFT_OUT_vllm-0.34.0 := flashinfer-python
+RUNTIME_LEFT_OUT_sglang-0.5.22 := cuda-tile
 
 # $(call runtime-venv,runtime,version,venv): make the venv once and install the wheel into
 # it. Where the release leaves dependencies out, the runtime goes in without its
@@ -359,20 +365,27 @@ define runtime-venv
 	    $(3)/bin/python python/integration/requirements_of.py $(1) $(RUNTIME_LEFT_OUT_$(1)-$(2)) > $(3)/requirements.txt && \
 	    $(3)/bin/pip install -q -r $(3)/requirements.txt numpy pytest,\
 	    $(3)/bin/pip install -q $(1)==$(2) numpy pytest) && touch $(3)/.$(1)-$(2); }
-	$(3)/bin/pip install -q --force-reinstall --no-deps $(WHEELS)/kvxfer-*.whl
+	$(3)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEELS)/kvxfer-*.whl
 endef
 
-# $(call runtime-tests,runtime,version,venv): the runtime's venv, then its tests.
+# $(call runtime-tests,runtime,version,venv): the runtime's venv, then its tests. pip and
+# pytest run as modules of the venv's python, so a venv moved keeps working.
 define runtime-tests
 	$(call runtime-venv,$(1),$(2),$(3))
-	cd /tmp && $(CURDIR)/$(3)/bin/pytest -q -rs $(CURDIR)/python/integration/test_$(1)_*.py
+	cd /tmp && $(CURDIR)/$(3)/bin/python -m pytest -q -rs $(CURDIR)/python/integration/test_$(1)_*.py
 
 endef
 
-integration-test: wheel
+integration-test: integration-test-vllm integration-test-sglang integration-test-lmcache
+
+integration-test-vllm: wheel
 	$(foreach v,$(VLLM_VERSIONS),$(call runtime-tests,vllm,$(v),target/vllm-$(v)-venv))
-	$(call runtime-tests,sglang,$(SGLANG_VERSION),target/sglang-venv)
-	$(call runtime-tests,lmcache,$(LMCACHE_VERSION),target/lmcache-venv)
+
+integration-test-sglang: wheel
+	$(foreach v,$(SGLANG_VERSIONS),$(call runtime-tests,sglang,$(v),target/sglang-$(v)-venv))
+
+integration-test-lmcache: wheel
+	$(foreach v,$(LMCACHE_VERSIONS),$(call runtime-tests,lmcache,$(v),target/lmcache-$(v)-venv))
 
 # kvxfer's vLLM tier against vLLM's own fs tier, both driven by vLLM's tiering manager
 # (docs/benchmarks.md#kvxfers-vllm-tier-against-vllms-fs-tier), in the venv of vLLM

@@ -1,5 +1,5 @@
-"""kvxfer as LMCache's L2 storage, driven by LMCache itself (the installed lmcache==0.5.6,
-never a copy of its interface): the `--l2-adapter` JSON naming `kvxfer.lmcache` goes
+"""kvxfer as LMCache's L2 storage, driven by LMCache itself (the installed LMCache, a
+release of `SUPPORTED_LMCACHE`, never a copy of its interface): the `--l2-adapter` JSON naming `kvxfer.lmcache` goes
 through LMCache's own parser and adapter factory, which load the connector as a
 `native_plugin` and wrap it in LMCache's `NativeConnectorL2Adapter`; the tests then make
 the calls LMCache's multi-process storage manager makes on that adapter, on objects from
@@ -432,11 +432,34 @@ def test_a_bad_shared_setting_is_refused_at_the_start(tmp_path, bad):
         make_adapter(tmp_path, shared=bad)
 
 
-def test_another_lmcache_version_is_refused_naming_the_supported_one(tmp_path, monkeypatch):
+def another_lmcache(monkeypatch, version):
+    """`importlib.metadata` reports LMCache at `version`, a release outside the tested ones."""
     real = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.5" if name == "lmcache" else real(name))
-    with pytest.raises(kvxfer.Unsupported, match=r"supports LMCache 0\.5\.6.*LMCache 0\.5\.5 is installed"):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version if name == "lmcache" else real(name))
+
+
+@pytest.mark.parametrize("version", ["0.5.4", "0.5.7"])
+def test_another_lmcache_version_is_refused_naming_the_supported_ones(tmp_path, monkeypatch, version):
+    another_lmcache(monkeypatch, version)
+    monkeypatch.delenv("KVX_LMCACHE_ANY_VERSION", raising=False)
+    with pytest.raises(kvxfer.Unsupported, match=rf"supports LMCache 0\.5\.5 or 0\.5\.6,.*LMCache {version} is installed.*set KVX_LMCACHE_ANY_VERSION=1"):
         make_adapter(tmp_path)
+
+
+def test_the_opt_in_runs_another_lmcache_version_with_a_warning(tmp_path, monkeypatch, mem, caplog):
+    another_lmcache(monkeypatch, "0.5.7")
+    monkeypatch.setenv("KVX_LMCACHE_ANY_VERSION", "1")
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        adapter = make_adapter(tmp_path)
+    try:
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.tier"]
+        assert "tested with LMCache 0.5.5 or 0.5.6; LMCache 0.5.7 is installed and runs untested" in line
+        obj = mem.make(7)
+        assert int(store(adapter, [key(7)], [obj])) >= 0, "the store task failed"
+        back = mem.make()
+        assert load(adapter, [key(7)], [back]) == [True] and payload(back) == payload(obj)
+    finally:
+        adapter.close()
 
 
 def test_import_kvxfer_never_imports_lmcache():

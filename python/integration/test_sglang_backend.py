@@ -1,17 +1,18 @@
 """kvxfer's SGLang HiCache storage backend driven through SGLang itself (the installed
-sglang==0.5.23, never a copy of its interface): SGLang's own host KV pools
-(`MHATokenToKVPoolHost`, `MLATokenToKVPoolHost`, on the CPU, over SGLang's device pools
-made on the CPU) and `StorageBackendFactory` creating the backend as
+SGLang, a release of `SUPPORTED_SGLANG`, never a copy of its interface): SGLang's own
+host KV pools (`MHATokenToKVPoolHost`, `MLATokenToKVPoolHost`, on the CPU, over SGLang's
+device pools made on the CPU) and `StorageBackendFactory` creating the backend as
 `--hicache-storage-backend dynamic` does, then registering the host pool as SGLang's cache
 controller does. Keys are SGLang's page hashes (`get_storage_hash_str`, what its
 controller asks storage for). The tests make the controller's v1 calls: pages set from
 host pages come back byte for byte into other host pages, a page never stored is a miss,
 a flipped byte fails its page alone, a restart finds the pages and a changed
 configuration does not, storage metrics count the pages moved, and another SGLang
-version is refused. Run by
-`make integration-test`."""
+version is refused, or runs with the opt-in. Run by `make integration-test` in a venv per
+supported release."""
 
 import importlib.metadata
+import inspect
 import os
 import subprocess
 import sys
@@ -49,19 +50,24 @@ def host_pool(layout="page_first", mla=False, dtype=torch.bfloat16, page=PAGE, l
             size=device_tokens, page_size=page, dtype=dtype, kv_lora_rank=64, qk_rope_head_dim=16, layer_num=layers,
             device="cpu", enable_memory_saver=False, start_layer=0, end_layer=layers - 1,
         )
-        info = dev.get_device_pool_infos()[0].buffer_info
-        return MLATokenToKVPoolHost(
-            info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
-            device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers - 1, target_layer_num=layers,
-        )
+        return host_over(MLATokenToKVPoolHost, dev, page, layout, layers, device_tokens, target_layer_num=layers)
     dev = MHATokenToKVPool(
         size=device_tokens, page_size=page, dtype=dtype, head_num=heads, head_dim=head_dim, layer_num=layers,
         device="cpu", enable_memory_saver=False, start_layer=0, end_layer=layers - 1,
     )
+    return host_over(MHATokenToKVPoolHost, dev, page, layout, layers, device_tokens)
+
+
+def host_over(cls, dev, page, layout, layers, device_tokens, **geometry):
+    """A host pool of class `cls` over the device pool `dev`, as the installed SGLang
+    makes one: SGLang 0.5.22's take the device pool itself, 0.5.23's its buffer
+    description and the geometry (`geometry`: what a class needs beyond the MHA pool's)."""
+    if "buffer_info" not in inspect.signature(cls.__init__).parameters:
+        return cls(dev, 2.0, 0, page, layout, pin_memory=False, device="cpu")
     info = dev.get_device_pool_infos()[0].buffer_info
-    return MHATokenToKVPoolHost(
+    return cls(
         info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
-        device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers - 1,
+        device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers - 1, **geometry,
     )
 
 
@@ -492,7 +498,10 @@ def test_an_mla_model_over_several_attention_tp_ranks_is_refused(tmp_path):
 
 @pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
 def test_a_layout_without_a_zero_copy_description_is_refused(tmp_path, mla):
-    pool = host_pool("page_unified", mla=mla)
+    try:
+        pool = host_pool("page_unified", mla=mla)
+    except ValueError as e:  # SGLang 0.5.22 has no such layout: nothing to refuse
+        pytest.skip(f"SGLang {importlib.metadata.version('sglang')} makes no page_unified host pool ({e})")
     with pytest.raises(kvxfer.Unsupported, match="page_unified"):
         attach(pool, storage_config(tmp_path, mla=mla, layout="page_unified"))
 
@@ -503,10 +512,35 @@ def test_a_pool_beside_the_kv_pool_is_refused(backend, pool):
         backend.register_mem_host_pool_v2(host_pool(), PoolName.SWA)
 
 
-def test_another_sglang_version_is_refused_naming_the_supported_one(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.24")
-    with pytest.raises(kvxfer.Unsupported, match=r"supports SGLang 0\.5\.23.*SGLang 0\.5\.24 is installed"):
+@pytest.mark.parametrize("version", ["0.5.21", "0.5.24"])
+def test_another_sglang_version_is_refused_naming_the_supported_ones(monkeypatch, version):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
+    monkeypatch.delenv("KVX_SGLANG_ANY_VERSION", raising=False)
+    with pytest.raises(kvxfer.Unsupported, match=rf"supports SGLang 0\.5\.22 or 0\.5\.23,.*SGLang {version} is installed.*set KVX_SGLANG_ANY_VERSION=1"):
         kv_sglang.check_sglang_version()
+
+
+def test_the_opt_in_runs_another_sglang_version_with_a_warning(tmp_path, monkeypatch, pool, caplog):
+    """SGLang's factory makes the backend over a release outside the tested ones, with
+    KVX_SGLANG_ANY_VERSION=1, and pages go through it."""
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.24" if name == "sglang" else real(name))
+    monkeypatch.setenv("KVX_SGLANG_ANY_VERSION", "1")
+    monkeypatch.setattr(kv_sglang, "_backend_class", None)  # made again, its version checked again
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        b = attach(pool, storage_config(tmp_path))
+    try:
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.tier"]
+        assert "tested with SGLang 0.5.22 or 0.5.23; SGLang 0.5.24 is installed and runs untested" in line
+        keys = page_hashes(2)
+        fill_pages(pool, [0, 1], seed=5)
+        want = [page_bytes(pool, p) for p in (0, 1)]
+        assert b.batch_set_v1(keys, token_indices([0, 1])) == [True, True]
+        fill_pages(pool, [2, 3], seed=6)
+        assert b.batch_get_v1(keys, token_indices([2, 3])) == [True, True]
+        assert all(torch.equal(page_bytes(pool, p), w) for p, w in zip((2, 3), want))
+    finally:
+        b.close()
 
 
 def test_kvxfer_and_its_sglang_module_import_without_sglang():

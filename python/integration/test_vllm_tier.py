@@ -473,8 +473,18 @@ def test_another_shard_count_makes_the_store_afresh_with_a_warning(tmp_path, cap
 
 def test_another_vllm_version_is_refused_naming_the_supported_ones(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.0")
-    with pytest.raises(kvxfer.Unsupported, match=r"supports vLLM 0\.33\.0 or 0\.34\.0,.*vLLM 0\.35\.0 is installed: install vllm==0\.34\.0"):
+    monkeypatch.delenv("KVX_VLLM_ANY_VERSION", raising=False)
+    with pytest.raises(kvxfer.Unsupported, match=r"supports vLLM 0\.33\.0 or 0\.34\.0,.*vLLM 0\.35\.0 is installed: install vllm==0\.34\.0.*set KVX_VLLM_ANY_VERSION=1"):
         kv_vllm.check_vllm_version()
+
+
+def test_the_opt_in_runs_another_vllm_version_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.0")
+    monkeypatch.setenv("KVX_VLLM_ANY_VERSION", "1")
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        assert kv_vllm.check_vllm_version() == "0.35.0"
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.tier"]
+    assert "tested with vLLM 0.33.0 or 0.34.0; vLLM 0.35.0 is installed and runs untested" in line
 
 
 def test_kvxfer_and_its_vllm_module_import_without_vllm():

@@ -37,8 +37,15 @@ from .tier import check_room, check_version, chunk_layout, engine_settings, log_
 
 log = logging.getLogger("kvxfer.lmcache")
 
-#: The LMCache versions whose native-plugin interface this module implements.
-SUPPORTED_LMCACHE = ("0.5.6",)
+#: The LMCache versions whose native-plugin interface this module implements, each tested
+#: by `make integration-test`; another is refused unless KVX_LMCACHE_ANY_VERSION=1
+#: (docs/lmcache.md says how a release is added). What differs between them, for this
+#: module, is kept beside this list. Between 0.5.5 and 0.5.6 nothing this module uses
+#: does: the `native_plugin` adapter is the same, and the `NativeConnectorL2Adapter` it
+#: wraps the connector in keeps the key format, the memoryviews (an object's own bytes)
+#: and the calls; 0.5.6 adds only `pad_buffers_to_alignment`, which `native_plugin`
+#: leaves off.
+SUPPORTED_LMCACHE = ("0.5.5", "0.5.6")
 
 #: Part of every namespace: a change to how this module lays objects out changes it.
 _FORMAT = "kvxfer.lmcache 2"

@@ -32,8 +32,17 @@ from .store import Store
 
 log = logging.getLogger("kvxfer.sglang")
 
-#: The SGLang versions whose HiCache storage interface this module implements.
-SUPPORTED_SGLANG = ("0.5.23",)
+#: The SGLang versions whose HiCache storage interface this module implements, each
+#: tested by `make integration-test`; another is refused unless KVX_SGLANG_ANY_VERSION=1
+#: (docs/sglang.md says how a release is added). What differs between them, for this
+#: module, is kept beside this list. Between 0.5.22 and 0.5.23 nothing this module uses
+#: does: 0.5.23's `HiCacheStorageConfig` adds the decode-context-parallel fields
+#: (`dcp_size`, `dcp_rank`, `logical_page_size`), which apply to an MLA model over several
+#: TP ranks only, refused here on either release, its `HiCacheStorage` an
+#: `on_host_pools_registered` hook, empty by default and not needed by a backend that opens
+#: its store when the KV pool is registered, and its host pools the `page_unified` layout,
+#: which `page_bases` refuses as it does any layout SGLang gives no zero-copy description of.
+SUPPORTED_SGLANG = ("0.5.22", "0.5.23")
 
 #: Part of every namespace: a change to how this module lays pages out changes it.
 _FORMAT = "kvxfer.sglang storage 1"

@@ -201,8 +201,12 @@ def shared_tier(plugin: str, value: Any) -> Any:
 
 def check_version(plugin: str, package: str, name: str, supported: Sequence[str], interface: str) -> str:
     """The installed `package`'s version; raises `Unsupported` naming the `supported` ones
-    when it is another (or when `package` is not installed). `plugin` and `name` name the
-    plug-in and the runtime in the message, `interface` what of the runtime it implements."""
+    (the releases `make integration-test` runs the plug-in against) when it is another,
+    unless the environment's `KVX_<PACKAGE>_ANY_VERSION` (`KVX_VLLM_ANY_VERSION`, ...) is
+    `1`, the user's choice to run an untested release: then it logs a warning naming them
+    and goes on. A `package` that is not installed is refused either way. `plugin` and
+    `name` name the plug-in and the runtime in the message, `interface` what of the
+    runtime it implements."""
     from importlib import metadata
 
     want = " or ".join(supported)
@@ -210,10 +214,15 @@ def check_version(plugin: str, package: str, name: str, supported: Sequence[str]
         v = metadata.version(package)
     except metadata.PackageNotFoundError:
         raise Unsupported(f"{plugin} needs {name} {want}; {name} is not installed (pip install {package}=={supported[-1]})", 5) from None
-    if v not in supported:
-        raise Unsupported(
-            f"{plugin} supports {name} {want}, whose {interface} it implements; "
-            f"{name} {v} is installed: install {package}=={supported[-1]}, or a kvxfer that supports {v}",
-            5,
-        )
-    return v
+    if v in supported:
+        return v
+    opt_in = f"KVX_{package.upper()}_ANY_VERSION"
+    if os.environ.get(opt_in) == "1":
+        log.warning("%s is tested with %s %s; %s %s is installed and runs untested (%s=1): its %s may differ", plugin, name, want, name, v, opt_in, interface)
+        return v
+    raise Unsupported(
+        f"{plugin} supports {name} {want}, whose {interface} it implements and is tested with; "
+        f"{name} {v} is installed: install {package}=={supported[-1]} or a kvxfer that supports {v}, "
+        f"or set {opt_in}=1 to run it untested",
+        5,
+    )

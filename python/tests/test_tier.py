@@ -1,4 +1,5 @@
-"""kvxfer.tier: namespaces, store keys and chunk layouts, shared by the runtime plug-ins."""
+"""kvxfer.tier: namespaces, store keys, chunk layouts and the runtime version check, shared
+by the runtime plug-ins."""
 
 import hashlib
 import zlib
@@ -6,7 +7,7 @@ import zlib
 import pytest
 
 import kvxfer
-from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, shared_tier, store_key
+from kvxfer.tier import DISK_BOUNCE_BYTES, DISK_IO_THREADS, MAX_REGION, check_version, chunk_layout, engine_settings, make_root, namespace_of, open_or_remake, shared_tier, store_key
 
 
 def test_a_namespace_is_the_kind_and_a_digest_of_every_field():
@@ -113,3 +114,45 @@ def test_a_plugins_shared_setting_names_one_place_and_is_refused_otherwise():
     ]:
         with pytest.raises(kvxfer.InvalidArgument, match=says):
             shared_tier("the plug-in", bad)
+
+
+def check_runtimex():
+    return check_version("kvxfer.runtimex", "runtimex", "RuntimeX", ("1.4.0", "1.5.0"), "storage interface")
+
+
+@pytest.mark.parametrize("opt_in", [None, "0", "yes"])
+def test_a_runtime_release_outside_the_tested_ones_is_refused_naming_them_and_the_opt_in(monkeypatch, installed, opt_in):
+    installed("runtimex", "1.6.0")
+    if opt_in is None:
+        monkeypatch.delenv("KVX_RUNTIMEX_ANY_VERSION", raising=False)
+    else:
+        monkeypatch.setenv("KVX_RUNTIMEX_ANY_VERSION", opt_in)
+    with pytest.raises(kvxfer.Unsupported) as e:
+        check_runtimex()
+    says = str(e.value)
+    assert "supports RuntimeX 1.4.0 or 1.5.0" in says and "RuntimeX 1.6.0 is installed" in says
+    assert "install runtimex==1.5.0" in says and "set KVX_RUNTIMEX_ANY_VERSION=1 to run it untested" in says
+
+
+def test_a_tested_runtime_release_passes_without_a_word(monkeypatch, installed, caplog):
+    installed("runtimex", "1.4.0")
+    monkeypatch.delenv("KVX_RUNTIMEX_ANY_VERSION", raising=False)
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        assert check_runtimex() == "1.4.0"
+    assert not caplog.records
+
+
+def test_the_opt_in_runs_an_untested_release_with_a_warning_naming_the_tested_ones(monkeypatch, installed, caplog):
+    installed("runtimex", "1.6.0")
+    monkeypatch.setenv("KVX_RUNTIMEX_ANY_VERSION", "1")
+    with caplog.at_level("WARNING", logger="kvxfer.tier"):
+        assert check_runtimex() == "1.6.0"
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kvxfer.tier"]
+    assert "RuntimeX 1.4.0 or 1.5.0" in line and "RuntimeX 1.6.0 is installed and runs untested (KVX_RUNTIMEX_ANY_VERSION=1)" in line
+
+
+def test_the_opt_in_does_not_stand_for_a_runtime_not_installed(monkeypatch, installed):
+    installed("runtimex", None)
+    monkeypatch.setenv("KVX_RUNTIMEX_ANY_VERSION", "1")
+    with pytest.raises(kvxfer.Unsupported, match=r"needs RuntimeX 1\.4\.0 or 1\.5\.0; RuntimeX is not installed \(pip install runtimex==1\.5\.0\)"):
+        check_runtimex()
