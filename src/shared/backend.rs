@@ -44,4 +44,16 @@ pub trait Sink {
     fn header(&mut self, header: &[u8]) -> bool;
     /// The payload's next piece; `false` to read no further.
     fn payload(&mut self, piece: &[u8]) -> bool;
+
+    /// Memory the whole payload may be read into at once, where the sink has it (memory of
+    /// its own, which nothing reads before the read ends): a backend that can fill it
+    /// directly does, then calls `filled` instead of `payload`.
+    fn whole(&mut self) -> Option<&mut [u8]> {
+        None
+    }
+
+    /// The payload is in `whole`'s memory; `false` if it is not wanted.
+    fn filled(&mut self) -> bool {
+        true
+    }
 }

@@ -145,12 +145,17 @@ fn read_exact_at(fd: i32, at: u64, buf: &mut [u8], path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Hands the file's `header_len` bytes, then its `payload_len` bytes piece by piece, to
-/// `sink`, until it wants no more.
+/// Hands the file's `header_len` bytes, then its `payload_len` bytes, to `sink`: into its
+/// own memory at once where it has some, else piece by piece until it wants no more.
 fn stream(fd: i32, header_len: usize, payload_len: usize, sink: &mut dyn Sink, path: &Path) -> Result<()> {
     PIECE_BUF.with_borrow_mut(|buf| {
         read_exact_at(fd, 0, &mut buf[..header_len], path)?;
         if !sink.header(&buf[..header_len]) {
+            return Ok(());
+        }
+        if let Some(whole) = sink.whole() {
+            read_exact_at(fd, header_len as u64, whole, path)?;
+            sink.filled();
             return Ok(());
         }
         let mut at = 0;

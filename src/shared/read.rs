@@ -61,6 +61,18 @@ impl Dest {
         self._keep.push(keep);
     }
 
+    /// The one span of memory of the tier user's own that takes the whole payload, when that
+    /// is all there is: a read may fill it at once, with no claim to honour.
+    fn whole(&mut self, len: usize) -> Option<&mut [u8]> {
+        match self.targets.as_slice() {
+            [Target { spans, claim: None, at: (0, 0) }] if spans.len() == 1 && spans[0].1 == len => {
+                // SAFETY: the span is valid and this read's alone, as `add` requires.
+                Some(unsafe { std::slice::from_raw_parts_mut(spans[0].0, len) })
+            }
+            _ => None,
+        }
+    }
+
     /// Writes the payload's next piece into every target; `false` when a claim was
     /// withdrawn (the caller stopped waiting, so nothing more is wanted).
     fn put(&mut self, piece: &[u8]) -> bool {
@@ -158,6 +170,18 @@ impl Sink for Checked<'_> {
         self.withdrawn = !self.dest.put(piece);
         !self.withdrawn
     }
+
+    fn whole(&mut self) -> Option<&mut [u8]> {
+        self.dest.whole(self.want.payload_bytes() as usize)
+    }
+
+    fn filled(&mut self) -> bool {
+        let len = self.want.payload_bytes() as usize;
+        let whole = self.dest.whole(len).expect("filled only what `whole` gave");
+        self.hasher.update(whole);
+        self.got += len as u64;
+        true
+    }
 }
 
 #[cfg(test)]
@@ -191,5 +215,21 @@ mod tests {
         claim.withdraw();
         assert!(!d.put(&[3, 4]));
         assert_eq!(a[0], [1, 2, 0, 0]);
+    }
+
+    #[test]
+    fn only_one_unclaimed_span_of_the_payloads_length_is_filled_whole() {
+        let mut a = vec![vec![0u8; 8]];
+        let mut d = Dest::new();
+        unsafe { d.add(spans(&mut a), None, Arc::new(())) };
+        assert_eq!(d.whole(8).map(|w| w.len()), Some(8));
+        assert!(d.whole(9).is_none());
+        let mut claimed = Dest::new();
+        unsafe { claimed.add(spans(&mut a), Some(Claim::new()), Arc::new(())) };
+        assert!(claimed.whole(8).is_none(), "the caller's memory is written under its claim, piece by piece");
+        let mut split = vec![vec![0u8; 4], vec![0u8; 4]];
+        let mut two = Dest::new();
+        unsafe { two.add(spans(&mut split), None, Arc::new(())) };
+        assert!(two.whole(8).is_none());
     }
 }
