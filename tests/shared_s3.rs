@@ -433,17 +433,19 @@ fn answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes(
 }
 
 /// Puts of one block each, made together, have their objects written together, not one
-/// put's after another's: with the server stopped, eight such write-through puts all end
-/// `Timeout` within the bound's slack, where one write at a time would take eight bounds.
+/// put's after another's, and the rounds they are published in overlap: with the server
+/// stopped, 64 such write-through puts (four rounds of 16) all end `Timeout` within the
+/// bound's slack, where one write at a time would take 64 bounds and one round at a time
+/// four.
 fn write_through_puts_made_together_are_published_together() {
     let s = S3Server::start();
     s.create_bucket("kvx-together");
     let e = Arc::new(engine());
     let a = store_over(&e, &s, "kvx-together", NS, WriteMode::Through);
-    let ks = keys(8);
+    let ks = keys(64);
     let src = e.create_layout(&block(ks.len() as u64), LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
     s.pause(true);
-    let got = within_bound("eight write-through puts to a stopped server", || {
+    let got = within_bound("64 write-through puts to a stopped server", || {
         let reqs: Vec<_> = ks.iter().enumerate().map(|(i, k)| a.put(&src, &[i as u64], &[k], &Default::default()).unwrap()).collect();
         reqs.iter().flat_map(|r| wait(r)).collect::<Vec<_>>()
     });

@@ -26,6 +26,7 @@ mod config;
 mod dir;
 mod handle;
 mod index;
+mod publish;
 mod recency;
 mod record;
 mod request;

@@ -1,13 +1,14 @@
 //! The store over a shared tier (`crate::shared`): what the local store misses, a get reads
 //! from the shared tier into staging memory, checks, and moves to its destination (then
-//! admits into the local store); what a put commits locally is read back from the local
-//! store and published, behind the put or through it.
+//! admits into the local store); what a put commits locally is published (`publish`),
+//! behind the put or through it.
 //!
 //! Every wait on the shared tier ends at its bound: a get's keys still unanswered then are
 //! misses (`Timeout`), whatever the backend does after. Staging memory (`staging`) is leased
 //! `LEASE_BLOCKS` blocks at a time, and stays with a read until its call ends.
 
 use super::config::Key;
+use super::publish::Publish;
 use super::request::StoreRequest;
 use super::staging::{Slot, Staging, LEASE_BLOCKS};
 use super::{add, Inner};
@@ -19,25 +20,17 @@ use crate::shared::read::{Claim, Dest};
 use crate::shared::tier::Miss;
 use crate::shared::{Tier, WriteMode};
 use crossbeam_channel::Sender;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
 /// A store's shared tier and what its store side keeps.
 pub(super) struct Shared {
     pub tier: Arc<Tier>,
-    staging: Arc<Staging>,
+    pub(super) staging: Arc<Staging>,
     /// The publisher's queue (`None` once the store closes).
-    publish: Mutex<Option<Sender<Publish>>>,
+    pub(super) publish: Mutex<Option<Sender<Publish>>>,
     /// Blocks queued to be written behind.
-    pending: AtomicUsize,
-}
-
-/// Keys a put committed (or will) locally, to publish once its local request ends.
-pub(super) struct Publish {
-    local: Arc<StoreRequest>,
-    keys: Vec<(usize, Key)>,
-    /// Write-through: the caller's request, whose keys end once published.
-    through: Option<Arc<StoreRequest>>,
+    pub(super) pending: AtomicUsize,
 }
 
 impl Shared {
@@ -85,7 +78,7 @@ struct Load {
 }
 
 impl Inner {
-    fn shared(&self) -> &Shared {
+    pub(super) fn shared(&self) -> &Shared {
         self.shared.as_ref().expect("called only with a shared tier")
     }
 
@@ -284,143 +277,6 @@ impl Load {
 }
 
 impl Inner {
-    /// Queues the keys of a local put (`local`) to be published once it ends. Behind: past
-    /// the pending bound, keys are dropped and counted. Through: `through` is the caller's
-    /// request, whose keys end once published.
-    pub(super) fn publish(&self, local: &Arc<StoreRequest>, keys: Vec<Key>, through: Option<Arc<StoreRequest>>) {
-        let sh = self.shared();
-        let mut keys: Vec<(usize, Key)> = keys.into_iter().enumerate().collect();
-        if through.is_none() {
-            let room = sh.tier.config().pending_puts().saturating_sub(sh.pending.load(Ordering::Relaxed));
-            if keys.len() > room {
-                sh.tier.dropped((keys.len() - room) as u64);
-                keys.truncate(room);
-            }
-            if keys.is_empty() {
-                return;
-            }
-        }
-        sh.pending.fetch_add(keys.len(), Ordering::Relaxed);
-        self.begin();
-        let job = Publish { local: local.clone(), keys, through };
-        let sent = match sh.publish.lock().unwrap().as_ref() {
-            Some(tx) => tx.send(job).map_err(|e| e.0),
-            None => Err(job),
-        };
-        if let Err(job) = sent {
-            if job.through.is_none() {
-                sh.tier.dropped(job.keys.len() as u64);
-            }
-            let results = job.keys.iter().map(|&(i, _)| (i, Status::Shutdown, "the store is closing".to_string())).collect();
-            self.published(&job, results);
-        }
-    }
-
-    /// Ends a publish job: gives each write-through key its outcome.
-    fn published(&self, job: &Publish, results: Vec<(usize, Status, String)>) {
-        self.shared().pending.fetch_sub(job.keys.len(), Ordering::Relaxed);
-        if let Some(t) = &job.through {
-            results.into_iter().for_each(|(i, st, why)| t.settle(i, st, why));
-        }
-        self.end();
-    }
-
-    /// The publisher (`kvx-store-publish`): takes a put, and those queued behind it up to a
-    /// chunk's worth of keys, waits for their local requests, reads back the keys they
-    /// committed and writes their objects at once. Puts of a block or two each (a runtime's
-    /// usual) would otherwise have one write in flight at a time, whatever the tier's threads.
-    pub(super) fn run_publisher(self: Arc<Self>, rx: crossbeam_channel::Receiver<Publish>) {
-        while let Ok(first) = rx.recv() {
-            let mut keys = first.keys.len();
-            let mut jobs = vec![first];
-            while keys < LEASE_BLOCKS {
-                let Ok(job) = rx.try_recv() else { break };
-                keys += job.keys.len();
-                jobs.push(job);
-            }
-            self.publish_jobs(&jobs);
-        }
-    }
-
-    /// Publishes what `jobs` committed locally, in chunks, and ends each job.
-    fn publish_jobs(self: &Arc<Self>, jobs: &[Publish]) {
-        let mut results: Vec<Vec<(usize, Status, String)>> = jobs.iter().map(|_| Vec::new()).collect();
-        // The (job, index in its put) of each committed key, in the order they are published.
-        let mut owners = Vec::new();
-        let mut committed = Vec::new();
-        for (n, job) in jobs.iter().enumerate() {
-            job.local.wait(None);
-            for &(i, key) in &job.keys {
-                match job.local.key_status(i) {
-                    Some(Status::Ok) => {
-                        committed.push((owners.len(), key));
-                        owners.push((n, i));
-                    }
-                    st => results[n].push((i, st.unwrap_or(Status::Internal), job.local.key_message(i))),
-                }
-            }
-        }
-        for chunk in committed.chunks(LEASE_BLOCKS) {
-            for (at, st, why) in self.publish_chunk(chunk) {
-                let (n, i) = owners[at];
-                results[n].push((i, st, why));
-            }
-        }
-        for (job, r) in jobs.iter().zip(results) {
-            self.published(job, r);
-        }
-    }
-
-    /// Reads `keys` back from the local store and publishes them; each key's outcome.
-    fn publish_chunk(self: &Arc<Self>, keys: &[(usize, Key)]) -> Vec<(usize, Status, String)> {
-        let tier = self.shared().tier.clone();
-        let Some(slots) = self.shared().staging.lease_by(keys.len(), tier.deadline()) else {
-            tier.timed_out(keys.len() as u64);
-            let why =
-                format!("no staging memory came free within {:?} to publish; the shared tier's reads hold it", tier.config().timeout());
-            return keys.iter().map(|&(i, _)| (i, Status::Timeout, why.clone())).collect();
-        };
-        let ids: Vec<u64> = slots.iter().map(|s| s.id()).collect();
-        let local_keys: Vec<Key> = keys.iter().map(|k| k.1).collect();
-        let back = match self.get_keys(local_keys, self.shared().staging.layout(), &ids, &TransferOptions::default(), false) {
-            Ok(r) => r,
-            Err(e) => return keys.iter().map(|&(i, _)| (i, e.status, e.message.clone())).collect(),
-        };
-        back.wait(None);
-        let (tx, rx) = crossbeam_channel::bounded(keys.len());
-        let mut out = Vec::new();
-        let mut sent = 0;
-        for (j, &(i, key)) in keys.iter().enumerate() {
-            if back.key_status(j) != Some(Status::Ok) {
-                // Evicted or removed since its put: nothing to publish.
-                tier.dropped(1);
-                out.push((i, back.key_status(j).unwrap_or(Status::Internal), back.key_message(j)));
-                continue;
-            }
-            let tx = tx.clone();
-            tier.write(key.as_bytes().to_vec(), slots[j].buf(), move |r| {
-                let _ = tx.send((i, r));
-            });
-            sent += 1;
-        }
-        let deadline = tier.deadline();
-        for _ in 0..sent {
-            match rx.recv_deadline(deadline) {
-                Ok((i, Ok(()))) => out.push((i, Status::Ok, String::new())),
-                Ok((i, Err(e))) => out.push((i, e.status, format!("publishing to the shared tier: {}", e.message))),
-                Err(_) => break,
-            }
-        }
-        let answered: std::collections::HashSet<usize> = out.iter().map(|o| o.0).collect();
-        let late: Vec<usize> = keys.iter().map(|k| k.0).filter(|i| !answered.contains(i)).collect();
-        tier.timed_out(late.len() as u64);
-        for i in late {
-            out.push((i, Status::Timeout, format!("{} did not take the object within {:?}", tier.describe(), tier.config().timeout())));
-        }
-        // Each block goes back once no write still reads it: each write holds its own.
-        out
-    }
-
     /// The mode puts publish in.
     pub(super) fn write_mode(&self) -> Option<WriteMode> {
         self.shared.as_ref().map(|s| s.tier.config().write)
