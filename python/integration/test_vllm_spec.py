@@ -21,7 +21,9 @@ import pytest
 import torch
 
 import kvxfer
-from kvx_integration import Published, block_of, fill_up, flip_a_byte, record_criticality, small_file_system
+from kvx_integration import FAMILIES, ModelFamily, Published, block_of, fill_up, flip_a_byte, record_criticality, small_file_system
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingConnectorMetadata, TransferJob
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCacheTensor,
@@ -573,6 +575,197 @@ def test_another_model_namespace_or_parallel_layout_does_not_find_them(tmp_path,
     e = Engine(tmp_path, **other)
     try:
         assert e.lookup(keys) == [LookupResult.MISS, LookupResult.MISS]
+    finally:
+        e.shutdown()
+
+
+class ConnectorWorker(OffloadingConnectorWorker):
+    """vLLM's offloading connector worker, keeping the canonical KV caches it hands the
+    spec (to fill and read the pages the tests move)."""
+
+    def _init_worker(self, kv_caches):
+        self.canonical = kv_caches
+        super()._init_worker(kv_caches)
+
+
+class FamilyEngine:
+    """One vLLM engine serving `ModelFamily(kind, tp)` through the kvxfer spec: on each
+    rank vLLM's own offloading connector worker registers the rank's KV caches, laid out
+    as vLLM lays them out, and runs the jobs the scheduler ships it (pickled), step by
+    step, as in a GPU worker; the scheduler's calls go to the spec's manager.
+    `change`: `model` or `dtype` other than the family's."""
+
+    def __init__(self, root, kind, tp, **change):
+        extra = {"spec_name": "KvxferOffloadingSpec", "spec_module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2}
+        self.family = ModelFamily(kind, tp, extra, **change)
+        self.groups = len(self.family.group_ids())
+        self.connectors = []
+        for r in range(tp):
+            w = ConnectorWorker(OffloadingSpecFactory.create_spec(self.family.offloading_config(r)), self.family.vllm_config(r), self.family.kv_cache_config)
+            w.register_kv_caches(self.family.kv_caches())
+            self.connectors.append(w)
+        self.spec = OffloadingSpecFactory.create_spec(self.family.offloading_config(0))
+        self.manager = self.spec.get_manager()
+        self._job = 0
+
+    def shutdown(self):
+        for w in self.connectors:
+            w.shutdown()
+        self.manager.shutdown()
+
+    def keys(self, *names):
+        """Per KV cache group, in vLLM's order, a key per name."""
+        return [[make_offload_key(bytes([n]) * 32, g) for n in names] for g in self.family.group_ids()]
+
+    def pages(self, rank, group, block):
+        """GPU block `block` of KV cache group `group` on rank `rank`: each layer's page
+        as the layer uses it (not its padding)."""
+        c = self.connectors[rank].canonical
+        return [c.tensors[ref.tensor_idx].tensor[block, : ref.page_size_bytes] for ref in c.group_data_refs[group]]
+
+    def fill(self, blocks, seed):
+        """Distinct bytes in `blocks[g]` of each group `g` on every rank; but MLA's latent
+        is the same on every rank, as its ranks compute it."""
+        gen = torch.Generator().manual_seed(seed)
+        for r in range(len(self.connectors)):
+            if r and self.family.kind == "mla":
+                gen = torch.Generator().manual_seed(seed)
+            for g, bs in enumerate(blocks):
+                for b in bs:
+                    for page in self.pages(r, g, b):
+                        page.copy_(torch.randint(-128, 128, page.shape, dtype=torch.int8, generator=gen))
+
+    def snapshot(self, blocks):
+        return [[[p.clone() for p in self.pages(r, g, b)] for g, bs in enumerate(blocks) for b in bs] for r in range(len(self.connectors))]
+
+    def clear(self):
+        for w in self.connectors:
+            for t in w.canonical.tensors:
+                t.tensor.zero_()
+
+    def _run(self, store=None, load=None):
+        """One job through every rank's connector worker, as vLLM's steps run it: a load
+        starts in its step, a store is queued at the end of one and starts in the next.
+        Returns whether every rank reported it done and none failed."""
+        self._job += 1
+        job = self._job
+        req = uuid.uuid4().hex
+        step = OffloadingConnectorMetadata(
+            load_jobs={job: TransferJob(req_id=req, src_spec=load[1], dst_spec=load[0])} if load else {},
+            store_jobs={job: TransferJob(req_id=req, src_spec=store[0], dst_spec=store[1])} if store else {},
+        )
+        for w in self.connectors:
+            meta = pickle.loads(pickle.dumps(step))
+            w.start_kv_transfers(meta)
+            w.prepare_store_kv(meta)
+            w.start_kv_transfers(OffloadingConnectorMetadata(load_jobs={}, store_jobs={}))
+        done, failed = 0, False
+        deadline = time.monotonic() + DEADLINE_S
+        while done < len(self.connectors):
+            assert time.monotonic() < deadline, "the workers' jobs did not finish"
+            for w in self.connectors:
+                w.get_finished(set())
+                meta = w.build_connector_worker_meta()
+                if meta is not None:
+                    done += meta.completed_jobs.get(job, 0)
+                    failed |= job in getattr(meta, "failed_jobs", ())
+            time.sleep(0.001)
+        return not failed
+
+    def _gpu(self, keys, blocks, taken):
+        ids, sizes = [], []
+        for ks, bs in zip(keys, blocks):
+            mine = [b for k, b in zip(ks, bs) if k in taken]
+            ids += mine
+            sizes.append(len(mine))
+        return GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=[0] * len(sizes))
+
+    def offload(self, keys, blocks):
+        """A request's blocks: `blocks[g]` of group `g` stored under `keys[g]`. Returns the
+        keys the manager took, and whether the job succeeded."""
+        m = self.manager
+        ctx = ReqContext(req_id=uuid.uuid4().hex)
+        with m.lock:
+            m.on_new_request(ctx)
+            out = m.prepare_store([k for ks in keys for k in ks], ctx)
+        assert out is not None
+        stored = list(out.keys_to_store)
+        ok = self._run(store=(self._gpu(keys, blocks, set(stored)), out.store_spec)) if stored else True
+        with m.lock:
+            m.complete_store(stored, ctx)
+            m.on_request_finished(ctx)
+        return stored, ok
+
+    def lookup(self, keys):
+        m = self.manager
+        ctx = ReqContext(req_id=uuid.uuid4().hex)
+        with m.lock:
+            m.on_new_request(ctx)
+            return [m.lookup(k, ctx) for ks in keys for k in ks]
+
+    def onboard(self, keys, blocks):
+        """Every key of `keys[g]` looked up and, all being hits, loaded into `blocks[g]`.
+        Returns whether the load succeeded."""
+        assert all(r is LookupResult.HIT for r in self.lookup(keys))
+        m = self.manager
+        ctx = ReqContext(req_id=uuid.uuid4().hex)
+        flat = [k for ks in keys for k in ks]
+        with m.lock:
+            m.on_new_request(ctx)
+            src = m.prepare_load(flat, ctx)
+        ok = self._run(load=(self._gpu(keys, blocks, set(flat)), src))
+        with m.lock:
+            m.complete_load(set(flat), ctx)
+            m.on_request_finished(ctx)
+        return ok
+
+
+def family_blocks(engine, first, n):
+    """`n` GPU blocks per KV cache group from block `first` on, no two groups' the same
+    (the groups share the blocks of one pool)."""
+    return [list(range(first + g * n, first + (g + 1) * n)) for g in range(engine.groups)]
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_every_model_family_comes_back_exact(tmp_path, kind, tp):
+    """Each attention kind vLLM serves, with TP 1 and 2, its KV caches laid out and
+    registered by vLLM itself: the blocks of every KV cache group of every rank are
+    stored and load back exact into other blocks."""
+    e = FamilyEngine(tmp_path, kind, tp)
+    try:
+        keys = e.keys(1, 2, 3)
+        src, dst = family_blocks(e, 1, 3), family_blocks(e, 1 + 3 * e.groups, 3)
+        e.fill(src, seed=11)
+        want = e.snapshot(src)
+        stored, ok = e.offload(keys, src)
+        assert ok and stored == [k for ks in keys for k in ks]
+        e.clear()
+        assert e.onboard(keys, dst)
+        got = e.snapshot(dst)
+        assert all(torch.equal(a, b) for x, y in zip(want, got) for pa, pb in zip(x, y) for a, b in zip(pa, pb))
+    finally:
+        e.shutdown()
+
+
+@pytest.mark.parametrize("change", ["tp", "dtype", "model"])
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_another_tp_size_dtype_or_model_is_a_miss(tmp_path, kind, change):
+    """What one configuration stored is never loaded by another: a restart with another
+    TP size (MLA's latent too, the same bytes on every rank), KV dtype or model misses
+    every block."""
+    e = FamilyEngine(tmp_path, kind, 1)
+    try:
+        keys = e.keys(1, 2)
+        e.fill(family_blocks(e, 1, 2), seed=12)
+        stored, ok = e.offload(keys, family_blocks(e, 1, 2))
+        assert ok and len(stored) == 2 * e.groups
+    finally:
+        e.shutdown()
+    other = {"tp": dict(), "dtype": dict(dtype="fp8"), "model": dict(model="kvxfer/another-model")}[change]
+    e = FamilyEngine(tmp_path, kind, 2 if change == "tp" else 1, **other)
+    try:
+        assert all(r is LookupResult.MISS for r in e.lookup(keys))
     finally:
         e.shutdown()
 

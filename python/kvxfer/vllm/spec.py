@@ -510,9 +510,9 @@ def make_spec_classes() -> Dict[str, type]:
             self._s = settings
             self._rank = rank
             self._dir = settings.directories[rank]
-            for refs in kv_caches.group_data_refs:
-                if any(ref.mapping is not None for ref in refs):
-                    raise Unsupported("KvxferOffloadingSpec stores each rank's own pages, not canonical pages")
+            # vLLM tells how each rank's page maps into a canonical page wherever it can
+            # (a ref's `mapping`), whether or not `canonical_layout` asks for such pages:
+            # the spec refuses that setting, and stores each rank's own pages as they are.
             tensors = [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
             groups = [[ref.tensor_idx for ref in refs] for refs in kv_caches.group_data_refs]
             self._blocks = JobBlocks([as_pages(t, p) for t, p in tensors], groups)
