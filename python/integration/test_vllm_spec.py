@@ -9,6 +9,7 @@ canonical KV caches stand in for GPU memory, on kvxfer's emulated device. Run by
 `make integration-test`."""
 
 import dataclasses
+import json
 import os
 import pickle
 import subprocess
@@ -744,6 +745,29 @@ def test_every_model_family_comes_back_exact(tmp_path, kind, tp):
         assert e.onboard(keys, dst)
         got = e.snapshot(dst)
         assert all(torch.equal(a, b) for x, y in zip(want, got) for pa, pb in zip(x, y) for a, b in zip(pa, pb))
+    finally:
+        e.shutdown()
+
+
+def test_mlas_latent_is_stored_once_for_every_rank_and_loads_on_each(tmp_path):
+    """MLA's latent is the same on every TP rank, and vLLM lays it out replicated: the
+    spec keeps one copy of it, written by rank 0 alone (vLLM's connector hands the other
+    ranks no store job), in one store that every rank loads from."""
+    e = FamilyEngine(tmp_path, "mla", 2)
+    try:
+        assert e.spec.replicated_layout and len(e.spec._settings.directories) == 1
+        keys = e.keys(1, 2, 3)
+        src, dst = family_blocks(e, 1, 3), family_blocks(e, 4, 3)
+        e.fill(src, seed=13)
+        want = e.snapshot(src)
+        stored, ok = e.offload(keys, src)
+        assert ok and len(stored) == 3
+        assert sum(st.stats().entries for st in e.manager._stores) == 3
+        with open(os.path.join(e.manager.store_directory(0), "config.json")) as f:
+            assert json.load(f)["replicated_layout"] is True  # in its fingerprint
+        e.clear()
+        assert e.onboard(keys, dst)
+        assert all(torch.equal(a, b) for x, y in zip(want, e.snapshot(dst)) for pa, pb in zip(x, y) for a, b in zip(pa, pb))
     finally:
         e.shutdown()
 
