@@ -157,13 +157,13 @@ class ModelFamily:
     own classes, vLLM's planner groups them and places them in one buffer per rank, and
     vLLM's offloading connector builds the offloading config from them. `vllm_config` is
     the part of vLLM's config those calls read. `dtype` is the KV cache dtype ("auto":
-    the model's bfloat16)."""
+    the model's bfloat16), `layout` vLLM's KV cache layout (a `KVCacheLayout` name)."""
 
     LAYERS = 4
     TOTAL_KV_HEADS = 4
     KV_BYTES = 16 << 20  # of GPU memory per rank
 
-    def __init__(self, kind, tp, extra, model="kvxfer/test-model", dtype="auto", events=False):
+    def __init__(self, kind, tp, extra, model="kvxfer/test-model", dtype="auto", events=False, layout="LBNHC"):
         import torch
         from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups, get_kv_cache_groups, kv_cache_groups_tp_replicas
         from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -171,7 +171,7 @@ class ModelFamily:
         assert kind in FAMILIES, kind
         self.kind, self.tp, self.extra, self.model, self.events = kind, tp, dict(extra), model, events
         self.cache_dtype = dtype
-        self.layout = KVCacheLayout.LBNHC
+        self.layout = KVCacheLayout[layout]
         self.dtype = torch.bfloat16 if dtype == "auto" else getattr(torch, {"fp8": "float8_e4m3fn"}.get(dtype, dtype))
         self.engine_id = f"kvxfer-{uuid.uuid4().hex[:12]}"
         vc = self.vllm_config(0)
