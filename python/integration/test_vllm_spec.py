@@ -32,6 +32,7 @@ from vllm.v1.kv_offload.base import (
     GPULoadStoreSpec,
     LookupResult,
     ReqContext,
+    get_offload_group_idx,
     make_offload_key,
 )
 from vllm.v1.kv_offload.config import (
@@ -96,6 +97,7 @@ class Engine:
         self.spec = OffloadingSpecFactory.create_spec(make_config(root, 0, world_size, **kw))
         self.manager = self.spec.get_manager()
         self._job = 0
+        self.groups = 1
 
     def shutdown(self):
         for w in self.workers:
@@ -126,6 +128,15 @@ class Engine:
         return results
 
     # -- the scheduler's sequence ------------------------------------------------
+    def _gpu(self, keys, blocks, moved):
+        """The GPU side of a job moving keys `moved` of `keys`, to or from their blocks of
+        `blocks`: as vLLM's scheduler lists them, in KV cache group order (the order of
+        `keys`) with each group's count."""
+        sizes = [0] * self.groups
+        for k in moved:
+            sizes[get_offload_group_idx(k)] += 1
+        return GPULoadStoreSpec([blocks[keys.index(k)] for k in moved], group_sizes=sizes, block_indices=[0] * self.groups)
+
     def offload(self, keys, blocks):
         """A request's blocks `blocks` stored under `keys`. Returns the keys the manager
         took and each rank's TransferResult."""
@@ -136,8 +147,7 @@ class Engine:
             out = m.prepare_store(keys, ctx)
         assert out is not None
         stored = list(out.keys_to_store)
-        gpu = GPULoadStoreSpec([blocks[keys.index(k)] for k in stored], group_sizes=[len(stored)], block_indices=[0])
-        results = self._run("submit_store", gpu, out.store_spec) if stored else []
+        results = self._run("submit_store", self._gpu(keys, blocks, stored), out.store_spec) if stored else []
         with m.lock:
             m.complete_store(stored, ctx)
             m.on_request_finished(ctx)
@@ -164,8 +174,7 @@ class Engine:
             return found, None
         with m.lock:
             src = m.prepare_load(hits, ctx)
-        gpu = GPULoadStoreSpec([blocks[keys.index(k)] for k in hits], group_sizes=[len(hits)], block_indices=[0])
-        results = self._run("submit_load", gpu, src, expedited=expedited)
+        results = self._run("submit_load", self._gpu(keys, blocks, hits), src, expedited=expedited)
         with m.lock:
             m.complete_load(set(hits), ctx)
             m.on_request_finished(ctx)
@@ -582,151 +591,111 @@ def test_another_model_namespace_or_parallel_layout_does_not_find_them(tmp_path,
 
 class ConnectorWorker(OffloadingConnectorWorker):
     """vLLM's offloading connector worker, keeping the canonical KV caches it hands the
-    spec (to fill and read the pages the tests move)."""
+    spec (to fill and read the pages the tests move) and the spec's worker's
+    TransferResults by job."""
 
     def _init_worker(self, kv_caches):
         self.canonical = kv_caches
         super()._init_worker(kv_caches)
+        self.results = {}
+        finished = self.worker.get_finished
+
+        def recording():
+            out = finished()
+            self.results.update((r.job_id, r) for r in out)
+            return out
+
+        self.worker.get_finished = recording
 
 
-class FamilyEngine:
-    """One vLLM engine serving `ModelFamily(kind, tp)` through the kvxfer spec: on each
-    rank vLLM's own offloading connector worker registers the rank's KV caches, laid out
-    as vLLM lays them out, and runs the jobs the scheduler ships it (pickled), step by
-    step, as in a GPU worker; the scheduler's calls go to the spec's manager.
-    `change`: `model`, `dtype` or `layout` other than the family's."""
+class FamilyEngine(Engine):
+    """An `Engine` serving `ModelFamily(kind, tp)`: on each rank vLLM's own offloading
+    connector worker registers the rank's KV caches, laid out as vLLM lays them out, and
+    runs the jobs the scheduler ships it, step by step, as in a GPU worker. Keys and
+    blocks are listed in KV cache group order. `change`: `model`, `dtype` or `layout`
+    other than the family's."""
 
     def __init__(self, root, kind, tp, **change):
         extra = {"spec_name": "KvxferOffloadingSpec", "spec_module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2}
         self.family = ModelFamily(kind, tp, extra, **change)
         self.groups = len(self.family.group_ids())
-        self.connectors = []
+        self.workers = []
         for r in range(tp):
             w = ConnectorWorker(OffloadingSpecFactory.create_spec(self.family.offloading_config(r)), self.family.vllm_config(r), self.family.kv_cache_config)
             w.register_kv_caches(self.family.kv_caches())
-            self.connectors.append(w)
+            self.workers.append(w)
         self.spec = OffloadingSpecFactory.create_spec(self.family.offloading_config(0))
         self.manager = self.spec.get_manager()
         self._job = 0
 
-    def shutdown(self):
-        for w in self.connectors:
-            w.shutdown()
-        self.manager.shutdown()
-
     def keys(self, *names):
-        """Per KV cache group, in vLLM's order, a key per name."""
-        return [[make_offload_key(bytes([n]) * 32, g) for n in names] for g in self.family.group_ids()]
+        """For each KV cache group, in vLLM's order, a key per name."""
+        return [make_offload_key(bytes([n]) * 32, g) for g in self.family.group_ids() for n in names]
 
-    def pages(self, rank, group, block):
-        """GPU block `block` of KV cache group `group` on rank `rank`: each layer's page
-        as the layer uses it (not its padding)."""
-        c = self.connectors[rank].canonical
-        return [c.tensors[ref.tensor_idx].tensor[block, : ref.page_size_bytes] for ref in c.group_data_refs[group]]
+    def pages(self, rank, key, block):
+        """GPU block `block` of `key`'s KV cache group on rank `rank`: each layer's page as
+        the layer uses it (not its padding)."""
+        c = self.workers[rank].canonical
+        return [c.tensors[ref.tensor_idx].tensor[block, : ref.page_size_bytes] for ref in c.group_data_refs[get_offload_group_idx(key)]]
 
-    def fill(self, blocks, seed):
-        """Distinct bytes in `blocks[g]` of each group `g` on every rank; but MLA's latent
-        is the same on every rank, as its ranks compute it."""
+    def fill(self, keys, blocks, seed):
+        """Distinct bytes in the blocks of `keys` on every rank; but MLA's latent is the
+        same on every rank, as its ranks compute it."""
         gen = torch.Generator().manual_seed(seed)
-        for r in range(len(self.connectors)):
+        for r in range(len(self.workers)):
             if r and self.family.kind == "mla":
                 gen = torch.Generator().manual_seed(seed)
-            for g, bs in enumerate(blocks):
-                for b in bs:
-                    for page in self.pages(r, g, b):
-                        page.copy_(torch.randint(-128, 128, page.shape, dtype=torch.int8, generator=gen))
+            for k, b in zip(keys, blocks):
+                for page in self.pages(r, k, b):
+                    page.copy_(torch.randint(-128, 128, page.shape, dtype=torch.int8, generator=gen))
 
-    def snapshot(self, blocks):
-        return [[[p.clone() for p in self.pages(r, g, b)] for g, bs in enumerate(blocks) for b in bs] for r in range(len(self.connectors))]
+    def snapshot(self, keys, blocks):
+        return [[p.clone() for k, b in zip(keys, blocks) for p in self.pages(r, k, b)] for r in range(len(self.workers))]
 
     def clear(self):
-        for w in self.connectors:
+        for w in self.workers:
             for t in w.canonical.tensors:
                 t.tensor.zero_()
 
-    def _run(self, store=None, load=None):
-        """One job, `store` or `load` (its GPU spec and its slots), through every rank's
-        connector worker, as vLLM's steps run it: a load starts in its step, a store is
-        queued at the end of one and starts in the next. Returns once every rank has
-        reported it done, whether none failed it (vLLM 0.34.0 reports a failed job;
-        0.33.0's worker asserts instead)."""
+    def _run(self, submit, gpu_spec, slots, expedited=False):
+        """A job through every rank's connector worker, as vLLM's steps run it: a load
+        starts in its step (an expedited one waited for within it), a store is queued at
+        the end of one and starts in the next. Returns each rank's TransferResult, None
+        for a rank vLLM had run none (a replicated layout's store, on a rank but 0)."""
         self._job += 1
         job = self._job
         req = uuid.uuid4().hex
-        step = OffloadingConnectorMetadata(
-            load_jobs={job: TransferJob(req_id=req, src_spec=load[1], dst_spec=load[0])} if load else {},
-            store_jobs={job: TransferJob(req_id=req, src_spec=store[0], dst_spec=store[1])} if store else {},
-        )
-        for w in self.connectors:
+        if submit == "submit_load":
+            step = OffloadingConnectorMetadata(load_jobs={job: TransferJob(req, src_spec=slots, dst_spec=gpu_spec, sync=expedited)}, store_jobs={})
+        else:
+            step = OffloadingConnectorMetadata(load_jobs={}, store_jobs={job: TransferJob(req, src_spec=gpu_spec, dst_spec=slots)})
+        for w in self.workers:
             meta = pickle.loads(pickle.dumps(step))
             w.start_kv_transfers(meta)
             w.prepare_store_kv(meta)
             w.start_kv_transfers(OffloadingConnectorMetadata(load_jobs={}, store_jobs={}))
-        done, failed = 0, False
+        done = 0
         deadline = time.monotonic() + DEADLINE_S
-        while done < len(self.connectors):
+        while done < len(self.workers):
             assert time.monotonic() < deadline, "the workers' jobs did not finish"
-            for w in self.connectors:
+            for w in self.workers:
                 w.get_finished(set())
                 meta = w.build_connector_worker_meta()
                 if meta is not None:
                     done += meta.completed_jobs.get(job, 0)
-                    failed |= job in getattr(meta, "failed_jobs", ())
             time.sleep(0.001)
-        return not failed
-
-    def _gpu(self, keys, blocks, taken):
-        ids, sizes = [], []
-        for ks, bs in zip(keys, blocks):
-            mine = [b for k, b in zip(ks, bs) if k in taken]
-            ids += mine
-            sizes.append(len(mine))
-        return GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=[0] * len(sizes))
-
-    def offload(self, keys, blocks):
-        """A request's blocks: `blocks[g]` of group `g` stored under `keys[g]`. Returns the
-        keys the manager took, and whether the job succeeded."""
-        m = self.manager
-        ctx = ReqContext(req_id=uuid.uuid4().hex)
-        with m.lock:
-            m.on_new_request(ctx)
-            out = m.prepare_store([k for ks in keys for k in ks], ctx)
-        assert out is not None
-        stored = list(out.keys_to_store)
-        ok = self._run(store=(self._gpu(keys, blocks, set(stored)), out.store_spec)) if stored else True
-        with m.lock:
-            m.complete_store(stored, ctx)
-            m.on_request_finished(ctx)
-        return stored, ok
-
-    def lookup(self, keys):
-        m = self.manager
-        ctx = ReqContext(req_id=uuid.uuid4().hex)
-        with m.lock:
-            m.on_new_request(ctx)
-            return [m.lookup(k, ctx) for ks in keys for k in ks]
-
-    def onboard(self, keys, blocks):
-        """Every key of `keys[g]` looked up and, all being hits, loaded into `blocks[g]`.
-        Returns whether the load succeeded."""
-        assert all(r is LookupResult.HIT for r in self.lookup(keys))
-        m = self.manager
-        ctx = ReqContext(req_id=uuid.uuid4().hex)
-        flat = [k for ks in keys for k in ks]
-        with m.lock:
-            m.on_new_request(ctx)
-            src = m.prepare_load(flat, ctx)
-        ok = self._run(load=(self._gpu(keys, blocks, set(flat)), src))
-        with m.lock:
-            m.complete_load(set(flat), ctx)
-            m.on_request_finished(ctx)
-        return ok
+        return [w.results.pop(job, None) for w in self.workers]
 
 
 def family_blocks(engine, first, n):
     """`n` GPU blocks per KV cache group from block `first` on, no two groups' the same
-    (the groups share the blocks of one pool)."""
-    return [list(range(first + g * n, first + (g + 1) * n)) for g in range(engine.groups)]
+    (the groups share the blocks of one pool), in group order."""
+    return list(range(first, first + engine.groups * n))
+
+
+def moved_exact(results):
+    """Whether every rank that ran the job moved its blocks."""
+    return all(r is None or r.success for r in results) and any(r is not None for r in results)
 
 
 #: Each family in vLLM's layer-outermost KV cache layout, and in a block-outermost one (a
@@ -745,14 +714,14 @@ def test_every_model_family_comes_back_exact(tmp_path, kind, layout, tp):
     try:
         keys = e.keys(1, 2, 3)
         src, dst = family_blocks(e, 1, 3), family_blocks(e, 1 + 3 * e.groups, 3)
-        e.fill(src, seed=11)
-        want = e.snapshot(src)
-        stored, ok = e.offload(keys, src)
-        assert ok and stored == [k for ks in keys for k in ks]
+        e.fill(keys, src, seed=11)
+        want = e.snapshot(keys, src)
+        stored, results = e.offload(keys, src)
+        assert stored == keys and moved_exact(results)
         e.clear()
-        assert e.onboard(keys, dst)
-        got = e.snapshot(dst)
-        assert all(torch.equal(a, b) for x, y in zip(want, got) for pa, pb in zip(x, y) for a, b in zip(pa, pb))
+        found, results = e.onboard(keys, dst)
+        assert all(found[k] is LookupResult.HIT for k in keys) and all(r.success for r in results)
+        assert same(e.snapshot(keys, dst), want)
     finally:
         e.shutdown()
 
@@ -766,16 +735,17 @@ def test_mlas_latent_is_stored_once_for_every_rank_and_loads_on_each(tmp_path):
         assert e.spec.replicated_layout and len(e.spec._settings.directories) == 1
         keys = e.keys(1, 2, 3)
         src, dst = family_blocks(e, 1, 3), family_blocks(e, 4, 3)
-        e.fill(src, seed=13)
-        want = e.snapshot(src)
-        stored, ok = e.offload(keys, src)
-        assert ok and len(stored) == 3
+        e.fill(keys, src, seed=13)
+        want = e.snapshot(keys, src)
+        stored, results = e.offload(keys, src)
+        assert stored == keys and results[0].success and results[1] is None
         assert sum(st.stats().entries for st in e.manager._stores) == 3
         with open(os.path.join(e.manager.store_directory(0), "config.json")) as f:
             assert json.load(f)["replicated_layout"] is True  # in its fingerprint
         e.clear()
-        assert e.onboard(keys, dst)
-        assert all(torch.equal(a, b) for x, y in zip(want, e.snapshot(dst)) for pa, pb in zip(x, y) for a, b in zip(pa, pb))
+        found, results = e.onboard(keys, dst)
+        assert all(found[k] is LookupResult.HIT for k in keys) and all(r.success for r in results)
+        assert same(e.snapshot(keys, dst), want)
     finally:
         e.shutdown()
 
@@ -789,9 +759,9 @@ def test_another_tp_size_dtype_or_model_is_a_miss(tmp_path, kind, change):
     e = FamilyEngine(tmp_path, kind, 1)
     try:
         keys = e.keys(1, 2)
-        e.fill(family_blocks(e, 1, 2), seed=12)
-        stored, ok = e.offload(keys, family_blocks(e, 1, 2))
-        assert ok and len(stored) == 2 * e.groups
+        e.fill(keys, family_blocks(e, 1, 2), seed=12)
+        stored, results = e.offload(keys, family_blocks(e, 1, 2))
+        assert stored == keys and moved_exact(results)
     finally:
         e.shutdown()
     other = {"tp": dict(), "dtype": dict(dtype="fp8"), "model": dict(model="kvxfer/another-model")}[change]
