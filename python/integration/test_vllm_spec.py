@@ -726,26 +726,19 @@ def test_every_model_family_comes_back_exact(tmp_path, kind, layout, tp):
         e.shutdown()
 
 
-def test_mlas_latent_is_stored_once_for_every_rank_and_loads_on_each(tmp_path):
+def test_mlas_latent_is_stored_once_for_every_rank(tmp_path):
     """MLA's latent is the same on every TP rank, and vLLM lays it out replicated: the
     spec keeps one copy of it, written by rank 0 alone (vLLM's connector hands the other
-    ranks no store job), in one store that every rank loads from."""
+    ranks no store job), in one store (that every rank loads from: the family test)."""
     e = FamilyEngine(tmp_path, "mla", 2)
     try:
         assert e.spec.replicated_layout and len(e.spec._settings.directories) == 1
         keys = e.keys(1, 2, 3)
-        src, dst = family_blocks(e, 1, 3), family_blocks(e, 4, 3)
-        e.fill(keys, src, seed=13)
-        want = e.snapshot(keys, src)
-        stored, results = e.offload(keys, src)
+        stored, results = e.offload(keys, family_blocks(e, 1, 3))
         assert stored == keys and results[0].success and results[1] is None
         assert sum(st.stats().entries for st in e.manager._stores) == 3
         with open(os.path.join(e.manager.store_directory(0), "config.json")) as f:
             assert json.load(f)["replicated_layout"] is True  # in its fingerprint
-        e.clear()
-        found, results = e.onboard(keys, dst)
-        assert all(found[k] is LookupResult.HIT for k in keys) and all(r.success for r in results)
-        assert same(e.snapshot(keys, dst), want)
     finally:
         e.shutdown()
 
