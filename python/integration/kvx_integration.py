@@ -142,3 +142,109 @@ class Published:
                 assert isinstance(e, BlockRemoved) and hashes <= self.blocks, f"blocks reported removed while not held: {hashes - self.blocks}"
                 self.blocks -= hashes
         return self.blocks
+
+
+#: The attention kinds of the model-family matrix (`ModelFamily`): full attention with
+#: grouped KV heads, MLA (one latent, the same on every TP rank), sliding window, and the
+#: hybrids vLLM serves as KV cache groups of their own: sliding window (Gemma), chunked
+#: local attention (Llama 4) and Mamba (Jamba, Granite 4) beside full attention.
+FAMILIES = ("gqa", "mla", "sliding", "hybrid-sliding", "hybrid-chunked", "hybrid-mamba")
+
+
+class ModelFamily:
+    """A four-layer model of attention kind `kind` (one of `FAMILIES`) served with tensor
+    parallelism `tp`, laid out as vLLM lays it out: its layers' KV cache specs are vLLM's
+    own classes, vLLM's planner groups them and places them in one buffer per rank, and
+    vLLM's offloading connector builds the offloading config from them. `vllm_config` is
+    the part of vLLM's config those calls read. `dtype` is the KV cache dtype ("auto":
+    the model's bfloat16), `layout` vLLM's KV cache layout (a `KVCacheLayout` name)."""
+
+    LAYERS = 4
+    TOTAL_KV_HEADS = 4
+    KV_BYTES = 16 << 20  # of GPU memory per rank
+
+    def __init__(self, kind, tp, extra, model="kvxfer/test-model", dtype="auto", events=False, layout="LBNHC"):
+        import torch
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups, get_kv_cache_groups, kv_cache_groups_tp_replicas
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        assert kind in FAMILIES, kind
+        self.kind, self.tp, self.extra, self.model, self.events = kind, tp, dict(extra), model, events
+        self.cache_dtype = dtype
+        self.layout = KVCacheLayout[layout]
+        self.dtype = torch.bfloat16 if dtype == "auto" else getattr(torch, {"fp8": "float8_e4m3fn"}.get(dtype, dtype))
+        self.engine_id = f"kvxfer-{uuid.uuid4().hex[:12]}"
+        vc = self.vllm_config(0)
+        self.groups = get_kv_cache_groups(vc, self._specs())
+        self.kv_cache_config = get_kv_cache_config_from_groups(vc, self.groups, self.KV_BYTES)
+        self.kv_cache_config.kv_tp_replicas = kv_cache_groups_tp_replicas(self.groups, tp)
+
+    def _specs(self):
+        """Each layer's KV cache spec, as the model's attention layers make them for a
+        rank: KV heads split over the ranks, MLA's latent whole on each."""
+        import torch
+        from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
+
+        heads = max(1, self.TOTAL_KV_HEADS // self.tp)
+        attn = dict(block_size=16, num_kv_heads=heads, head_size=64, dtype=self.dtype)
+        other = {
+            "gqa": FullAttentionSpec(**attn),
+            "mla": MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=self.dtype, max_tp_shards=1),
+            "sliding": SlidingWindowSpec(**attn, sliding_window=64),
+            "hybrid-sliding": SlidingWindowSpec(**attn, sliding_window=64),
+            "hybrid-chunked": ChunkedLocalAttentionSpec(**attn, attention_chunk_size=64),
+            "hybrid-mamba": MambaSpec(block_size=16, shapes=((4, 64 // self.tp), (8 // self.tp, 16)), dtypes=(self.dtype, torch.float32), mamba_cache_mode="align"),
+        }[self.kind]
+        first = other if self.kind in ("gqa", "mla", "sliding") else FullAttentionSpec(**attn)
+        return {f"model.layers.{i}.attn": (first if i % 2 == 0 else other) for i in range(self.LAYERS)}
+
+    def vllm_config(self, rank):
+        """What vLLM's KV cache planner and offloading connector read of its config, for
+        the worker of rank `rank` (0 in the scheduler)."""
+        import torch
+        from types import SimpleNamespace as ns
+
+        layout = self.layout
+        return ns(
+            kv_transfer_config=ns(kv_connector_extra_config=self.extra, engine_id=self.engine_id),
+            parallel_config=ns(
+                tensor_parallel_size=self.tp, pipeline_parallel_size=1, prefill_context_parallel_size=1, decode_context_parallel_size=1,
+                cp_kv_cache_interleave_size=1, world_size=self.tp, distributed_executor_backend="mp", nnodes_within_dp=1, rank=rank,
+                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            ),
+            cache_config=ns(
+                block_size=16, prefix_match_unit=None, enable_prefix_caching=True, cache_dtype=self.cache_dtype, kv_cache_layout=layout.name,
+                prefix_cache_retention_interval=None, num_gpu_blocks_override=None, get_resolved_kv_cache_layout=lambda: layout,
+            ),
+            scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
+            attention_config=ns(hisparse_config=None),
+            model_config=ns(
+                model=self.model, dtype=torch.bfloat16, max_model_len=4096, use_mla=self.kind == "mla", get_total_num_kv_heads=lambda: self.TOTAL_KV_HEADS
+            ),
+            kv_events_config=ns(enable_kv_cache_events=self.events),
+            use_v2_model_runner=False,
+        )
+
+    def offloading_config(self, rank):
+        """The `OffloadingConfig` vLLM's offloading connector builds for rank `rank`."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+
+        return build_offloading_config(self.vllm_config(rank), self.kv_cache_config)
+
+    def group_ids(self):
+        """The offloaded KV cache groups' ids, in vLLM's order."""
+        return [g.group_id for g in self.offloading_config(0).groups]
+
+    def kv_caches(self):
+        """A rank's KV caches as vLLM's worker allocates them: one zeroed buffer, and a
+        view of it per layer, by layer name."""
+        import torch
+        from vllm.v1.kv_cache_interface import create_kv_cache_views
+
+        c = self.kv_cache_config
+        raw = torch.zeros(c.kv_cache_tensors[0].size, dtype=torch.int8)
+        spec_of = {n: g.kv_cache_spec for g in self.groups for n in g.layer_names}
+        views = {}
+        for t in c.kv_cache_tensors:
+            views.update(zip(t.layers, create_kv_cache_views(raw, spec_of[t.layers[0]], c.num_blocks, self.layout, t)))
+        return views

@@ -9,6 +9,7 @@ canonical KV caches stand in for GPU memory, on kvxfer's emulated device. Run by
 `make integration-test`."""
 
 import dataclasses
+import json
 import os
 import pickle
 import subprocess
@@ -21,7 +22,9 @@ import pytest
 import torch
 
 import kvxfer
-from kvx_integration import Published, block_of, fill_up, flip_a_byte, record_criticality, small_file_system
+from kvx_integration import FAMILIES, ModelFamily, Published, block_of, fill_up, flip_a_byte, record_criticality, small_file_system
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingConnectorMetadata, TransferJob
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCacheTensor,
@@ -29,6 +32,7 @@ from vllm.v1.kv_offload.base import (
     GPULoadStoreSpec,
     LookupResult,
     ReqContext,
+    get_offload_group_idx,
     make_offload_key,
 )
 from vllm.v1.kv_offload.config import (
@@ -93,6 +97,7 @@ class Engine:
         self.spec = OffloadingSpecFactory.create_spec(make_config(root, 0, world_size, **kw))
         self.manager = self.spec.get_manager()
         self._job = 0
+        self.groups = 1
 
     def shutdown(self):
         for w in self.workers:
@@ -123,6 +128,15 @@ class Engine:
         return results
 
     # -- the scheduler's sequence ------------------------------------------------
+    def _gpu(self, keys, blocks, moved):
+        """The GPU side of a job moving keys `moved` of `keys`, to or from their blocks of
+        `blocks`: as vLLM's scheduler lists them, in KV cache group order (the order of
+        `keys`) with each group's count."""
+        sizes = [0] * self.groups
+        for k in moved:
+            sizes[get_offload_group_idx(k)] += 1
+        return GPULoadStoreSpec([blocks[keys.index(k)] for k in moved], group_sizes=sizes, block_indices=[0] * self.groups)
+
     def offload(self, keys, blocks):
         """A request's blocks `blocks` stored under `keys`. Returns the keys the manager
         took and each rank's TransferResult."""
@@ -133,8 +147,7 @@ class Engine:
             out = m.prepare_store(keys, ctx)
         assert out is not None
         stored = list(out.keys_to_store)
-        gpu = GPULoadStoreSpec([blocks[keys.index(k)] for k in stored], group_sizes=[len(stored)], block_indices=[0])
-        results = self._run("submit_store", gpu, out.store_spec) if stored else []
+        results = self._run("submit_store", self._gpu(keys, blocks, stored), out.store_spec) if stored else []
         with m.lock:
             m.complete_store(stored, ctx)
             m.on_request_finished(ctx)
@@ -161,8 +174,7 @@ class Engine:
             return found, None
         with m.lock:
             src = m.prepare_load(hits, ctx)
-        gpu = GPULoadStoreSpec([blocks[keys.index(k)] for k in hits], group_sizes=[len(hits)], block_indices=[0])
-        results = self._run("submit_load", gpu, src, expedited=expedited)
+        results = self._run("submit_load", self._gpu(keys, blocks, hits), src, expedited=expedited)
         with m.lock:
             m.complete_load(set(hits), ctx)
             m.on_request_finished(ctx)
@@ -573,6 +585,182 @@ def test_another_model_namespace_or_parallel_layout_does_not_find_them(tmp_path,
     e = Engine(tmp_path, **other)
     try:
         assert e.lookup(keys) == [LookupResult.MISS, LookupResult.MISS]
+    finally:
+        e.shutdown()
+
+
+class ConnectorWorker(OffloadingConnectorWorker):
+    """vLLM's offloading connector worker, keeping the canonical KV caches it hands the
+    spec (to fill and read the pages the tests move) and the spec's worker's
+    TransferResults by job."""
+
+    def _init_worker(self, kv_caches):
+        self.canonical = kv_caches
+        super()._init_worker(kv_caches)
+        self.results = {}
+        finished = self.worker.get_finished
+
+        def recording():
+            out = finished()
+            self.results.update((r.job_id, r) for r in out)
+            return out
+
+        self.worker.get_finished = recording
+
+
+class FamilyEngine(Engine):
+    """An `Engine` serving `ModelFamily(kind, tp)`: on each rank vLLM's own offloading
+    connector worker registers the rank's KV caches, laid out as vLLM lays them out, and
+    runs the jobs the scheduler ships it, step by step, as in a GPU worker. Keys and
+    blocks are listed in KV cache group order. `change`: `model`, `dtype` or `layout`
+    other than the family's."""
+
+    def __init__(self, root, kind, tp, **change):
+        extra = {"spec_name": "KvxferOffloadingSpec", "spec_module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2}
+        self.family = ModelFamily(kind, tp, extra, **change)
+        self.groups = len(self.family.group_ids())
+        self.workers = []
+        for r in range(tp):
+            w = ConnectorWorker(OffloadingSpecFactory.create_spec(self.family.offloading_config(r)), self.family.vllm_config(r), self.family.kv_cache_config)
+            w.register_kv_caches(self.family.kv_caches())
+            self.workers.append(w)
+        self.spec = OffloadingSpecFactory.create_spec(self.family.offloading_config(0))
+        self.manager = self.spec.get_manager()
+        self._job = 0
+
+    def keys(self, *names):
+        """For each KV cache group, in vLLM's order, a key per name."""
+        return [make_offload_key(bytes([n]) * 32, g) for g in self.family.group_ids() for n in names]
+
+    def pages(self, rank, key, block):
+        """GPU block `block` of `key`'s KV cache group on rank `rank`: each layer's page as
+        the layer uses it (not its padding)."""
+        c = self.workers[rank].canonical
+        return [c.tensors[ref.tensor_idx].tensor[block, : ref.page_size_bytes] for ref in c.group_data_refs[get_offload_group_idx(key)]]
+
+    def fill(self, keys, blocks, seed):
+        """Distinct bytes in the blocks of `keys` on every rank; but MLA's latent is the
+        same on every rank, as its ranks compute it."""
+        gen = torch.Generator().manual_seed(seed)
+        for r in range(len(self.workers)):
+            if r and self.family.kind == "mla":
+                gen = torch.Generator().manual_seed(seed)
+            for k, b in zip(keys, blocks):
+                for page in self.pages(r, k, b):
+                    page.copy_(torch.randint(-128, 128, page.shape, dtype=torch.int8, generator=gen))
+
+    def snapshot(self, keys, blocks):
+        return [[p.clone() for k, b in zip(keys, blocks) for p in self.pages(r, k, b)] for r in range(len(self.workers))]
+
+    def clear(self):
+        for w in self.workers:
+            for t in w.canonical.tensors:
+                t.tensor.zero_()
+
+    def _run(self, submit, gpu_spec, slots, expedited=False):
+        """A job through every rank's connector worker, as vLLM's steps run it: a load
+        starts in its step (an expedited one waited for within it), a store is queued at
+        the end of one and starts in the next. Returns each rank's TransferResult, None
+        for a rank vLLM had run none (a replicated layout's store, on a rank but 0)."""
+        self._job += 1
+        job = self._job
+        req = uuid.uuid4().hex
+        if submit == "submit_load":
+            step = OffloadingConnectorMetadata(load_jobs={job: TransferJob(req, src_spec=slots, dst_spec=gpu_spec, sync=expedited)}, store_jobs={})
+        else:
+            step = OffloadingConnectorMetadata(load_jobs={}, store_jobs={job: TransferJob(req, src_spec=gpu_spec, dst_spec=slots)})
+        for w in self.workers:
+            meta = pickle.loads(pickle.dumps(step))
+            w.start_kv_transfers(meta)
+            w.prepare_store_kv(meta)
+            w.start_kv_transfers(OffloadingConnectorMetadata(load_jobs={}, store_jobs={}))
+        done = 0
+        deadline = time.monotonic() + DEADLINE_S
+        while done < len(self.workers):
+            assert time.monotonic() < deadline, "the workers' jobs did not finish"
+            for w in self.workers:
+                w.get_finished(set())
+                meta = w.build_connector_worker_meta()
+                if meta is not None:
+                    done += meta.completed_jobs.get(job, 0)
+            time.sleep(0.001)
+        return [w.results.pop(job, None) for w in self.workers]
+
+
+def family_blocks(engine, first, n):
+    """`n` GPU blocks per KV cache group from block `first` on, no two groups' the same
+    (the groups share the blocks of one pool), in group order."""
+    return list(range(first, first + engine.groups * n))
+
+
+def moved_exact(results):
+    """Whether every rank that ran the job moved its blocks."""
+    return all(r is None or r.success for r in results) and any(r is not None for r in results)
+
+
+#: Each family in vLLM's layer-outermost KV cache layout, and in a block-outermost one (a
+#: block holds every layer's page, and vLLM hands the offloading the block whole), where
+#: vLLM lays the family out so (it has no block-outermost layout for a Mamba state).
+LAYOUTS = [(kind, layout) for kind in FAMILIES for layout in ("LBNHC", "BLNHC") if (kind, layout) != ("hybrid-mamba", "BLNHC")]
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+@pytest.mark.parametrize("kind, layout", LAYOUTS)
+def test_every_model_family_comes_back_exact(tmp_path, kind, layout, tp):
+    """Each attention kind vLLM serves, with TP 1 and 2, its KV caches laid out and
+    registered by vLLM itself: the blocks of every KV cache group of every rank are
+    stored and load back exact into other blocks."""
+    e = FamilyEngine(tmp_path, kind, tp, layout=layout)
+    try:
+        keys = e.keys(1, 2, 3)
+        src, dst = family_blocks(e, 1, 3), family_blocks(e, 1 + 3 * e.groups, 3)
+        e.fill(keys, src, seed=11)
+        want = e.snapshot(keys, src)
+        stored, results = e.offload(keys, src)
+        assert stored == keys and moved_exact(results)
+        e.clear()
+        found, results = e.onboard(keys, dst)
+        assert all(found[k] is LookupResult.HIT for k in keys) and all(r.success for r in results)
+        assert same(e.snapshot(keys, dst), want)
+    finally:
+        e.shutdown()
+
+
+def test_mlas_latent_is_stored_once_for_every_rank(tmp_path):
+    """MLA's latent is the same on every TP rank, and vLLM lays it out replicated: the
+    spec keeps one copy of it, written by rank 0 alone (vLLM's connector hands the other
+    ranks no store job), in one store (that every rank loads from: the family test)."""
+    e = FamilyEngine(tmp_path, "mla", 2)
+    try:
+        assert e.spec.replicated_layout and len(e.spec._settings.directories) == 1
+        keys = e.keys(1, 2, 3)
+        stored, results = e.offload(keys, family_blocks(e, 1, 3))
+        assert stored == keys and results[0].success and results[1] is None
+        assert sum(st.stats().entries for st in e.manager._stores) == 3
+        with open(os.path.join(e.manager.store_directory(0), "config.json")) as f:
+            assert json.load(f)["replicated_layout"] is True  # in its fingerprint
+    finally:
+        e.shutdown()
+
+
+@pytest.mark.parametrize("change", ["tp", "dtype", "model"])
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_another_tp_size_dtype_or_model_is_a_miss(tmp_path, kind, change):
+    """What one configuration stored is never loaded by another: a restart with another
+    TP size (MLA's latent too, the same bytes on every rank), KV dtype or model misses
+    every block."""
+    e = FamilyEngine(tmp_path, kind, 1)
+    try:
+        keys = e.keys(1, 2)
+        e.fill(keys, family_blocks(e, 1, 2), seed=12)
+        stored, results = e.offload(keys, family_blocks(e, 1, 2))
+        assert stored == keys and moved_exact(results)
+    finally:
+        e.shutdown()
+    other = {"tp": dict(), "dtype": dict(dtype="fp8"), "model": dict(model="kvxfer/another-model")}[change]
+    e = FamilyEngine(tmp_path, kind, 2 if change == "tp" else 1, **other)
+    try:
+        assert all(r is LookupResult.MISS for r in e.lookup(keys))
     finally:
         e.shutdown()
 

@@ -18,8 +18,9 @@ import pytest
 
 import kvxfer
 import kvxfer.vllm as kv_vllm
-from kvx_integration import Published, block_of, flip_a_byte, record_criticality, tiering_manager
+from kvx_integration import FAMILIES, ModelFamily, Published, block_of, flip_a_byte, record_criticality, tiering_manager
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 BLOCK_BYTES = 64 * 1024  # one worker's KV bytes of one block: a 64 KiB chunk
 CPU_CHUNKS = 8
@@ -437,6 +438,80 @@ def test_no_kv_events_where_vllm_publishes_none(manager):
     offload(manager, keys_of(1, 2))
     with manager.lock:
         assert [e for e in manager.take_events() if e.ownership == "KvxferTier"] == []
+
+
+def family_manager(family):
+    """vLLM's tiering manager, from the offloading config vLLM's connector builds for
+    `family` (a `ModelFamily` whose extra config names the kvxfer tier)."""
+    return TieringOffloadingSpec(family.offloading_config(0)).get_manager()
+
+
+def tiered_family(root, kind, tp, **change):
+    """`ModelFamily(kind, tp)` with a CPU tier of `CPU_CHUNKS` chunks over the kvxfer tier
+    in `root`; `change`: `model` or `dtype` other than the family's."""
+    probe = ModelFamily(kind, tp, {})
+    chunk = probe.offloading_config(0).worker_kv_bytes_per_block * tp
+    tier = {"type": "KvxferTier", "module_path": "kvxfer.vllm", "root_dir": str(root), "capacity_blocks": 32, "shards": 2}
+    return ModelFamily(kind, tp, {"cpu_bytes_to_use": CPU_CHUNKS * chunk, "secondary_tiers": [tier]}, **change)
+
+
+def family_keys(family, *names):
+    """A key per name for each offloaded KV cache group of `family`, in group order."""
+    return [make_offload_key(bytes([n]) * 32, g) for g in family.group_ids() for n in names]
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_every_model_family_comes_back_exact(tmp_path, kind, tp):
+    """Each attention kind vLLM serves, with TP 1 and 2: the chunks of every KV cache
+    group of the CPU tier vLLM lays out for it cascade to the tier and come back exact.
+    MLA's latent is the same on every rank, and vLLM's CPU tier keeps one copy of it
+    (its replicated layout): so does the tier, a chunk being one rank's bytes."""
+    family = tiered_family(tmp_path, kind, tp)
+    m = family_manager(family)
+    try:
+        tier = tier_of(m)
+        config = family.offloading_config(0)
+        copies = 1 if kind == "mla" else tp
+        assert config.replicated_layout == (kind == "mla" and tp > 1)
+        assert tier.block_size_bytes >= copies * config.worker_kv_bytes_per_block and tier.block_size_bytes < (copies + 1) * config.worker_kv_bytes_per_block
+        keys = family_keys(family, 1, 2)
+        offload(m, keys)
+        assert tier._store.stats().entries == len(keys)
+        empty_cpu_tier(m)
+        results, got = onboard(m, keys)
+        assert all(results[k] is LookupResult.HIT for k in keys)
+        for k in keys:
+            assert np.array_equal(got[k], payload(k, tier.block_size_bytes)), f"chunk of {k.hex()} differs"
+    finally:
+        m.shutdown()
+
+
+@pytest.mark.parametrize("change", ["tp", "dtype", "model"])
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_another_tp_size_dtype_or_model_is_a_miss(tmp_path, kind, change):
+    """What one configuration stored is never loaded by another: a restart with another
+    TP size (MLA's one copy of the latent too, whose chunk is the same size), KV dtype
+    or model misses every chunk, and then stores and loads its own."""
+    first = tiered_family(tmp_path, kind, 1)
+    m = family_manager(first)
+    try:
+        keys_before = family_keys(first, 1, 2)
+        offload(m, keys_before)
+    finally:
+        m.shutdown()
+    other = {"tp": dict(), "dtype": dict(dtype="fp8"), "model": dict(model="kvxfer/another-model")}[change]
+    second = tiered_family(tmp_path, kind, 2 if change == "tp" else 1, **other)
+    m = family_manager(second)
+    try:
+        results, _ = onboard(m, keys_before)
+        assert all(results[k] is LookupResult.MISS for k in keys_before)
+        offload(m, keys_before)
+        empty_cpu_tier(m)
+        results, got = onboard(m, keys_before)
+        assert all(results[k] is LookupResult.HIT and np.array_equal(got[k], payload(k, tier_of(m).block_size_bytes)) for k in keys_before)
+    finally:
+        m.shutdown()
 
 
 def test_a_root_dir_that_cannot_be_made_is_refused_at_the_start(tmp_path):

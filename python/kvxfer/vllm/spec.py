@@ -15,6 +15,10 @@ The split follows vLLM's processes (the store's slot handles):
 - each worker (one per GPU rank) opens its rank's store for data only and moves blocks
   between vLLM's KV tensors and the slots the manager's handles name (`slot_mover`).
 
+Where every rank holds the same KV (MLA's latent with tensor parallelism, which vLLM lays
+out replicated), one store holds it for every rank: rank 0 writes it (vLLM hands the
+other ranks no store job) and every rank loads from it.
+
 A worker publishes its block geometry (`geometry.json` in its rank's directory) when
 vLLM registers its KV caches; the manager opens the stores once every rank has, before
 the first step (until then a lookup misses and a store is refused).
@@ -175,18 +179,30 @@ class _Settings:
         #: Whether vLLM publishes KV events (and takes the manager's).
         self.kv_events = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
         p = c.parallel
-        self.world_size = p.world_size
-        self.fields = [rank_fields(offloading_spec, r, self.namespace) for r in range(p.world_size)]
-        self.namespaces = [namespace_of(f) for f in self.fields]
-        self.directories = [store_directory(self.root_dir, f, ns, p.data_parallel_index, f"_rank{r}") for r, (f, ns) in enumerate(zip(self.fields, self.namespaces))]
         engine = engine_fields(offloading_spec, self.namespace)
+        #: Whether every rank holds the same KV, as vLLM says of MLA's latent with tensor
+        #: parallelism on one node (`replicated_layout`): then one store, of the engine's
+        #: fingerprint, serves every rank; else each rank has a store of its own.
+        self.replicated = bool(offloading_spec.replicated_layout)
+        if self.replicated:
+            self.fields = [engine]
+            suffixes = ["_replicated"]
+        else:
+            self.fields = [rank_fields(offloading_spec, r, self.namespace) for r in range(p.world_size)]
+            suffixes = [f"_rank{r}" for r in range(p.world_size)]
+        self.namespaces = [namespace_of(f) for f in self.fields]
+        self.directories = [store_directory(self.root_dir, f, ns, p.data_parallel_index, x) for f, ns, x in zip(self.fields, self.namespaces, suffixes)]
         #: The engine's store generation (`read_generation`), beside its ranks' directories.
         self.generation_file = store_directory(self.root_dir, engine, namespace_of(engine), p.data_parallel_index, ".generation")
 
+    def store_of(self, rank: int) -> int:
+        """The index of the store rank `rank` moves blocks of (in `directories`)."""
+        return 0 if self.replicated else rank
+
     def capacity(self, block_bytes: Sequence[int]) -> int:
-        """Blocks per rank's store: `capacity_blocks`, or `capacity_bytes` over a block
-        of every rank (the ranks keep the same keys)."""
-        return capacity_blocks(self.capacity_blocks, self.capacity_bytes, sum(block_bytes), "blocks", "kv_connector_extra_config (a block is one GPU block of every rank)")
+        """Blocks per store: `capacity_blocks`, or `capacity_bytes` over a block of
+        every store (the stores keep the same keys)."""
+        return capacity_blocks(self.capacity_blocks, self.capacity_bytes, sum(block_bytes), "blocks", "kv_connector_extra_config (a block is one GPU block of each store: every rank's, or the one store of replicated KV)")
 
 
 def _write_json(path: str, value: Dict[str, Any]) -> None:
@@ -235,8 +251,8 @@ def make_spec_classes() -> Dict[str, type]:
 
     class KvxferSlots(LoadStoreSpec):
         """What a load or store job moves, from the manager to the workers: the store keys,
-        for each rank a slot handle per key (None: nothing for that rank to move), and the
-        store generation the handles are of."""
+        for each store a slot handle per key (None: nothing to move there), and the store
+        generation the handles are of."""
 
         def __init__(self, keys: List[bytes], handles: List[List[Any]], generation: int):
             self.keys = keys
@@ -509,10 +525,12 @@ def make_spec_classes() -> Dict[str, type]:
         def __init__(self, settings: _Settings, rank: int, kv_caches: Any):
             self._s = settings
             self._rank = rank
-            self._dir = settings.directories[rank]
-            for refs in kv_caches.group_data_refs:
-                if any(ref.mapping is not None for ref in refs):
-                    raise Unsupported("KvxferOffloadingSpec stores each rank's own pages, not canonical pages")
+            #: The store this rank moves blocks of: its own, or the one every rank shares.
+            self._store_index = settings.store_of(rank)
+            self._dir = settings.directories[self._store_index]
+            # vLLM tells how each rank's page maps into a canonical page wherever it can
+            # (a ref's `mapping`), whether or not `canonical_layout` asks for such pages:
+            # the spec refuses that setting, and stores each rank's own pages as they are.
             tensors = [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
             groups = [[ref.tensor_idx for ref in refs] for refs in kv_caches.group_data_refs]
             self._blocks = JobBlocks([as_pages(t, p) for t, p in tensors], groups)
@@ -544,7 +562,7 @@ def make_spec_classes() -> Dict[str, type]:
                     d,
                     self._mover.geometry,
                     cfg["capacity_blocks"],
-                    namespace=self._s.namespaces[self._rank],
+                    namespace=self._s.namespaces[self._store_index],
                     create=False,
                     durable=self._s.durable,
                     buffered=self._s.buffered,
@@ -575,7 +593,7 @@ def make_spec_classes() -> Dict[str, type]:
             transfers, ahead of stores: a request waits for its load (an expedited one
             within the step), and for no store."""
             assert isinstance(slots, KvxferSlots)
-            handles = slots.handles[self._rank]
+            handles = slots.handles[self._store_index]
             try:
                 block_ids, group_sizes = self._blocks(gpu)
                 store = self._open(slots.generation)
@@ -619,7 +637,7 @@ def make_spec_classes() -> Dict[str, type]:
                         f.writelines(f"{k.hex()}\n" for k in damaged)
                 except OSError as e:
                     log.warning("kvxfer offloading: rank %d could not list %d damaged keys in %s (%s); they stay stored and fail their check again", self._rank, len(damaged), path, e)
-            moved = sum(1 for h, e in zip(slots.handles[self._rank], results) if h is not None and e is None)
+            moved = sum(1 for h, e in zip(slots.handles[self._store_index], results) if h is not None and e is None)
             return TransferResult(job_id=job_id, success=not (is_load and bad), transfer_size=moved * self._mover.block_bytes, transfer_time=time.monotonic() - started)
 
         def shutdown(self) -> None:
@@ -643,6 +661,10 @@ def make_spec_classes() -> Dict[str, type]:
 
         def __init__(self, config: Any):
             super().__init__(config)
+            # Where every rank holds the same KV, vLLM's connector then has rank 0 alone
+            # store (the others report their store jobs done without running them) and
+            # every rank load; the fingerprint records it.
+            self.replicated_layout = bool(config.replicated_layout)
             self._settings = _Settings(self)
             self._manager: Optional[KvxferOffloadingManager] = None
             self._worker: Optional[KvxferOffloadingWorker] = None
