@@ -38,6 +38,14 @@ def _check(status: int) -> None:
         raise error_for(status, n.last_error())
 
 
+
+def event_handle(wait_event: Any) -> int:
+    """The `CUevent` of `wait_event` (a recorded `torch.cuda.Event`, or a `CUevent` as int)."""
+    ev = getattr(wait_event, "cuda_event", wait_event)
+    if not isinstance(ev, int) or ev == 0:
+        raise InvalidArgument("wait_event must be a recorded torch.cuda.Event or a non-NULL CUevent")
+    return ev
+
 @dataclass(frozen=True)
 class LayoutConfig:
     """A layout's block geometry, as `kvx_layout_config`: a block holds `num_layers` ×
@@ -479,10 +487,7 @@ class Engine(_Owned):
         if critical:
             o.flags |= n.XFER_CRITICAL
         if wait_event is not None:
-            ev = getattr(wait_event, "cuda_event", wait_event)
-            if not isinstance(ev, int) or ev == 0:
-                raise InvalidArgument("wait_event must be a recorded torch.cuda.Event or a non-NULL CUevent")
-            o.wait_event = ev
+            o.wait_event = event_handle(wait_event)
         req = Request(self)
         # Submitted from a coroutine: completion is handed to that event loop through
         # call_soon_threadsafe, so `await request` needs no thread of its own.

@@ -20,7 +20,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _native as n
 from .buffers import block_ids
-from .engine import Engine, Layout, LayoutConfig, _check, _layer_range
+from .engine import Engine, Layout, LayoutConfig, _check, _layer_range, event_handle
 from .errors import Error, InvalidArgument, Shutdown, Timeout, error_for
 from .fdwait import await_done
 from .handles import Handle, in_callback
@@ -204,12 +204,14 @@ def _release_request(h: int) -> None:
     n.lib.kvx_store_request_release(h)
 
 
-def _options(layers: Any, num_layers: int, critical: bool = False) -> n.TransferOptionsC:
+def _options(layers: Any, num_layers: int, critical: bool = False, wait_event: Any = None) -> n.TransferOptionsC:
     o = n.TransferOptionsC()
     n.lib.kvx_transfer_options_init(ctypes.byref(o))
     o.layer_begin, o.layer_end = _layer_range(layers, num_layers)
     if critical:
         o.flags |= n.XFER_CRITICAL
+    if wait_event is not None:
+        o.wait_event = event_handle(wait_event)
     return o
 
 
@@ -438,9 +440,11 @@ class Store:
             _check(n.lib.kvx_store_abort_slots(h, array, count))
 
     # -- slot handles (data) -------------------------------------------------------
-    def read_slots(self, handles: Sequence[SlotHandle], dst: Layout, dst_ids: Any, critical: bool = False) -> "StoreRequest":
+    def read_slots(
+        self, handles: Sequence[SlotHandle], dst: Layout, dst_ids: Any, critical: bool = False, wait_event: Any = None
+    ) -> "StoreRequest":
         """Loads the slot of read handle `handles[i]` into block `dst_ids[i]` of `dst`,
-        asynchronously (`critical` as `Engine.submit`'s). Per key (`results()`): None once loaded and checked,
+        asynchronously (`critical` and `wait_event` as `Engine.submit`'s). Per key (`results()`): None once loaded and checked,
         `IntegrityError` where the slot no longer holds the entry the handle names or its
         block fails a check, else the transfer's error."""
         need_slots()
@@ -448,21 +452,21 @@ class Store:
         p, ids, owner = block_ids(dst_ids, "dst_ids")
         if ids != count:
             raise InvalidArgument(f"{count} handles but {ids} destination ids; give one block per handle")
-        o = _options(None, dst.config.num_layers, critical)
+        o = _options(None, dst.config.num_layers, critical, wait_event)
         return self._submit(
             dst, count, lambda h, lh, out: n.lib.kvx_store_read_slots(h, array, count, lh, p, ctypes.byref(o), out), owner
         )
 
-    def write_slots(self, src: Layout, src_ids: Any, handles: Sequence[SlotHandle]) -> "StoreRequest":
+    def write_slots(self, src: Layout, src_ids: Any, handles: Sequence[SlotHandle], wait_event: Any = None) -> "StoreRequest":
         """Writes block `src_ids[i]` of `src` to the slot of write handle `handles[i]`,
-        asynchronously; whole blocks, each handle once. The owner then commits (or
+        asynchronously (`wait_event` as `Engine.submit`'s); whole blocks, each handle once. The owner then commits (or
         aborts) the handles. Per key: None once written, else the transfer's error."""
         need_slots()
         array, count = handle_array(handles)
         p, ids, owner = block_ids(src_ids, "src_ids")
         if ids != count:
             raise InvalidArgument(f"{count} handles but {ids} source ids; give one block per handle")
-        o = _options(None, src.config.num_layers)
+        o = _options(None, src.config.num_layers, wait_event=wait_event)
         return self._submit(
             src, count, lambda h, lh, out: n.lib.kvx_store_write_slots(h, lh, p, array, count, ctypes.byref(o), out), owner
         )

@@ -461,6 +461,31 @@ def test_an_owner_and_a_data_only_open_move_blocks_through_slot_handles(engine, 
             data.write_slots(src, [0], writes[:2])
 
 
+def test_slot_moves_take_the_event_their_copies_wait_for(engine, tmp_path):
+    # A CUDA event reaches the engine, which waits for it on the device; this engine's
+    # emulated device has none, and says so. A handle that is no event is refused first.
+    cfg = geometry(blocks=4)
+    src, _ = host_pool(engine, cfg, 1)
+    dst, _ = host_pool(engine, cfg, 2)
+    with kvxfer.Store(engine, tmp_path / "s", cfg, capacity_blocks=4) as owner, kvxfer.Store(
+        engine, tmp_path / "s", cfg, capacity_blocks=4, data_only=True
+    ) as data:
+        owner.put(src, [0], [b"held"]).wait()
+        leased = owner.lease_slots([b"held"])
+        writes = reserved_handles(owner, [b"w"])
+        for move in (
+            lambda ev: data.read_slots(leased, dst, [1], wait_event=ev),
+            lambda ev: data.write_slots(src, [1], writes, wait_event=ev),
+        ):
+            with pytest.raises(kvxfer.InvalidArgument, match="wait_event needs a CUDA device"):
+                move(0x1234)
+            with pytest.raises(kvxfer.InvalidArgument, match="recorded torch.cuda.Event"):
+                move(0)
+        data.read_slots(leased, dst, [1]).wait()
+        owner.release_leases([b"held"])
+        owner.abort_slots(writes)
+
+
 #: The data mover of the two-process test: opens the store data-only, writes the reserved
 #: slots it reads as hex lines on stdin ("W <hex>") from a pattern of its own seed, reads
 #: the leased ones ("R <hex>") and prints their bytes in hex.

@@ -150,12 +150,15 @@ class SlotMover:
                 f"a job of {len(ids)} GPU blocks in {len(group_sizes)} groups (sizes {list(group_sizes)}) with {len(handles)} slot handles; "
                 f"expected one handle per block and one size per KV cache group ({len(self._layouts)})"
             )
+        # The blocks are read or written by the model's stream: a store must see the KV it
+        # computed, a load must land after the writes queued to its blocks. The copies wait
+        # for an event recorded on that stream, on the device: the host does not wait.
+        ready = None
         if self._cuda:
-            # The blocks are read or written by the model's stream: a store must see the
-            # KV it computed, a load must land after the writes queued to its blocks.
             import torch
 
-            torch.cuda.current_stream().synchronize()
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream())
         requests: List[Tuple[StoreRequest, List[int]]] = []
         failed: List[Tuple[int, Error]] = []
         start = 0
@@ -168,7 +171,7 @@ class SlotMover:
                     continue
                 hs = [handles[i] for i in positions]
                 gpu = [ids[i] for i in positions]
-                r = store.read_slots(hs, layout, gpu, critical=critical) if is_read else store.write_slots(layout, gpu, hs)
+                r = store.read_slots(hs, layout, gpu, critical=critical, wait_event=ready) if is_read else store.write_slots(layout, gpu, hs, wait_event=ready)
                 requests.append((r, positions))
         except BaseException:
             for r, _ in requests:
