@@ -421,7 +421,7 @@ def test_a_server_that_stored_nothing_yet_finds_what_another_stored_through_a_sh
         a.close()
 
 
-@pytest.mark.parametrize("bad", [None, 0, True, "16384"], ids=["missing", "zero", "bool", "text"])
+@pytest.mark.parametrize("bad", [None, 0, True, "16384", [], [16384, 0]], ids=["missing", "zero", "bool", "text", "empty-list", "list-with-zero"])
 def test_a_shared_tier_without_a_valid_object_bytes_is_refused_at_the_start(tmp_path, bad):
     params = {} if bad is None else {"object_bytes": bad}
     with pytest.raises(kvxfer.InvalidArgument, match="object_bytes"):
@@ -652,14 +652,21 @@ class LMCacheFamily:
             for group, layers in enumerate(self.group_layers())
         ]
 
-    def objects(self, mem, group):
-        """LMCache's L1 objects for the chunks of one group, as its server allocates them."""
+    def object_shape(self, group):
+        """The shape of one chunk's object of `group` in LMCache's L1."""
         layers, tokens = self.group_layers()[group], self.BLOCKS_PER_CHUNK * self.BLOCK
         if self.kind == "mla":
-            shape, fmt = torch.Size([layers, tokens, self.MLA_LATENT]), MemoryFormat.KV_MLA_FMT
-        else:
-            shape, fmt = torch.Size([2, layers, tokens, self.TOTAL_KV_HEADS // self.tp * self.HEAD_SIZE]), MemoryFormat.KV_2LTD
-        return [mem.make(shape=shape, dtype=self.dtype, fmt=fmt) for _ in range(len(self.STORED_BLOCKS) // self.BLOCKS_PER_CHUNK)]
+            return torch.Size([layers, tokens, self.MLA_LATENT])
+        return torch.Size([2, layers, tokens, self.TOTAL_KV_HEADS // self.tp * self.HEAD_SIZE])
+
+    def object_bytes(self):
+        """Each object group's full chunk's object size, group 0's first."""
+        return [self.object_shape(group).numel() * self.dtype.itemsize for group in range(len(self.group_layers()))]
+
+    def objects(self, mem, group):
+        """LMCache's L1 objects for the chunks of one group, as its server allocates them."""
+        fmt = MemoryFormat.KV_MLA_FMT if self.kind == "mla" else MemoryFormat.KV_2LTD
+        return [mem.make(shape=self.object_shape(group), dtype=self.dtype, fmt=fmt) for _ in range(len(self.STORED_BLOCKS) // self.BLOCKS_PER_CHUNK)]
 
     def strategy(self, rank):
         return ParallelStrategy(mla_only=self.kind == "mla", vllm_world_size=self.tp, vllm_worker_id=rank, tp_size=self.tp, pp_size=1, n_servers=1)
@@ -691,6 +698,21 @@ class LMCacheFamily:
     def blocks(self, tensor, ids):
         return tensor.index_select(self.block_axis, torch.tensor(ids)).view(torch.uint8)
 
+    def check(self, adapter, mem, caches):
+        """Every rank's chunks of every group are found and load from `adapter` into
+        LMCache's objects, and LMCache's scatter puts them into other blocks of fresh KV
+        caches bit-exact."""
+        for rank, groups in enumerate(caches):
+            for group, layers in enumerate(groups):
+                keys = self.keys(rank, group)
+                assert lookup(adapter, keys) == [True] * len(keys), (rank, group)
+                back = self.objects(mem, group)
+                assert load(adapter, keys, back) == [True] * len(keys), (rank, group)
+                fresh = {name: torch.zeros_like(t) for name, t in layers.items()}
+                scatter_cpu_to_paged_kv(fresh, self.LOADED_BLOCKS, [o.tensor for o in back], self.BLOCKS_PER_CHUNK, layout_hints=self.HINTS)
+                for name, t in layers.items():
+                    assert torch.equal(self.blocks(fresh[name], self.LOADED_BLOCKS), self.blocks(t, self.STORED_BLOCKS)), (rank, group, name)
+
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("kind", LMCACHE_FAMILIES)
@@ -706,16 +728,7 @@ def test_every_model_family_comes_back_exact(tmp_path, mem, kind, tp):
         assert shards == (1 if kind == "mla" else tp)
         chunks = len(fam.STORED_BLOCKS) // fam.BLOCKS_PER_CHUNK
         assert adapter._client._store.stats().entries == chunks * len(fam.group_layers()) * shards
-        for rank, groups in enumerate(caches):
-            for group, layers in enumerate(groups):
-                keys = fam.keys(rank, group)
-                assert lookup(adapter, keys) == [True] * len(keys), (rank, group)
-                back = fam.objects(mem, group)
-                assert load(adapter, keys, back) == [True] * len(keys), (rank, group)
-                fresh = {name: torch.zeros_like(t) for name, t in layers.items()}
-                scatter_cpu_to_paged_kv(fresh, fam.LOADED_BLOCKS, [o.tensor for o in back], fam.BLOCKS_PER_CHUNK, layout_hints=fam.HINTS)
-                for name, t in layers.items():
-                    assert torch.equal(fam.blocks(fresh[name], fam.LOADED_BLOCKS), fam.blocks(t, fam.STORED_BLOCKS)), (rank, group, name)
+        fam.check(adapter, mem, caches)
     finally:
         adapter.close()
 
@@ -746,3 +759,40 @@ def test_another_tp_size_dtype_or_model_is_a_miss(tmp_path, mem, kind):
         assert lookup(adapter, keys) == [True] * len(keys), "the first configuration still finds its KV"
     finally:
         adapter.close()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_fresh_server_finds_every_group_of_a_hybrid_model_through_a_shared_tier(tmp_path, mem, tp):
+    """`object_bytes` lists each object group's full chunk's object size: a server over a
+    shared tier that has stored nothing yet finds and loads every group's chunks that
+    another published, bit-exact."""
+    fam = LMCacheFamily("hybrid-sliding", tp)
+    params = {**fam.params(), "shared": {"dir": str(tmp_path / "shared"), "write": "through"}, "object_bytes": fam.object_bytes()}
+    a = make_adapter(tmp_path / "a", **params)
+    try:
+        caches = fam.serve(a, mem)
+    finally:
+        a.close()
+    b = make_adapter(tmp_path / "b", **params)
+    try:
+        fam.check(b, mem, caches)
+    finally:
+        b.close()
+
+
+def test_one_object_size_given_as_a_list_is_the_same_configuration(tmp_path, mem):
+    """`object_bytes` of one size, as a number or a one-item list, is one namespace:
+    servers that spell it either way share."""
+    shared = {"dir": str(tmp_path / "shared"), "write": "through"}
+    a = make_adapter(tmp_path / "a", shared=shared, object_bytes=OBJECT_BYTES)
+    try:
+        obj = mem.make(1)
+        assert int(store(a, [key(1)], [obj])) >= 0, "the store task failed"
+    finally:
+        a.close()
+    b = make_adapter(tmp_path / "b", shared=shared, object_bytes=[OBJECT_BYTES])
+    try:
+        back = mem.make()
+        assert load(b, [key(1)], [back]) == [True] and payload(back) == payload(obj)
+    finally:
+        b.close()
