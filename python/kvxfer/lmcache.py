@@ -10,8 +10,9 @@ LMCache wraps it in its `NativeConnectorL2Adapter`, which hands it batches of ke
 (strings naming model, KV rank, object group and chunk hash) with one memoryview per
 object of its L1 memory, and waits on `event_fd()` for `drain_completions()`. A
 configuration has one store, whose slot is `object_bytes` (a full chunk's object size,
-the first object group's where it lists one per group) where that is given, which it must be over a shared tier, else the size of the first
-object it stored (a full chunk, as a rule): an object moves in whole slots straight from
+the first object group's where it lists one per group) where that is given, which it
+must be over a shared tier, else the size of the first object it stored (a full chunk,
+as a rule): an object moves in whole slots straight from
 or into its memoryview (registered as a kvxfer host layout, cached by address), and a part shorter than a slot
 (a partial chunk) through a slot-sized buffer; the object's length is in each part's key.
 `import kvxfer.lmcache` needs no LMCache; the connector checks the installed version
@@ -178,9 +179,10 @@ class KvxferConnector:
     pid. With `object_bytes`, the store is opened (or made) at the start with slots of
     its (first) size, and an exists asks for each of its sizes whatever the store has
     held: every server over a shared tier has one slot, so the part keys agree, and one
-    that has stored nothing yet finds the others' full chunks of every object group. Without it, the store is made on
-    the first object stored, with a slot of that object's size, and opened at the start
-    when it exists (so a restart finds what was stored).
+    that has stored nothing yet finds the others' full chunks of every object group.
+    Without it, the store is made on the first object stored, with a slot of that
+    object's size, and opened at the start when it exists (so a restart finds what was
+    stored).
     Its capacity is preallocated whole when it is made. A key is a miss alone: not held,
     or failing a check (its entry is dropped)."""
 
@@ -335,7 +337,7 @@ class KvxferConnector:
             "kvxfer L2 adapter",
         )
         self._slot = slot
-        # A store made afresh holds no size yet; a full chunk's size is always asked for.
+        # A store made afresh holds no size yet; each `object_bytes` size is always asked for.
         self._sizes = (set(sizes) if store.stats().entries else set()) | self._full_sizes
         self._store = store
         self._write_config(self._sizes)
