@@ -24,10 +24,14 @@ from kvx_integration import fill_up, small_file_system
 
 torch = pytest.importorskip("torch")
 l2_config = pytest.importorskip("lmcache.v1.distributed.l2_adapters.config")
-from lmcache.v1.distributed.api import ObjectKey  # noqa: E402
+from lmcache.integration.vllm.vllm_multi_process_adapter import ParallelStrategy  # noqa: E402
+from lmcache.v1.distributed.api import ObjectKey, ipc_key_to_object_keys  # noqa: E402
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter  # noqa: E402
 from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
+from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
+from lmcache.v1.multiprocess.token_hasher import TokenHasher  # noqa: E402
+from lmcache.v1.multiprocess.transfer_context.base import gather_paged_kv_to_cpu, scatter_cpu_to_paged_kv  # noqa: E402
 
 #: A hang guard only: every wait here ends as soon as the tasks do.
 DEADLINE_S = 60.0
@@ -63,11 +67,11 @@ class Objects:
     """LMCache's L1 memory: its tensor allocator over one host buffer."""
 
     def __init__(self):
-        self.allocator = TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
+        self.allocator = TensorMemoryAllocator(torch.empty(16 << 20, dtype=torch.uint8))
         self.made = []
 
-    def make(self, seed=None, shape=SHAPE):
-        obj = self.allocator.allocate(shape, torch.bfloat16, MemoryFormat.KV_2LTD)
+    def make(self, seed=None, shape=SHAPE, dtype=torch.bfloat16, fmt=MemoryFormat.KV_2LTD):
+        obj = self.allocator.allocate(shape, dtype, fmt)
         assert obj is not None
         self.made.append(obj)
         g = torch.Generator().manual_seed(seed if seed is not None else 0)
@@ -417,7 +421,7 @@ def test_a_server_that_stored_nothing_yet_finds_what_another_stored_through_a_sh
         a.close()
 
 
-@pytest.mark.parametrize("bad", [None, 0, True, "16384"], ids=["missing", "zero", "bool", "text"])
+@pytest.mark.parametrize("bad", [None, 0, True, "16384", [], [16384, 0]], ids=["missing", "zero", "bool", "text", "empty-list", "list-with-zero"])
 def test_a_shared_tier_without_a_valid_object_bytes_is_refused_at_the_start(tmp_path, bad):
     params = {} if bad is None else {"object_bytes": bad}
     with pytest.raises(kvxfer.InvalidArgument, match="object_bytes"):
@@ -589,3 +593,206 @@ def test_the_layouts_over_lmcaches_objects_are_bounded(tmp_path, mem, monkeypatc
         assert [payload(b) for b in back] == [payload(o) for o in objs]
     finally:
         adapter.close()
+
+
+#: The attention kinds of vLLM's models that LMCache's multi-process mode stores to its
+#: L2 (`LMCacheFamily`): full attention with grouped KV heads (Llama, Qwen), MLA
+#: (DeepSeek V2/V3) and sliding-window layers beside full attention (Gemma 2/3, gpt-oss).
+LMCACHE_FAMILIES = ("gqa", "mla", "hybrid-sliding")
+#: A prompt of two chunks.
+TOKENS = tuple(range(2 * 32))
+
+
+class LMCacheFamily:
+    """A model of attention kind `kind` (one of `LMCACHE_FAMILIES`) served by vLLM with
+    tensor parallelism `tp` through LMCache's multi-process server, each step LMCache's
+    own: each rank's KV caches are vLLM's tensors (NHD layout), one dict of layers per
+    object group; LMCache's gather cuts a chunk's object out of them and its scatter puts
+    one back; its `ParallelStrategy` says which ranks write and which shard a rank's
+    objects are (MLA's latent is whole on every rank: one copy, written by rank 0, read by
+    every rank); its key expansion names each object by model, kv rank and object group."""
+
+    LAYERS = 4
+    TOTAL_KV_HEADS = 2
+    HEAD_SIZE = 64
+    MLA_LATENT = 576  # DeepSeek's: the 512-wide compressed KV and the 64-wide RoPE key
+    BLOCK = 16
+    BLOCKS_PER_CHUNK = 2
+    NUM_BLOCKS = 8
+    HINTS = {"kv_layout": "NHD"}
+    STORED_BLOCKS = [1, 2, 3, 4]
+    LOADED_BLOCKS = [6, 0, 7, 5]
+
+    def __init__(self, kind, tp, model=MODEL, dtype=torch.bfloat16):
+        assert kind in LMCACHE_FAMILIES, kind
+        self.kind, self.tp, self.model, self.dtype = kind, tp, model, dtype
+        self.block_axis = 0 if kind == "mla" else 1
+
+    def params(self):
+        """The connector's `adapter_params` for this server: LMCache's settings copied."""
+        return {"model": self.model, "dtype": str(self.dtype).removeprefix("torch."), "world_size": self.tp, "capacity_bytes": 16 << 20}
+
+    def group_layers(self):
+        """Each object group's layer count: a hybrid model's sliding-window layers are a
+        group of their own, here half as many as its full-attention ones (objects of two
+        sizes)."""
+        return [self.LAYERS, self.LAYERS // 2] if self.kind == "hybrid-sliding" else [self.LAYERS]
+
+    def kv_caches(self, rank):
+        """Rank `rank`'s KV caches, each group's layers random (MLA's latent the same on
+        every rank, other kinds' heads each rank's own)."""
+        g = torch.Generator().manual_seed(0 if self.kind == "mla" else rank + 1)
+        if self.kind == "mla":
+            shape = (self.NUM_BLOCKS, self.BLOCK, self.MLA_LATENT)
+        else:
+            shape = (2, self.NUM_BLOCKS, self.BLOCK, self.TOTAL_KV_HEADS // self.tp, self.HEAD_SIZE)
+        nbytes = torch.Size(shape).numel() * self.dtype.itemsize
+        return [
+            {f"g{group}.layer{i}": torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g).view(self.dtype).view(shape) for i in range(layers)}
+            for group, layers in enumerate(self.group_layers())
+        ]
+
+    def object_shape(self, group):
+        """The shape of one chunk's object of `group` in LMCache's L1."""
+        layers, tokens = self.group_layers()[group], self.BLOCKS_PER_CHUNK * self.BLOCK
+        if self.kind == "mla":
+            return torch.Size([layers, tokens, self.MLA_LATENT])
+        return torch.Size([2, layers, tokens, self.TOTAL_KV_HEADS // self.tp * self.HEAD_SIZE])
+
+    def object_bytes(self):
+        """Each object group's full chunk's object size, group 0's first."""
+        return [self.object_shape(group).numel() * self.dtype.itemsize for group in range(len(self.group_layers()))]
+
+    def objects(self, mem, group):
+        """LMCache's L1 objects for the chunks of one group, as its server allocates them."""
+        fmt = MemoryFormat.KV_MLA_FMT if self.kind == "mla" else MemoryFormat.KV_2LTD
+        return [mem.make(shape=self.object_shape(group), dtype=self.dtype, fmt=fmt) for _ in range(len(self.STORED_BLOCKS) // self.BLOCKS_PER_CHUNK)]
+
+    def strategy(self, rank):
+        return ParallelStrategy(mla_only=self.kind == "mla", vllm_world_size=self.tp, vllm_worker_id=rank, tp_size=self.tp, pp_size=1, n_servers=1)
+
+    def keys(self, rank, group):
+        """The object keys of rank `rank`'s chunks of `TOKENS` in `group`, as LMCache's
+        server makes them from the worker's request."""
+        s = self.strategy(rank)
+        ipc = IPCCacheServerKey(
+            model_name=self.model, world_size=s.kv_world_size, worker_id=s.kv_worker_id, token_ids=TOKENS, start=0, end=len(TOKENS), request_id="r"
+        )
+        hashes = TokenHasher(chunk_size=self.BLOCKS_PER_CHUNK * self.BLOCK).compute_chunk_hashes(list(TOKENS))
+        (keys,) = ipc_key_to_object_keys(ipc, hashes, [group])
+        return keys
+
+    def serve(self, adapter, mem):
+        """Every writing rank stores each group's chunks of `TOKENS`; returns every rank's
+        KV caches."""
+        caches = [self.kv_caches(rank) for rank in range(self.tp)]
+        for rank, groups in enumerate(caches):
+            if not self.strategy(rank).is_kv_writer:
+                continue
+            for group, layers in enumerate(groups):
+                objs = self.objects(mem, group)
+                gather_paged_kv_to_cpu(layers, self.STORED_BLOCKS, self.BLOCKS_PER_CHUNK, layout_hints=self.HINTS, out=[o.tensor for o in objs])
+                assert int(store(adapter, self.keys(rank, group), objs)) >= 0, "the store task failed"
+        return caches
+
+    def blocks(self, tensor, ids):
+        return tensor.index_select(self.block_axis, torch.tensor(ids)).view(torch.uint8)
+
+    def check(self, adapter, mem, caches):
+        """Every rank's chunks of every group are found and load from `adapter` into
+        LMCache's objects, and LMCache's scatter puts them into other blocks of fresh KV
+        caches bit-exact."""
+        for rank, groups in enumerate(caches):
+            for group, layers in enumerate(groups):
+                keys = self.keys(rank, group)
+                assert lookup(adapter, keys) == [True] * len(keys), (rank, group)
+                back = self.objects(mem, group)
+                assert load(adapter, keys, back) == [True] * len(keys), (rank, group)
+                fresh = {name: torch.zeros_like(t) for name, t in layers.items()}
+                scatter_cpu_to_paged_kv(fresh, self.LOADED_BLOCKS, [o.tensor for o in back], self.BLOCKS_PER_CHUNK, layout_hints=self.HINTS)
+                for name, t in layers.items():
+                    assert torch.equal(self.blocks(fresh[name], self.LOADED_BLOCKS), self.blocks(t, self.STORED_BLOCKS)), (rank, group, name)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("kind", LMCACHE_FAMILIES)
+def test_every_model_family_comes_back_exact(tmp_path, mem, kind, tp):
+    """Every rank's KV of every object group, stored by the ranks that LMCache makes
+    writers, comes back bit-exact into every rank's KV caches through LMCache's own
+    scatter; MLA at TP 2 is one copy, not one per rank."""
+    fam = LMCacheFamily(kind, tp)
+    adapter = make_adapter(tmp_path, **fam.params())
+    try:
+        caches = fam.serve(adapter, mem)
+        shards = fam.strategy(0).kv_world_size
+        assert shards == (1 if kind == "mla" else tp)
+        chunks = len(fam.STORED_BLOCKS) // fam.BLOCKS_PER_CHUNK
+        assert adapter._client._store.stats().entries == chunks * len(fam.group_layers()) * shards
+        fam.check(adapter, mem, caches)
+    finally:
+        adapter.close()
+
+
+@pytest.mark.parametrize("kind", LMCACHE_FAMILIES)
+def test_another_tp_size_dtype_or_model_is_a_miss(tmp_path, mem, kind):
+    """A server of another TP size, KV dtype (float16 objects are as large as bfloat16
+    ones, under the same keys) or model finds none of what one stored, never its KV."""
+    fam = LMCacheFamily(kind, 1)
+    adapter = make_adapter(tmp_path, **fam.params())
+    try:
+        fam.serve(adapter, mem)
+    finally:
+        adapter.close()
+    for other in (LMCacheFamily(kind, 2), LMCacheFamily(kind, 1, dtype=torch.float16), LMCacheFamily(kind, 1, model="kvxfer/other-model")):
+        adapter = make_adapter(tmp_path, **other.params())
+        try:
+            for rank in range(other.tp):
+                for group in range(len(other.group_layers())):
+                    keys = other.keys(rank, group)
+                    assert lookup(adapter, keys) == [False] * len(keys), other.params()
+                    assert load(adapter, keys, other.objects(mem, group)) == [False] * len(keys), other.params()
+        finally:
+            adapter.close()
+    adapter = make_adapter(tmp_path, **fam.params())
+    try:
+        keys = fam.keys(0, 0)
+        assert lookup(adapter, keys) == [True] * len(keys), "the first configuration still finds its KV"
+    finally:
+        adapter.close()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_fresh_server_finds_every_group_of_a_hybrid_model_through_a_shared_tier(tmp_path, mem, tp):
+    """`object_bytes` lists each object group's full chunk's object size: a server over a
+    shared tier that has stored nothing yet finds and loads every group's chunks that
+    another published, bit-exact."""
+    fam = LMCacheFamily("hybrid-sliding", tp)
+    params = {**fam.params(), "shared": {"dir": str(tmp_path / "shared"), "write": "through"}, "object_bytes": fam.object_bytes()}
+    a = make_adapter(tmp_path / "a", **params)
+    try:
+        caches = fam.serve(a, mem)
+    finally:
+        a.close()
+    b = make_adapter(tmp_path / "b", **params)
+    try:
+        fam.check(b, mem, caches)
+    finally:
+        b.close()
+
+
+def test_one_object_size_given_as_a_list_is_the_same_configuration(tmp_path, mem):
+    """`object_bytes` of one size, as a number or a one-item list, is one namespace:
+    servers that spell it either way share."""
+    shared = {"dir": str(tmp_path / "shared"), "write": "through"}
+    a = make_adapter(tmp_path / "a", shared=shared, object_bytes=OBJECT_BYTES)
+    try:
+        obj = mem.make(1)
+        assert int(store(a, [key(1)], [obj])) >= 0, "the store task failed"
+    finally:
+        a.close()
+    b = make_adapter(tmp_path / "b", shared=shared, object_bytes=[OBJECT_BYTES])
+    try:
+        back = mem.make()
+        assert load(b, [key(1)], [back]) == [True] and payload(back) == payload(obj)
+    finally:
+        b.close()

@@ -9,9 +9,10 @@ disk or tmpfs. LMCache loads it by module path, without a fork::
 LMCache wraps it in its `NativeConnectorL2Adapter`, which hands it batches of keys
 (strings naming model, KV rank, object group and chunk hash) with one memoryview per
 object of its L1 memory, and waits on `event_fd()` for `drain_completions()`. A
-configuration has one store, whose slot is `object_bytes` (a full chunk's object size)
-where that is given, which it must be over a shared tier, else the size of the first
-object it stored (a full chunk, as a rule): an object moves in whole slots straight from
+configuration has one store, whose slot is `object_bytes` (a full chunk's object size,
+the first object group's where it lists one per group) where that is given, which it
+must be over a shared tier, else the size of the first object it stored (a full chunk,
+as a rule): an object moves in whole slots straight from
 or into its memoryview (registered as a kvxfer host layout, cached by address), and a part shorter than a slot
 (a partial chunk) through a slot-sized buffer; the object's length is in each part's key.
 `import kvxfer.lmcache` needs no LMCache; the connector checks the installed version
@@ -28,7 +29,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .engine import Engine, Layout
 from .errors import Busy, Error, InvalidArgument, NotFound, Shutdown
@@ -137,6 +138,20 @@ class _Batch:
         return future_id, all(bools), "" if why is None else str(why), bools
 
 
+def _object_sizes(object_bytes: Union[int, Sequence[int], None]) -> List[int]:
+    """`object_bytes` as a list of full chunks' object sizes, the slot's first; empty
+    where not given. A size is a positive whole number, and a list holds at least one."""
+    if object_bytes is None:
+        return []
+    sizes = [object_bytes] if isinstance(object_bytes, int) else object_bytes
+    if not isinstance(sizes, (list, tuple)) or not sizes or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in sizes):
+        raise InvalidArgument(
+            f"the kvxfer L2 adapter's object_bytes is {object_bytes!r}; give the bytes of one full chunk's object, a positive "
+            "whole number, or a list of one per object group (a hybrid model's groups), the first group's first"
+        )
+    return list(sizes)
+
+
 def _answered(ok: bool, why: Optional[Exception] = None) -> _Move:
     m = _Move()
     m.result = (ok, why)
@@ -155,16 +170,19 @@ class KvxferConnector:
     engine settings (`io_backend`, `io_threads`, …; the device defaults to the emulated
     one, since the objects are in host memory); `shared`: a shared tier under the store
     (`kvxfer.tier.shared_tier`); `object_bytes`: the size of a full chunk's object (as
-    LMCache's L1 holds it), needed with `shared`. Any other key is refused, naming these.
+    LMCache's L1 holds it), or a list of one per object group for a model whose groups'
+    objects differ (a hybrid model's), needed with `shared`. Any other key is refused,
+    naming these.
 
     A configuration has one store, `<root_dir>/<fingerprint>`, and one connector owns
     it: a second one on the same `root_dir` is refused at its start, naming the first's
     pid. With `object_bytes`, the store is opened (or made) at the start with slots of
-    that size, and an exists asks for that size whatever the store has held: every
-    server over a shared tier has one slot, so the part keys agree, and one that has
-    stored nothing yet finds the others' full chunks. Without it, the store is made on
-    the first object stored, with a slot of that object's size, and opened at the start
-    when it exists (so a restart finds what was stored).
+    its (first) size, and an exists asks for each of its sizes whatever the store has
+    held: every server over a shared tier has one slot, so the part keys agree, and one
+    that has stored nothing yet finds the others' full chunks of every object group.
+    Without it, the store is made on the first object stored, with a slot of that
+    object's size, and opened at the start when it exists (so a restart finds what was
+    stored).
     Its capacity is preallocated whole when it is made. A key is a miss alone: not held,
     or failing a check (its entry is dropped)."""
 
@@ -184,7 +202,7 @@ class KvxferConnector:
         shards: int = 1,
         engine: Optional[Dict[str, Any]] = None,
         shared: Optional[Dict[str, Any]] = None,
-        object_bytes: Optional[int] = None,
+        object_bytes: Union[int, Sequence[int], None] = None,
         **unknown: Any,
     ):
         check_lmcache_version()
@@ -198,8 +216,7 @@ class KvxferConnector:
             raise InvalidArgument(f"the kvxfer L2 adapter's capacity is {self._capacity} bytes; give a positive capacity_bytes")
         if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
             raise InvalidArgument(f"the kvxfer L2 adapter's shards is {shards!r}; give a whole number of data files, at least 1")
-        if object_bytes is not None and (not isinstance(object_bytes, int) or isinstance(object_bytes, bool) or object_bytes <= 0):
-            raise InvalidArgument(f"the kvxfer L2 adapter's object_bytes is {object_bytes!r}; give the bytes of one full chunk's object, a positive whole number")
+        full_sizes = _object_sizes(object_bytes)
         self._fields = {
             "format": _FORMAT,
             "model": model,
@@ -208,10 +225,14 @@ class KvxferConnector:
             "chunk_size": chunk_size,
             "extra": namespace,
         }
-        if object_bytes is not None:
-            # The slot, which cuts objects into parts: servers that share agree on it.
-            self._fields["object_bytes"] = object_bytes
-        self._object_bytes = object_bytes or 0
+        if full_sizes:
+            # The slot, which cuts objects into parts: servers that share agree on it. One
+            # size is fingerprinted as a number, however it is given.
+            self._fields["object_bytes"] = full_sizes[0] if len(full_sizes) == 1 else full_sizes
+        #: The slot where `object_bytes` is given: the first object group's full chunk.
+        self._object_bytes = full_sizes[0] if full_sizes else 0
+        #: Every object group's full chunk's size, asked for whatever the store has held.
+        self._full_sizes = frozenset(full_sizes)
         self._options = {
             "durable": durable,
             "buffered": buffered,
@@ -223,8 +244,8 @@ class KvxferConnector:
             raise InvalidArgument(
                 'the kvxfer L2 adapter over a "shared" tier needs object_bytes in its adapter_params: the bytes of one full '
                 "chunk's object (chunk_size × a token's KV bytes on this server's rank: 2 × layers × KV heads × head size × "
-                "dtype bytes for most models), the same on every server that shares, so that they cut objects into the same "
-                "parts and a fresh server knows what to ask for"
+                "dtype bytes for most models; a list of one per object group where a hybrid model's groups differ), the same "
+                "on every server that shares, so that they cut objects into the same parts and a fresh server knows what to ask for"
             )
         self.root_dir = os.fspath(root_dir)
         self.namespace = namespace_of("lmcache", self._fields)
@@ -316,8 +337,8 @@ class KvxferConnector:
             "kvxfer L2 adapter",
         )
         self._slot = slot
-        # A store made afresh holds no size yet; a full chunk's size is always asked for.
-        self._sizes = (set(sizes) if store.stats().entries else set()) | ({self._object_bytes} if self._object_bytes else set())
+        # A store made afresh holds no size yet; each `object_bytes` size is always asked for.
+        self._sizes = (set(sizes) if store.stats().entries else set()) | self._full_sizes
         self._store = store
         self._write_config(self._sizes)
 
@@ -336,8 +357,8 @@ class KvxferConnector:
         return self._submit(keys, memoryviews, load=True)
 
     def submit_batch_exists(self, keys: Sequence[str]) -> int:
-        """Whether each key is held, at any object size the store holds (and at
-        `object_bytes`, where given)."""
+        """Whether each key is held, at any object size the store holds (and at each
+        of `object_bytes`, where given)."""
         store, sizes = self._store, sorted(self._sizes)
         held = [False] * len(keys)
         if store is not None and sizes and keys:
