@@ -614,6 +614,20 @@ def test_the_model_family_matrix_round_trips_each_rank_byte_exact(tmp_path, kind
             b.close()
 
 
+@pytest.mark.parametrize("kind", ["hybrid-swa", "hybrid-mamba"])
+def test_a_refused_hybrid_leaves_no_store_held(tmp_path, kind):
+    """The KV pool's store opens when SGLang registers the KV pool, before the pool
+    beside it is refused; SGLang leaves a failed attach as it is, so the backend closes
+    itself: the rank attaches a backend again (SGLang's attach API) and finds its store
+    free."""
+    kv, others = family_pools(kind, 1)
+    refused = attach(kv, storage_config(tmp_path))
+    with pytest.raises(kvxfer.Unsupported, match="needs the v2 interface"):
+        register_group(refused, kv, others)
+    attach(kv, storage_config(tmp_path)).close()
+    assert refused._store is None
+
+
 #: (kind, change): what the served model changes; MLA over two TP ranks is refused.
 FAMILY_CHANGES = [(kind, change) for kind in ("gqa", "mla") for change in ({"tp": 2}, {"dtype": torch.float16}, {"model": "kvxfer/other-model"}) if (kind, change.get("tp")) != ("mla", 2)]
 
