@@ -521,7 +521,7 @@ def test_a_pool_beside_the_kv_pool_is_refused(backend, pool):
 #: to a storage backend: full attention with grouped KV heads (one MHA host pool, its
 #: heads split over the TP ranks), MLA (one MLA host pool, the latent whole on every
 #: rank), and the hybrids whose other layers get a host pool of their own beside the KV
-#: pool, registered through SGLang's v2 interface: sliding window (Gemma, gpt-oss: an
+#: pool, registered through SGLang's v2 interface: sliding window (gpt-oss, Gemma 4: an
 #: SWA pool, an MHA pool over the sliding layers) and Mamba (Qwen3-Next, Nemotron-H: a
 #: Mamba state pool).
 SGLANG_FAMILIES = ("gqa", "mla", "hybrid-swa", "hybrid-mamba")
