@@ -583,9 +583,10 @@ FAMILY_REFUSALS = {
 @pytest.mark.parametrize("kind", SGLANG_FAMILIES)
 def test_the_model_family_matrix_round_trips_each_rank_byte_exact(tmp_path, kind, tp):
     """Each rank of `kind` at TP size `tp`: the pages it sets come back byte for byte
-    into other pages of its pool, and no other rank's store holds them (each holds its
-    own shard). A family the backend cannot serve is refused when SGLang attaches it,
-    saying why (docs/sglang.md's "Model families")."""
+    into other pages of its pool. The ranks set other bytes under the same page hashes
+    (each its own shard), and each loads its own, from a store of its own. A family the
+    backend cannot serve is refused when SGLang attaches it, saying why (docs/sglang.md's
+    "Model families")."""
     refusal = FAMILY_REFUSALS.get((kind, tp))
     if refusal is not None:
         kv, others = family_pools(kind, tp)
