@@ -8,7 +8,10 @@ controller asks storage for). The tests make the controller's v1 calls: pages se
 host pages come back byte for byte into other host pages, a page never stored is a miss,
 a flipped byte fails its page alone, a restart finds the pages and a changed
 configuration does not, storage metrics count the pages moved, and another SGLang
-version is refused, or runs with the opt-in. Run by `make integration-test` in a venv per
+version is refused, or runs with the opt-in. The model-family matrix (attention kind ×
+TP size) drives each kind through the host pools SGLang's pool assembler makes for it:
+each rank's pages come back byte for byte, another TP size, dtype or model is a miss,
+and a kind the backend cannot serve is refused saying why. Run by `make integration-test` in a venv per
 supported release."""
 
 import importlib.metadata
@@ -31,6 +34,8 @@ from kvx_integration import flip_a_byte  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
@@ -510,6 +515,144 @@ def test_a_pool_beside_the_kv_pool_is_refused(backend, pool):
     backend.register_mem_host_pool_v2(pool, PoolName.KV)  # the KV pool itself, as SGLang registers it
     with pytest.raises(kvxfer.Unsupported, match="swa pool"):
         backend.register_mem_host_pool_v2(host_pool(), PoolName.SWA)
+
+
+#: The attention kinds of the model-family matrix as SGLang's pool assembler hands them
+#: to a storage backend: full attention with grouped KV heads (one MHA host pool, its
+#: heads split over the TP ranks), MLA (one MLA host pool, the latent whole on every
+#: rank), and the hybrids whose other layers get a host pool of their own beside the KV
+#: pool, registered through SGLang's v2 interface: sliding window (gpt-oss, Gemma 4: an
+#: SWA pool, an MHA pool over the sliding layers) and Mamba (Qwen3-Next, Nemotron-H: a
+#: Mamba state pool).
+SGLANG_FAMILIES = ("gqa", "mla", "hybrid-swa", "hybrid-mamba")
+FAMILY_LAYERS = 4
+FAMILY_KV_HEADS = 4
+
+
+def family_pools(kind, tp, dtype=torch.bfloat16):
+    """One rank's host pools of a four-layer model of attention kind `kind` (one of
+    `SGLANG_FAMILIES`) served with TP size `tp`: the KV pool, and the pools beside it by
+    SGLang's pool name. A hybrid's layers alternate: two full-attention layers in the
+    KV pool, two in the other."""
+    heads = FAMILY_KV_HEADS // tp
+    if kind == "gqa":
+        return host_pool(dtype=dtype, layers=FAMILY_LAYERS, heads=heads), {}
+    if kind == "mla":
+        return host_pool(mla=True, dtype=dtype, layers=FAMILY_LAYERS), {}
+    kv = host_pool(dtype=dtype, layers=FAMILY_LAYERS // 2, heads=heads)
+    if kind == "hybrid-swa":
+        return kv, {PoolName.SWA: host_pool(dtype=dtype, layers=FAMILY_LAYERS // 2, heads=heads)}
+    assert kind == "hybrid-mamba", kind
+    # Mamba2's state per layer and request slot: SSM heads split over the TP ranks.
+    slots = DEVICE_TOKENS // PAGE + 1
+    state = MambaStateBufferInfo(
+        temporal=torch.zeros(FAMILY_LAYERS // 2, slots, 8 // tp, 16, 16, dtype=torch.float32),
+        conv=(torch.zeros(FAMILY_LAYERS // 2, slots, 128 // tp, 3, dtype=dtype),),
+    )
+    return kv, {PoolName.MAMBA: MambaPoolHost(state, 2.0, 0, device_capacity=slots, pin_memory=False, layout="page_first")}
+
+
+def attach_family(kv, others, config):
+    """The backend as SGLang's hybrid cache controller attaches it: the KV pool
+    registered as the anchor, then every pool of the group (`register_group`)."""
+    backend = attach(kv, config)
+    register_group(backend, kv, others)
+    return backend
+
+
+def register_group(backend, kv, others):
+    """Every pool of the group, the KV pool among them, registered through the v2
+    interface after the anchor. A pool the backend refuses fails SGLang's attach there,
+    and SGLang keeps the backend as it is (its controller holds it; no detach, no
+    close)."""
+    for name, pool in [(PoolName.KV, kv), *others.items()]:
+        backend.register_mem_host_pool_v2(pool, name)
+
+
+#: Where the backend refuses a family at a TP size, what its refusal says.
+FAMILY_REFUSALS = {
+    ("mla", 2): "MLA model with attention TP size 2",
+    ("hybrid-swa", 1): "swa pool, which needs the v2 interface",
+    ("hybrid-swa", 2): "swa pool, which needs the v2 interface",
+    ("hybrid-mamba", 1): "mamba pool, which needs the v2 interface",
+    ("hybrid-mamba", 2): "mamba pool, which needs the v2 interface",
+}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("kind", SGLANG_FAMILIES)
+def test_the_model_family_matrix_round_trips_each_rank_byte_exact(tmp_path, kind, tp):
+    """Each rank of `kind` at TP size `tp`: the pages it sets come back byte for byte
+    into other pages of its pool. The ranks set other bytes under the same page hashes
+    (each its own shard), and each loads its own, from a store of its own. A family the
+    backend cannot serve is refused when SGLang attaches it, saying why (docs/sglang.md's
+    "Model families")."""
+    refusal = FAMILY_REFUSALS.get((kind, tp))
+    if refusal is not None:
+        kv, others = family_pools(kind, tp)
+        config = storage_config(tmp_path, tp_rank=tp - 1, tp_size=tp, mla=kind == "mla")
+        with pytest.raises(kvxfer.Unsupported, match=refusal):
+            attach_family(kv, others, config)
+        return
+    keys = page_hashes(3, seed=30)
+    ranks = []
+    try:
+        for rank in range(tp):
+            kv, others = family_pools(kind, tp)
+            ranks.append((kv, attach_family(kv, others, storage_config(tmp_path, tp_rank=rank, tp_size=tp, mla=kind == "mla"))))
+        for rank, (kv, b) in enumerate(ranks):
+            fill_pages(kv, [1, 2, 3], seed=30 + rank)
+            want = [page_bytes(kv, p) for p in (1, 2, 3)]
+            assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+            fill_pages(kv, [9, 10, 11], seed=40 + rank)  # stale bytes in the pages loaded into
+            assert b.batch_get_v1(keys, token_indices([10, 11, 9])) == [True] * 3
+            for p, w in zip((10, 11, 9), want):
+                assert torch.equal(page_bytes(kv, p), w), f"{kind} TP {tp} rank {rank}: host page {p} differs"
+        assert len({b.directory for _, b in ranks}) == tp
+        assert all(b._store.stats().entries == 3 for _, b in ranks)
+    finally:
+        for _, b in ranks:
+            b.close()
+
+
+@pytest.mark.parametrize("kind", ["hybrid-swa", "hybrid-mamba"])
+def test_a_refused_hybrid_leaves_no_store_held(tmp_path, kind):
+    """The KV pool's store opens when SGLang registers the KV pool, before the pool
+    beside it is refused; SGLang leaves a failed attach as it is, so the backend closes
+    itself: the rank attaches a backend again (SGLang's attach API) and finds its store
+    free."""
+    kv, others = family_pools(kind, 1)
+    refused = attach(kv, storage_config(tmp_path))
+    with pytest.raises(kvxfer.Unsupported, match="needs the v2 interface"):
+        register_group(refused, kv, others)
+    attach(kv, storage_config(tmp_path)).close()
+    assert refused._store is None
+
+
+#: (kind, change): what the served model changes; MLA over two TP ranks is refused.
+FAMILY_CHANGES = [(kind, change) for kind in ("gqa", "mla") for change in ({"tp": 2}, {"dtype": torch.float16}, {"model": "kvxfer/other-model"}) if (kind, change.get("tp")) != ("mla", 2)]
+
+
+@pytest.mark.parametrize("kind,change", FAMILY_CHANGES, ids=lambda c: c if isinstance(c, str) else next(iter(c)))
+def test_a_family_served_again_with_another_tp_size_dtype_or_model_misses(tmp_path, kind, change):
+    """Pages stored at TP size 1 are a miss, never wrong KV, for the same model served
+    with another TP size (on every rank), KV dtype or model name."""
+    keys = page_hashes(3, seed=31)
+    kv, others = family_pools(kind, 1)
+    b = attach_family(kv, others, storage_config(tmp_path, mla=kind == "mla"))
+    fill_pages(kv, [1, 2, 3], seed=31)
+    assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    b.close()
+    tp = change.get("tp", 1)
+    for rank in range(tp):
+        kv, others = family_pools(kind, tp, dtype=change.get("dtype", torch.bfloat16))
+        config = storage_config(tmp_path, model=change.get("model", "kvxfer/test-model"), tp_rank=rank, tp_size=tp, mla=kind == "mla")
+        b = attach_family(kv, others, config)
+        try:
+            assert b.batch_exists(keys) == 0, f"rank {rank}"
+            assert b.batch_get_v1(keys, token_indices([4, 5, 6])) == [False] * 3, f"rank {rank}"
+        finally:
+            b.close()
 
 
 @pytest.mark.parametrize("version", ["0.5.21", "0.5.24"])

@@ -261,8 +261,12 @@ def _make_backend_class() -> type:
 
         def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
             """Only the KV pool: the pools of hybrid models (Mamba, SWA, indexers) need
-            SGLang's v2 interface, which this backend does not implement."""
+            SGLang's v2 interface, which this backend does not implement. Refusing one
+            fails SGLang's attach, and SGLang keeps the backend without closing it, so
+            the backend closes itself first: the store it opened for the KV pool is free
+            for the next attach."""
             if host_pool is not getattr(self, "mem_pool_host", None):
+                self.close()
                 raise Unsupported(
                     f"kvxfer.sglang stores the KV pool's pages only (SGLang's v1 storage interface); this model also has the "
                     f"{host_pool_name} pool, which needs the v2 interface",
