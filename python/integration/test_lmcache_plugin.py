@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 l2_config = pytest.importorskip("lmcache.v1.distributed.l2_adapters.config")
 from lmcache.integration.vllm.vllm_multi_process_adapter import ParallelStrategy  # noqa: E402
 from lmcache.v1.distributed.api import ObjectKey, ipc_key_to_object_keys  # noqa: E402
+from lmcache.v1.distributed.internal_api import L2AdapterListener  # noqa: E402
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter  # noqa: E402
 from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
@@ -183,6 +184,42 @@ def test_the_connectors_event_fd_is_readable_when_a_batch_completes(tmp_path, me
         assert c.drain_completions() == []
     finally:
         c.close()
+
+
+class KeyAccount(L2AdapterListener):
+    """The keys LMCache's adapter reports held: stored less deleted, from its key events."""
+
+    def __init__(self):
+        self.held = set()
+
+    def on_l2_keys_stored(self, keys, sizes):
+        self.held |= set(keys)
+
+    def on_l2_keys_accessed(self, keys):
+        pass
+
+    def on_l2_keys_deleted(self, keys):
+        self.held -= set(keys)
+
+
+def test_lmcaches_key_events_follow_the_stores_and_deletes(tmp_path, mem):
+    """The key events LMCache's adapter publishes for kvxfer's objects (what its L2
+    accounting and coordinator count; the connector has no events of its own) are what
+    the store holds after stores and deletes, a key never stored among them: the
+    connector answers each key of a delete alone."""
+    adapter = make_adapter(tmp_path)
+    account = KeyAccount()
+    adapter.register_listener(account)
+    try:
+        keys = [key(n) for n in range(1, 21)]
+        for batch in (keys[:10], keys[10:]):
+            assert int(store(adapter, batch, [mem.make(k.chunk_hash[0]) for k in batch])) >= 0, "the store task failed"
+        adapter.delete([keys[2], key(99), keys[11], keys[19]])
+        held = {k for k, h in zip(keys + [key(99)], lookup(adapter, keys + [key(99)])) if h}
+        assert len(held) == 17
+        assert account.held == held
+    finally:
+        adapter.close()
 
 
 def test_an_engine_at_its_admission_limit_fails_objects_alone_and_loses_none(tmp_path, mem):
