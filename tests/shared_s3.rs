@@ -12,7 +12,7 @@ use kvxfer::ffi::logger::kvx_set_logger;
 use kvxfer::ffi::KVX_OK;
 use kvxfer::shared::{object, Backend, Location, S3Backend, S3Location, SharedConfig, Sink, WriteMode};
 use kvxfer::store::{Store, StoreConfig};
-use kvxfer::{Engine, LayoutKind, Status, StorageKind};
+use kvxfer::{Engine, LayoutConfig, LayoutKind, Status, StorageKind};
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,6 +66,10 @@ fn main() {
             answers_403_are_misses_that_name_the_credentials_at_once_and_service_resumes,
         ),
         case("write_through_puts_made_together_are_published_together", write_through_puts_made_together_are_published_together),
+        case(
+            "write_through_puts_behind_a_hung_round_end_within_their_bound",
+            write_through_puts_behind_a_hung_round_end_within_their_bound,
+        ),
         case(
             "objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3",
             objects_damaged_cut_short_renamed_or_of_another_namespace_are_misses_over_s3,
@@ -447,6 +451,32 @@ fn write_through_puts_made_together_are_published_together() {
     s.pause(true);
     let got = within_bound("64 write-through puts to a stopped server", || {
         let reqs: Vec<_> = ks.iter().enumerate().map(|(i, k)| a.put(&src, &[i as u64], &[k], &Default::default()).unwrap()).collect();
+        reqs.iter().flat_map(|r| wait(r)).collect::<Vec<_>>()
+    });
+    assert!(got.iter().all(|&st| st == Status::Timeout), "{got:?}");
+    s.pause(false);
+}
+
+/// Each put's bound counts from the put, even when the puts before it hold all of staging
+/// and every writer: with 4 MiB blocks (the smallest staging, 32 blocks) and the server
+/// stopped, 160 one-block write-through puts (ten rounds) all end `Timeout` within the
+/// bound's slack, where rounds timed from their own start would take about five bounds.
+fn write_through_puts_behind_a_hung_round_end_within_their_bound() {
+    let s = S3Server::start();
+    s.create_bucket("kvx-hung-rounds");
+    let e = Arc::new(engine());
+    let big = cfg(0, 64, 2, 16, 1024, 2);
+    let shared = SharedConfig {
+        write: WriteMode::Through,
+        timeout: TIMEOUT,
+        ..SharedConfig::new(Location::S3(location_at(s.endpoint(), "kvx-hung-rounds", "kv/")))
+    };
+    let a = Store::open(&e, &temp_dir("s3-hung-rounds"), &StoreConfig { shared: Some(shared), ..StoreConfig::new(big, 160, NS) }).unwrap();
+    let src = e.create_layout(&LayoutConfig { num_blocks: 16, ..big }, LayoutKind::FullyContiguous, StorageKind::Host).unwrap();
+    let ks = keys(160);
+    s.pause(true);
+    let got = within_bound("160 write-through puts to a stopped server", || {
+        let reqs: Vec<_> = ks.iter().enumerate().map(|(i, k)| a.put(&src, &[i as u64 % 16], &[k], &Default::default()).unwrap()).collect();
         reqs.iter().flat_map(|r| wait(r)).collect::<Vec<_>>()
     });
     assert!(got.iter().all(|&st| st == Status::Timeout), "{got:?}");

@@ -4,10 +4,12 @@
 //! keys end once published).
 //!
 //! One thread (`kvx-store-publish`) takes the puts in order, those queued together as one
-//! round, and starts their writes; it does not wait for them, so rounds overlap as far as
-//! staging allows (a round waits for staging, which bounds what is in flight). A round
-//! ends when every write answered or at the tier's bound, whichever is first: keys still
-//! unanswered then end `Timeout`.
+//! round, and starts their writes; it does not wait for them, so rounds overlap. Puts are
+//! bulk work beside the gets that read the same tier: the publisher keeps at most half the
+//! tier's threads writing, and takes staging in turn with the gets' chunks. Each put's bound
+//! counts from the put: a round ends when every write answered or at its earliest put's
+//! bound, whichever is first, and keys unanswered then end `Timeout`; a round whose bound
+//! passed while it was queued (a hung backend holding staging or writers) ends at once.
 
 use super::config::Key;
 use super::request::StoreRequest;
@@ -17,6 +19,7 @@ use crate::engine::TransferOptions;
 use crate::error::Status;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Keys a put committed (or will) locally, to publish once its local request ends.
 pub(super) struct Publish {
@@ -24,6 +27,8 @@ pub(super) struct Publish {
     keys: Vec<(usize, Key)>,
     /// Write-through: the caller's request, whose keys end once published.
     through: Option<Arc<StoreRequest>>,
+    /// When its keys end, published or not.
+    deadline: Instant,
 }
 
 /// A key's outcome: (index in its put, status, why).
@@ -56,7 +61,7 @@ impl Inner {
         }
         sh.pending.fetch_add(keys.len(), Ordering::Relaxed);
         self.begin();
-        let job = Publish { local: local.clone(), keys, through };
+        let job = Publish { local: local.clone(), keys, through, deadline: sh.tier.deadline() };
         let sent = match sh.publish.lock().unwrap().as_ref() {
             Some(tx) => tx.send(job).map_err(|e| e.0),
             None => Err(job),
@@ -117,7 +122,7 @@ impl Inner {
             return;
         }
         let tier = self.shared().tier.clone();
-        let deadline = tier.deadline();
+        let deadline = round.jobs.iter().map(|j| j.deadline).min().expect("a round has a job");
         let weak = Arc::downgrade(&round);
         tier.at(deadline, move || {
             if let Some(r) = weak.upgrade() {
@@ -147,9 +152,14 @@ impl Inner {
                     round.record(n, (i, back.key_status(j).unwrap_or(Status::Internal), back.key_message(j)));
                     continue;
                 }
+                if !self.start_writing(deadline) {
+                    round.end(); // the round's bound passed waiting for a writer
+                    return;
+                }
                 // Each write holds its staging block until it ends.
-                let r = round.clone();
+                let (r, me) = (round.clone(), self.clone());
                 tier.write(key.as_bytes().to_vec(), slots[j].buf(), move |w| {
+                    me.done_writing();
                     let outcome = match w {
                         Ok(()) => (i, Status::Ok, String::new()),
                         Err(e) => (i, e.status, format!("publishing to the shared tier: {}", e.message)),
@@ -158,6 +168,31 @@ impl Inner {
                 });
             }
         }
+    }
+}
+
+impl Inner {
+    /// Takes one of the publisher's writers (half the tier's threads, so gets always find
+    /// some), waiting for one until `deadline`; whether it got one.
+    fn start_writing(&self, deadline: Instant) -> bool {
+        let sh = self.shared();
+        let most = (sh.tier.config().threads() / 2).max(1);
+        let mut writing = sh.writing.lock().unwrap();
+        while *writing >= most {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            writing = sh.wrote.wait_timeout(writing, deadline - now).unwrap().0;
+        }
+        *writing += 1;
+        true
+    }
+
+    fn done_writing(&self) {
+        let sh = self.shared();
+        *sh.writing.lock().unwrap() -= 1;
+        sh.wrote.notify_one();
     }
 }
 

@@ -21,7 +21,7 @@ use crate::shared::tier::Miss;
 use crate::shared::{Tier, WriteMode};
 use crossbeam_channel::Sender;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// A store's shared tier and what its store side keeps.
 pub(super) struct Shared {
@@ -31,12 +31,22 @@ pub(super) struct Shared {
     pub(super) publish: Mutex<Option<Sender<Publish>>>,
     /// Blocks queued to be written behind.
     pub(super) pending: AtomicUsize,
+    /// The publisher's writes in flight, and their bound (`publish`).
+    pub(super) writing: Mutex<usize>,
+    pub(super) wrote: Condvar,
 }
 
 impl Shared {
     pub fn new(tier: Tier, engine: &Engine, block: &LayoutConfig) -> Result<Shared> {
         let staging = Staging::new(engine, block)?;
-        Ok(Shared { tier: Arc::new(tier), staging, publish: Mutex::new(None), pending: AtomicUsize::new(0) })
+        Ok(Shared {
+            tier: Arc::new(tier),
+            staging,
+            publish: Mutex::new(None),
+            pending: AtomicUsize::new(0),
+            writing: Mutex::new(0),
+            wrote: Condvar::new(),
+        })
     }
 
     pub fn set_publisher(&self, tx: Sender<Publish>) {
@@ -116,7 +126,11 @@ impl Inner {
                 }
             });
             match staged {
-                true => self.shared().staging.lease(chunk.len(), move |slots| load.start(slots)),
+                true => {
+                    let weak = Arc::downgrade(&load);
+                    let wanted = move || weak.upgrade().is_some_and(|l| l.answers.lock().unwrap().is_some());
+                    self.shared().staging.lease(chunk.len(), wanted, move |slots| load.start(slots))
+                }
                 false => load.start(Vec::new()),
             }
         }
@@ -176,6 +190,7 @@ impl Load {
     /// answer is a `Timeout` miss. The last answer, or the bound, settles or moves what was
     /// read.
     fn answer(self: &Arc<Self>, a: Option<(usize, Answer)>) {
+        let at_bound = a.is_none();
         let answers = {
             let mut guard = self.answers.lock().unwrap();
             let Some(answers) = guard.as_mut() else { return };
@@ -195,6 +210,10 @@ impl Load {
             }
             guard.take().unwrap()
         };
+        if at_bound {
+            // A chunk still waiting for staging waits no more.
+            self.inner.shared().staging.drop_stale();
+        }
         let tier = &self.inner.shared().tier;
         let mut ok = Vec::new();
         for (j, ans) in answers.into_iter().enumerate() {

@@ -27,7 +27,20 @@ const STAGING_BYTES: u64 = 128 << 20;
 const MIN_BLOCKS: u64 = 2 * LEASE_BLOCKS as u64;
 const MAX_BLOCKS: u64 = 64 * LEASE_BLOCKS as u64;
 
-type Waiter = (usize, Box<dyn FnOnce(Vec<Arc<Slot>>) + Send>);
+/// A lease waiting for blocks: how many, whether it is still wanted (a waiter whose caller
+/// stopped waiting is dropped unserved), and what to do with them.
+struct Waiter {
+    n: usize,
+    wanted: Box<dyn Fn() -> bool + Send>,
+    then: Box<dyn FnOnce(Vec<Arc<Slot>>) + Send>,
+}
+
+thread_local! {
+    /// The stagings whose waiters this thread is serving: a block given back inside a
+    /// waiter's call (its lease dropped at once, say) is only freed there, and the outer
+    /// call serves on, so serving never nests.
+    static SERVING: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// A store's staging blocks.
 pub(super) struct Staging {
@@ -65,28 +78,70 @@ impl Staging {
     }
 
     /// Leases `n ≤ LEASE_BLOCKS` blocks to `then`: now, on this thread, if they are free and
-    /// no one waits before it; else once enough come back, on the thread that gives them.
-    pub fn lease(self: &Arc<Self>, n: usize, then: impl FnOnce(Vec<Arc<Slot>>) + Send + 'static) {
+    /// no one waits before it; else once enough come back, on the thread that gives them,
+    /// unless `wanted` says by then that the caller stopped waiting (the waiter is then
+    /// dropped unserved, and waiters no longer wanted are dropped whenever the queue is
+    /// looked at, so they hold nothing for long).
+    pub fn lease(
+        self: &Arc<Self>,
+        n: usize,
+        wanted: impl Fn() -> bool + Send + 'static,
+        then: impl FnOnce(Vec<Arc<Slot>>) + Send + 'static,
+    ) {
         assert!(n <= LEASE_BLOCKS, "a lease takes at most {LEASE_BLOCKS} blocks");
-        let slots = {
-            let mut st = self.state.lock().unwrap();
-            if !st.waiting.is_empty() || st.free.len() < n {
-                st.waiting.push_back((n, Box::new(then)));
-                return;
-            }
-            self.take(&mut st, n)
-        };
+        let mut st = self.state.lock().unwrap();
+        let stale = Self::prune(&mut st);
+        if !st.waiting.is_empty() || st.free.len() < n {
+            st.waiting.push_back(Waiter { n, wanted: Box::new(wanted), then: Box::new(then) });
+            drop((st, stale));
+            return;
+        }
+        let slots = self.take(&mut st, n);
+        drop((st, stale));
         then(slots)
     }
 
     /// Leases `n` blocks, waiting for them until `deadline`; `None` past it.
     pub fn lease_by(self: &Arc<Self>, n: usize, deadline: Instant) -> Option<Vec<Arc<Slot>>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let gave_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let g = gave_up.clone();
         // A lease that comes after the deadline finds no receiver and goes straight back.
-        self.lease(n, move |s| {
-            let _ = tx.send(s);
-        });
-        rx.recv_deadline(deadline).ok()
+        self.lease(
+            n,
+            move || !g.load(std::sync::atomic::Ordering::Relaxed),
+            move |s| {
+                let _ = tx.send(s);
+            },
+        );
+        let got = rx.recv_deadline(deadline).ok();
+        if got.is_none() {
+            gave_up.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.drop_stale();
+        }
+        got
+    }
+
+    /// Drops the waiters no longer wanted.
+    pub fn drop_stale(&self) {
+        let stale = Self::prune(&mut self.state.lock().unwrap());
+        drop(stale);
+    }
+
+    /// Takes the waiters no longer wanted out of the queue, to be dropped once its lock is
+    /// released (dropping one may give blocks back).
+    fn prune(st: &mut State) -> Vec<Waiter> {
+        if st.waiting.iter().all(|w| (w.wanted)()) {
+            return Vec::new();
+        }
+        let mut stale = Vec::new();
+        for w in std::mem::take(&mut st.waiting) {
+            match (w.wanted)() {
+                true => st.waiting.push_back(w),
+                false => stale.push(w),
+            }
+        }
+        stale
     }
 
     fn take(self: &Arc<Self>, st: &mut State, n: usize) -> Vec<Arc<Slot>> {
@@ -94,20 +149,51 @@ impl Staging {
         st.free.split_off(at).into_iter().map(|id| Arc::new(Slot { staging: self.clone(), id })).collect()
     }
 
-    /// Takes back block `id` and serves the waiters it lets through, in order.
+    /// Takes back block `id` and serves the waiters it lets through, in order, in a loop:
+    /// blocks that serving gives back on this thread are served by the same loop.
     fn give_back(self: &Arc<Self>, id: u64) {
-        let mut ready = Vec::new();
-        {
-            let mut st = self.state.lock().unwrap();
-            st.free.push(id);
-            while st.waiting.front().is_some_and(|w| w.0 <= st.free.len()) {
-                let (n, then) = st.waiting.pop_front().unwrap();
-                ready.push((then, self.take(&mut st, n)));
+        self.state.lock().unwrap().free.push(id);
+        let me = Arc::as_ptr(self) as usize;
+        if SERVING.with_borrow(|s| s.contains(&me)) {
+            return;
+        }
+        let _serving = Serving::start(me);
+        loop {
+            let mut ready = Vec::new();
+            let stale = {
+                let mut st = self.state.lock().unwrap();
+                let stale = Self::prune(&mut st);
+                while st.waiting.front().is_some_and(|w| w.n <= st.free.len()) {
+                    let w = st.waiting.pop_front().unwrap();
+                    let slots = self.take(&mut st, w.n);
+                    ready.push((w.then, slots));
+                }
+                stale
+            };
+            if ready.is_empty() && stale.is_empty() {
+                break;
+            }
+            drop(stale);
+            for (then, slots) in ready {
+                then(slots);
             }
         }
-        for (then, slots) in ready {
-            then(slots);
-        }
+    }
+}
+
+/// This thread serves a staging's waiters while it lives.
+struct Serving(usize);
+
+impl Serving {
+    fn start(staging: usize) -> Serving {
+        SERVING.with_borrow_mut(|s| s.push(staging));
+        Serving(staging)
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        SERVING.with_borrow_mut(|s| s.retain(|&x| x != self.0));
     }
 }
 
@@ -186,10 +272,14 @@ mod tests {
         let (tx, rx) = crossbeam_channel::unbounded();
         for (who, n) in [(0, LEASE_BLOCKS), (1, 1)] {
             let (order, tx) = (order.clone(), tx.clone());
-            s.lease(n, move |slots| {
-                order.lock().unwrap().push(who);
-                tx.send(slots).unwrap();
-            });
+            s.lease(
+                n,
+                || true,
+                move |slots| {
+                    order.lock().unwrap().push(who);
+                    tx.send(slots).unwrap();
+                },
+            );
         }
         // One block back: the second waiter would fit, but does not pass the first.
         drop(c);
@@ -224,6 +314,49 @@ mod tests {
         drop(lease);
         assert_eq!(s.state.lock().unwrap().free.len() as u64, MIN_BLOCKS - 2);
         drop((in_call, dest));
+        assert_eq!(s.state.lock().unwrap().free.len() as u64, MIN_BLOCKS);
+    }
+
+    #[test]
+    fn waiters_given_up_are_dropped_and_hold_nothing() {
+        let s = staging();
+        let all = (take(&s, LEASE_BLOCKS), take(&s, LEASE_BLOCKS));
+        for _ in 0..100 {
+            assert!(s.lease_by(1, Instant::now()).is_none());
+        }
+        assert!(s.state.lock().unwrap().waiting.is_empty(), "a lease that timed out waits no more");
+        let wanted = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let w = wanted.clone();
+        let held = Arc::new(());
+        let h = held.clone();
+        s.lease(1, move || w.load(std::sync::atomic::Ordering::Relaxed), move |_| drop(h));
+        assert_eq!(Arc::strong_count(&held), 2);
+        wanted.store(false, std::sync::atomic::Ordering::Relaxed);
+        s.drop_stale();
+        assert_eq!(Arc::strong_count(&held), 1, "a waiter no longer wanted is dropped, with what it holds");
+        drop(all);
+        assert_eq!(s.state.lock().unwrap().free.len() as u64, MIN_BLOCKS);
+    }
+
+    #[test]
+    fn serving_many_waiters_that_give_their_blocks_straight_back_does_not_nest() {
+        let s = staging();
+        let all = (take(&s, LEASE_BLOCKS), take(&s, LEASE_BLOCKS));
+        let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..20_000 {
+            let served = served.clone();
+            s.lease(
+                1,
+                || true,
+                move |slots| {
+                    served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    drop(slots);
+                },
+            );
+        }
+        // Given back on a thread with a small stack: one frame per waiter would overflow it.
+        std::thread::Builder::new().stack_size(256 << 10).spawn(move || drop(all)).unwrap().join().unwrap();
+        assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 20_000);
         assert_eq!(s.state.lock().unwrap().free.len() as u64, MIN_BLOCKS);
     }
 }
