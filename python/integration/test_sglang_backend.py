@@ -16,6 +16,7 @@ supported release."""
 
 import importlib.metadata
 import inspect
+import logging
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.g
 import kvxfer  # noqa: E402
 import kvxfer.sglang as kv_sglang  # noqa: E402
 from kvx_integration import flip_a_byte  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolHitPolicy, PoolName, PoolTransfer  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
@@ -112,12 +113,19 @@ def fill_pages(pool, pages, seed):
     for p in pages:
         flat = pool.get_data_page(p * pool.page_size)
         data = torch.randint(0, 256, (flat.numel() * flat.element_size(),), dtype=torch.uint8, generator=g)
-        pool.set_from_flat_data_page(p * pool.page_size, data.view(pool.dtype))
+        pool.set_from_flat_data_page(p * pool.page_size, data.view(flat.dtype))
 
 
 def token_indices(pages, page=PAGE):
     """Host token indices of whole pages, as the controller passes them."""
     return torch.cat([torch.arange(p * page, (p + 1) * page, dtype=torch.int64) for p in pages])
+
+
+def transfer(name, pool, keys, pages=None, policy=PoolHitPolicy.TRAILING_PAGES):
+    """The controller's v2 descriptor of a pool's pages: `keys` at host `pages` of `pool`
+    (a Mamba pool's page is a request slot), under the pool's hit policy."""
+    indices = None if pages is None else token_indices(pages, pool.page_size)
+    return PoolTransfer(name=name, host_indices=indices, keys=list(keys), hit_policy=policy)
 
 
 @pytest.fixture
@@ -511,12 +519,6 @@ def test_a_layout_without_a_zero_copy_description_is_refused(tmp_path, mla):
         attach(pool, storage_config(tmp_path, mla=mla, layout="page_unified"))
 
 
-def test_a_pool_beside_the_kv_pool_is_refused(backend, pool):
-    backend.register_mem_host_pool_v2(pool, PoolName.KV)  # the KV pool itself, as SGLang registers it
-    with pytest.raises(kvxfer.Unsupported, match="swa pool"):
-        backend.register_mem_host_pool_v2(host_pool(), PoolName.SWA)
-
-
 #: The attention kinds of the model-family matrix as SGLang's pool assembler hands them
 #: to a storage backend: full attention with grouped KV heads (one MHA host pool, its
 #: heads split over the TP ranks), MLA (one MLA host pool, the latent whole on every
@@ -572,10 +574,6 @@ def register_group(backend, kv, others):
 #: Where the backend refuses a family at a TP size, what its refusal says.
 FAMILY_REFUSALS = {
     ("mla", 2): "MLA model with attention TP size 2",
-    ("hybrid-swa", 1): "swa pool, which needs the v2 interface",
-    ("hybrid-swa", 2): "swa pool, which needs the v2 interface",
-    ("hybrid-mamba", 1): "mamba pool, which needs the v2 interface",
-    ("hybrid-mamba", 2): "mamba pool, which needs the v2 interface",
 }
 
 
@@ -599,8 +597,8 @@ def test_the_model_family_matrix_round_trips_each_rank_byte_exact(tmp_path, kind
     try:
         for rank in range(tp):
             kv, others = family_pools(kind, tp)
-            ranks.append((kv, attach_family(kv, others, storage_config(tmp_path, tp_rank=rank, tp_size=tp, mla=kind == "mla"))))
-        for rank, (kv, b) in enumerate(ranks):
+            ranks.append((kv, others, attach_family(kv, others, storage_config(tmp_path, tp_rank=rank, tp_size=tp, mla=kind == "mla"))))
+        for rank, (kv, others, b) in enumerate(ranks):
             fill_pages(kv, [1, 2, 3], seed=30 + rank)
             want = [page_bytes(kv, p) for p in (1, 2, 3)]
             assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
@@ -608,29 +606,125 @@ def test_the_model_family_matrix_round_trips_each_rank_byte_exact(tmp_path, kind
             assert b.batch_get_v1(keys, token_indices([10, 11, 9])) == [True] * 3
             for p, w in zip((10, 11, 9), want):
                 assert torch.equal(page_bytes(kv, p), w), f"{kind} TP {tp} rank {rank}: host page {p} differs"
-        assert len({b.directory for _, b in ranks}) == tp
-        assert all(b._store.stats().entries == 3 for _, b in ranks)
+            for name, other in others.items():
+                fill_pages(other, [1, 2, 3], seed=50 + rank)
+                want = [page_bytes(other, p) for p in (1, 2, 3)]
+                assert b.batch_set_v2([transfer(name, other, keys, [1, 2, 3])]) == {name: [True] * 3}
+                found = b.batch_exists_v2(keys, [transfer(name, other, keys[-1:])])
+                assert (found.kv_hit_pages, found.extra_pool_hit_pages) == (3, {PoolName.KV: 3, name: 3})
+                fill_pages(other, [9, 10, 11], seed=60 + rank)
+                assert b.batch_get_v2([transfer(name, other, keys, [10, 11, 9])]) == {name: [True] * 3}
+                for p, w in zip((10, 11, 9), want):
+                    assert torch.equal(page_bytes(other, p), w), f"{kind} TP {tp} rank {rank}: {name} page {p} differs"
+        assert len({b.directory for *_, b in ranks}) == tp
+        assert all(b._store.stats().entries == 3 for *_, b in ranks)
     finally:
-        for _, b in ranks:
+        for *_, b in ranks:
             b.close()
 
 
-@pytest.mark.parametrize("kind", ["hybrid-swa", "hybrid-mamba"])
-def test_a_refused_hybrid_leaves_no_store_held(tmp_path, kind):
-    """The KV pool's store opens when SGLang registers the KV pool, before the pool
-    beside it is refused; SGLang leaves a failed attach as it is, so the backend closes
-    itself: the rank attaches a backend again (SGLang's attach API) and finds its store
-    free."""
+HYBRIDS = ["hybrid-swa", "hybrid-mamba"]
+
+
+@pytest.mark.parametrize("kind", HYBRIDS)
+def test_a_pools_pages_never_load_into_another_pool(tmp_path, kind):
+    """The KV pool and the pool beside it share page hashes but not stores: pages set in
+    one pool under keys the other never stored are a miss in the other, and a prefix
+    whose KV pages are missing has no hit whatever the other pool holds."""
     kv, others = family_pools(kind, 1)
-    refused = attach(kv, storage_config(tmp_path))
-    with pytest.raises(kvxfer.Unsupported, match="needs the v2 interface"):
-        register_group(refused, kv, others)
-    attach(kv, storage_config(tmp_path)).close()
+    (name, other), = others.items()
+    b = attach_family(kv, others, storage_config(tmp_path))
+    try:
+        kv_keys, other_keys = page_hashes(3, seed=32), page_hashes(3, seed=33)
+        fill_pages(kv, [1, 2, 3], seed=32)
+        fill_pages(other, [1, 2, 3], seed=33)
+        assert b.batch_set_v1(kv_keys, token_indices([1, 2, 3])) == [True] * 3
+        assert b.batch_set_v2([transfer(name, other, other_keys, [1, 2, 3])]) == {name: [True] * 3}
+        assert b.batch_get_v2([transfer(name, other, kv_keys, [4, 5, 6])]) == {name: [False] * 3}
+        assert b.batch_get_v1(other_keys, token_indices([4, 5, 6])) == [False] * 3
+        assert b.batch_exists(other_keys) == 0
+        found = b.batch_exists_v2(other_keys, [transfer(name, other, other_keys[-1:])])
+        assert (found.kv_hit_pages, found.extra_pool_hit_pages) == (0, {})
+        found = b.batch_exists_v2(kv_keys, [transfer(name, other, kv_keys[-1:])])
+        assert (found.kv_hit_pages, found.extra_pool_hit_pages) == (0, {PoolName.KV: 3})
+    finally:
+        b.close()
+
+
+def test_each_pools_hit_policy_cuts_the_prefix_as_sglangs_file_backend_does(tmp_path):
+    """`batch_exists_v2`: the KV pool's leading hits, then per pool: all pages needs every
+    page of that prefix, trailing pages the last `len(keys)` pages of the longest prefix
+    that has them; the usable prefix is the shortest."""
+    kv, others = family_pools("hybrid-swa", 1)
+    swa = others[PoolName.SWA]
+    b = attach_family(kv, others, storage_config(tmp_path))
+    try:
+        keys = page_hashes(4, seed=34)
+        fill_pages(kv, [1, 2, 3, 4], seed=34)
+        assert b.batch_set_v1(keys, token_indices([1, 2, 3, 4])) == [True] * 4
+        assert b.batch_set_v2([transfer(PoolName.SWA, swa, keys[1:3], [2, 3])]) == {PoolName.SWA: [True] * 2}
+
+        def hit(n, policy):
+            r = b.batch_exists_v2(keys, [transfer(PoolName.SWA, swa, keys[:n], policy=policy)])
+            return r.kv_hit_pages, r.extra_pool_hit_pages.get(PoolName.SWA, 0)
+
+        assert hit(1, PoolHitPolicy.TRAILING_PAGES) == (3, 3)  # pages 1..3, the last held
+        assert hit(2, PoolHitPolicy.TRAILING_PAGES) == (3, 3)  # pages 2 and 3 held
+        assert hit(3, PoolHitPolicy.TRAILING_PAGES) == (0, 0)  # no held run of three ends a prefix
+        assert hit(1, PoolHitPolicy.ALL_PAGES) == (0, 0)  # page 1 not held
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("kind", HYBRIDS)
+def test_a_hybrid_restarted_finds_every_pools_pages_in_its_capacity_share(tmp_path, kind, caplog):
+    """Each pool has a store in the rank's directory with an equal number of pages, the
+    configured capacity split in proportion to the pools' bytes per page; a restart of
+    the same configuration opens them as they are and finds every pool's pages. Neither start drops a store with a warning."""
+    keys = page_hashes(3, seed=35)
+    kv, others = family_pools(kind, 1)
+    (name, other), = others.items()
+    caplog.set_level(logging.WARNING, logger="kvxfer")
+    b = attach_family(kv, others, storage_config(tmp_path))
+    fill_pages(kv, [1, 2, 3], seed=35)
+    fill_pages(other, [1, 2, 3], seed=36)
+    want = [page_bytes(other, p) for p in (1, 2, 3)]
+    assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    assert b.batch_set_v2([transfer(name, other, keys, [1, 2, 3])]) == {name: [True] * 3}
+    b.close()
+    kv, others = family_pools(kind, 1)
+    other = others[name]
+    b = attach_family(kv, others, storage_config(tmp_path))
+    try:
+        kv_bytes, other_bytes = page_bytes(kv, 0).numel(), page_bytes(other, 0).numel()
+        pages = 32 * kv_bytes // (kv_bytes + other_bytes)
+        assert [s.stats().capacity for s in (b._store, b._pools[name].store)] == [pages, pages]
+        assert os.path.dirname(b._pools[name].store_dir) == b.directory
+        found = b.batch_exists_v2(keys, [transfer(name, other, keys[-1:])])
+        assert found.kv_hit_pages == 3
+        assert b.batch_get_v2([transfer(name, other, keys, [4, 5, 6])]) == {name: [True] * 3}
+        assert all(torch.equal(page_bytes(other, p), w) for p, w in zip((4, 5, 6), want))
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("kind", HYBRIDS)
+def test_a_pool_refused_beside_the_kv_pool_leaves_no_store_held(tmp_path, kind):
+    """The KV pool's store opens when SGLang registers the KV pool, before a pool beside
+    it is refused (here a second pool under a name registered already); SGLang leaves a
+    failed attach as it is, so the backend closes itself: the rank attaches a backend
+    again (SGLang's attach API) and finds its stores free."""
+    kv, others = family_pools(kind, 1)
+    refused = attach_family(kv, others, storage_config(tmp_path))
+    with pytest.raises(kvxfer.InvalidArgument, match="registered already"):
+        register_group(refused, kv, family_pools(kind, 1)[1])
+    attach_family(kv, others, storage_config(tmp_path)).close()
     assert refused._store is None
 
 
 #: (kind, change): what the served model changes; MLA over two TP ranks is refused.
-FAMILY_CHANGES = [(kind, change) for kind in ("gqa", "mla") for change in ({"tp": 2}, {"dtype": torch.float16}, {"model": "kvxfer/other-model"}) if (kind, change.get("tp")) != ("mla", 2)]
+FAMILY_CHANGES = [(kind, change) for kind in SGLANG_FAMILIES for change in ({"tp": 2}, {"dtype": torch.float16}, {"model": "kvxfer/other-model"}) if (kind, change.get("tp")) != ("mla", 2)]
 
 
 @pytest.mark.parametrize("kind,change", FAMILY_CHANGES, ids=lambda c: c if isinstance(c, str) else next(iter(c)))
@@ -642,6 +736,8 @@ def test_a_family_served_again_with_another_tp_size_dtype_or_model_misses(tmp_pa
     b = attach_family(kv, others, storage_config(tmp_path, mla=kind == "mla"))
     fill_pages(kv, [1, 2, 3], seed=31)
     assert b.batch_set_v1(keys, token_indices([1, 2, 3])) == [True] * 3
+    for name, other in others.items():
+        assert b.batch_set_v2([transfer(name, other, keys, [1, 2, 3])]) == {name: [True] * 3}
     b.close()
     tp = change.get("tp", 1)
     for rank in range(tp):
@@ -651,6 +747,9 @@ def test_a_family_served_again_with_another_tp_size_dtype_or_model_misses(tmp_pa
         try:
             assert b.batch_exists(keys) == 0, f"rank {rank}"
             assert b.batch_get_v1(keys, token_indices([4, 5, 6])) == [False] * 3, f"rank {rank}"
+            for name, other in others.items():
+                assert b.batch_exists_v2(keys, [transfer(name, other, keys[-1:])]).kv_hit_pages == 0, f"rank {rank}"
+                assert b.batch_get_v2([transfer(name, other, keys, [4, 5, 6])]) == {name: [False] * 3}, f"rank {rank}"
         finally:
             b.close()
 

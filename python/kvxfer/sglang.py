@@ -11,7 +11,9 @@ SGLang loads it by module path, without a fork::
 It runs in each scheduler process (one per tensor-, pipeline- and context-parallel rank and
 per data-parallel replica), with a store of its own. SGLang's host pool is registered once
 as a kvxfer host layout, a page as one block, and pages move between it and the store in
-place (SGLang's v1 interface: `batch_get_v1`, `batch_set_v1`, `batch_exists`).
+place (SGLang's v1 interface: `batch_get_v1`, `batch_set_v1`, `batch_exists`). A hybrid
+model's pools beside the KV pool (SWA, Mamba state) get stores of their own through
+SGLang's v2 interface (`kvxfer.sglang_v2`).
 `import kvxfer.sglang` needs no SGLang; SGLang (the version in `SUPPORTED_SGLANG`) is
 imported when the backend class is first asked for. See docs/sglang.md."""
 
@@ -28,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .tier import MAX_REGION, capacity_blocks, check_version, engine_settings, log_failures, make_root, namespace_of, open_or_remake, region_bytes, shared_tier, store_key
 from .engine import Engine, Layout, LayoutConfig
 from .errors import Busy, Error, InvalidArgument, NotFound, Unsupported
+from .sglang_v2 import HybridPools
 from .store import Store
 
 log = logging.getLogger("kvxfer.sglang")
@@ -198,7 +201,7 @@ def _make_backend_class() -> type:
     except ImportError as e:
         raise Unsupported(f"SGLang {version} is installed but its HiCache storage module does not import ({e}); kvxfer.sglang needs it", 5) from e
 
-    class KvxferStorage(HiCacheStorage):
+    class KvxferStorage(HybridPools, HiCacheStorage):
         """An SGLang HiCache storage backend in a kvxfer store. Extra config keys (beside
         SGLang's `backend_name`, `module_path`, `class_name` and `interface_v1`, which
         must be 1): `root_dir` (required), `capacity_bytes` or `capacity_pages`
@@ -206,7 +209,8 @@ def _make_backend_class() -> type:
         page-cache I/O), `verify_on_open`, `namespace` (added to the fingerprint),
         `engine` (kvxfer engine settings: `io_threads`, `io_backend`, ...), `replicas`
         (processes of a rank that each own a store under `root_dir`: the data-parallel
-        size, default 1). The store opens when SGLang registers its host pool."""
+        size, default 1). The store opens when SGLang registers its host pool; a hybrid
+        model's other pools get stores of their own beside it (`HybridPools`)."""
 
         def __init__(self, storage_config: Any, kwargs: Optional[Dict[str, Any]] = None) -> None:
             extra = dict(storage_config.extra_config or {})
@@ -229,6 +233,8 @@ def _make_backend_class() -> type:
             self._layout: Optional[Layout] = None
             self._store: Optional[Store] = None
             self.directory: Optional[str] = None
+            self._pools = {}
+            self._recorded = {}
             # SGLang's storage metrics (`get_stats`), recorded only when it asks for them:
             # its prefetch and backup threads call the backend at once, hence the lock.
             self._metrics: Optional[StorageMetrics] = StorageMetrics() if storage_config.enable_storage_metrics else None
@@ -259,21 +265,6 @@ def _make_backend_class() -> type:
                 raise
             log.info("kvxfer.sglang: store %s, %d pages of %d bytes", self.directory, self._store.stats().capacity, self._config.block_bytes)  # type: ignore[union-attr]
 
-        def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-            """Only the KV pool: the pools of hybrid models (Mamba, SWA, indexers) need
-            SGLang's v2 interface, which this backend does not implement. Refusing one
-            fails SGLang's attach, and SGLang keeps the backend without closing it, so
-            the backend closes itself first: the store it opened for the KV pool is free
-            for the next attach."""
-            if host_pool is not getattr(self, "mem_pool_host", None):
-                self.close()
-                raise Unsupported(
-                    f"kvxfer.sglang stores the KV pool's pages only (SGLang's v1 storage interface); this model also has the "
-                    f"{host_pool_name} pool, which needs the v2 interface",
-                    5,
-                )
-            super().register_mem_host_pool_v2(host_pool, host_pool_name)
-
         def _open(self) -> None:
             """Opens the store in the first of `<root_dir>/<model>_<digest>_<n>`, `n`
             below `replicas`, that no other process holds: a store has one owner, and
@@ -291,28 +282,11 @@ def _make_backend_class() -> type:
                 directory = os.path.join(str(s["root_dir"]), f"{model}_{self.namespace[7:19].decode()}_{n}")
                 os.makedirs(directory, exist_ok=True)
                 try:
-                    self._store = open_or_remake(
-                        lambda: Store(
-                            self._engine,  # type: ignore[arg-type]
-                            directory,
-                            self._config,
-                            self._capacity,
-                            namespace=self.namespace,
-                            durable=bool(s.get("durable", False)),
-                            buffered=bool(s.get("buffered", False)),
-                            verify_on_open=bool(s.get("verify_on_open", False)),
-                            shards=s.get("shards", 4),
-                            shared=self._shared,
-                        ),
-                        directory,
-                        "kvxfer.sglang",
-                    )
+                    self._store = self._make_store(directory, self._config, self._pool_capacity(directory), self.namespace, self._fields)
                 except Busy as e:
                     held.append(e.message)
                     continue
                 self.directory = directory
-                with open(os.path.join(directory, "config.json"), "w") as f:
-                    json.dump(self._fields, f, indent=2, sort_keys=True)
                 if n:
                     log.info("kvxfer.sglang: replica %d of %d of this rank: store %s, a capacity of its own", n + 1, replicas, directory)
                 return
@@ -321,6 +295,31 @@ def _make_backend_class() -> type:
                 f'"replicas" is {replicas}: give a second SGLang server its own root_dir, or set "replicas" to the data-parallel size',
                 13,
             )
+
+        def _make_store(self, directory: str, config: LayoutConfig, capacity: int, namespace: bytes, fields: Dict[str, Any], engine: Optional[Engine] = None) -> Store:
+            """A store of this backend's settings in `directory` (made afresh where the one
+            there has other settings), its fingerprint `fields` written beside it
+            (`config.json`). The shared tier backs the KV pool's store alone."""
+            s = self._settings
+            store = open_or_remake(
+                lambda: Store(
+                    engine or self._engine,  # type: ignore[arg-type]
+                    directory,
+                    config,
+                    capacity,
+                    namespace=namespace,
+                    durable=bool(s.get("durable", False)),
+                    buffered=bool(s.get("buffered", False)),
+                    verify_on_open=bool(s.get("verify_on_open", False)),
+                    shards=s.get("shards", 4),
+                    shared=None if engine else self._shared,
+                ),
+                directory,
+                "kvxfer.sglang",
+            )
+            with open(os.path.join(directory, "config.json"), "w") as f:
+                json.dump(fields, f, indent=2, sort_keys=True)
+            return store
 
         # -- v1: pages in place ------------------------------------------------
         def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
@@ -422,14 +421,19 @@ def _make_backend_class() -> type:
             one in the same directory."""
             if self._store is None or self.directory is None:
                 return
+            for p in self._pools.values():
+                p.close_store()
             self._store.close()
             self._store = None
             shutil.rmtree(self.directory)
             self._open()
+            self._reopen_pools()
 
         def close(self) -> None:
             """Closes the store (its directory is free for the next start), the layout
-            over the host pool and the engine; SGLang may free the pool after."""
+            over the host pool and the engine, and those of the pools beside it; SGLang
+            may free the pools after."""
+            self._close_pools()
             for h in (self._store, self._layout, self._engine):
                 if h is not None:
                     h.close()
