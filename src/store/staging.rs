@@ -80,8 +80,9 @@ impl Staging {
     /// Leases `n ≤ LEASE_BLOCKS` blocks to `then`: now, on this thread, if they are free and
     /// no one waits before it; else once enough come back, on the thread that gives them,
     /// unless `wanted` says by then that the caller stopped waiting (the waiter is then
-    /// dropped unserved, and waiters no longer wanted are dropped whenever the queue is
-    /// looked at, so they hold nothing for long).
+    /// dropped unserved; a caller that stops waiting calls `drop_stale`, so waiters no
+    /// longer wanted hold nothing for long). `wanted` is asked only then and at the queue's
+    /// head, so a lease takes no waiter's lock.
     pub fn lease(
         self: &Arc<Self>,
         n: usize,
@@ -90,14 +91,12 @@ impl Staging {
     ) {
         assert!(n <= LEASE_BLOCKS, "a lease takes at most {LEASE_BLOCKS} blocks");
         let mut st = self.state.lock().unwrap();
-        let stale = Self::prune(&mut st);
         if !st.waiting.is_empty() || st.free.len() < n {
             st.waiting.push_back(Waiter { n, wanted: Box::new(wanted), then: Box::new(then) });
-            drop((st, stale));
             return;
         }
         let slots = self.take(&mut st, n);
-        drop((st, stale));
+        drop(st);
         then(slots)
     }
 
@@ -159,17 +158,21 @@ impl Staging {
         }
         let _serving = Serving::start(me);
         loop {
-            let mut ready = Vec::new();
-            let stale = {
+            let (mut ready, mut stale) = (Vec::new(), Vec::new());
+            {
                 let mut st = self.state.lock().unwrap();
-                let stale = Self::prune(&mut st);
-                while st.waiting.front().is_some_and(|w| w.n <= st.free.len()) {
-                    let w = st.waiting.pop_front().unwrap();
-                    let slots = self.take(&mut st, w.n);
-                    ready.push((w.then, slots));
+                while let Some(w) = st.waiting.pop_front() {
+                    if !(w.wanted)() {
+                        stale.push(w);
+                    } else if w.n <= st.free.len() {
+                        let slots = self.take(&mut st, w.n);
+                        ready.push((w.then, slots));
+                    } else {
+                        st.waiting.push_front(w);
+                        break;
+                    }
                 }
-                stale
-            };
+            }
             if ready.is_empty() && stale.is_empty() {
                 break;
             }
